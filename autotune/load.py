@@ -1,0 +1,246 @@
+"""The async streaming client: one load level -> per-request records.
+
+It times requests the way `vllm bench serve` does (TTFT = first chunk carrying a token, ITL = the gaps between
+later chunks, latency ends at the last token), so its numbers can be compared with vLLM's own. A request that
+fails becomes a record with `error` set: a failing configuration is data, not an exception.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Literal
+
+import aiohttp
+import numpy as np
+
+from autotune.workload import RequestSpec
+
+
+@dataclass(frozen=True)
+class LoadLevel:
+    """Closed loop with `value` requests in flight, or Poisson arrivals at `value` requests per second.
+
+    `max_in_flight` caps concurrent requests in rate mode (None: no cap).
+    """
+
+    mode: Literal["concurrency", "rate"]
+    value: float
+    max_in_flight: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.mode not in ("concurrency", "rate"):
+            raise ValueError(f"unknown load mode {self.mode!r}")
+        if self.value <= 0 or (self.mode == "concurrency" and self.value != int(self.value)):
+            raise ValueError(f"bad {self.mode} level {self.value!r}")
+        if self.max_in_flight is not None and self.max_in_flight < 1:
+            raise ValueError(f"max_in_flight must be >= 1, got {self.max_in_flight}")
+
+    @property
+    def in_flight_limit(self) -> int | None:
+        """The most requests in flight at once (None: unbounded)."""
+        return int(self.value) if self.mode == "concurrency" else self.max_in_flight
+
+
+@dataclass
+class RequestRecord:
+    """One request as the client saw it; times in seconds from time.perf_counter().
+
+    `end` is the arrival of the last token (as in vLLM's client), or the moment a failed request gave up.
+    """
+
+    start: float
+    ttft: float | None
+    itl: list[float]
+    end: float
+    prompt_tokens: int
+    output_tokens: int
+    error: str | None
+
+
+@dataclass(frozen=True)
+class LevelRun:
+    """The measured requests of one level (warm-up excluded) and the level's wall-clock span."""
+
+    level: LoadLevel
+    records: list[RequestRecord] = field(hash=False)
+    started: float
+    ended: float
+
+
+_DATA = b"data:"
+_DONE = b"[DONE]"
+
+
+async def _send(
+    session: aiohttp.ClientSession, url: str, model: str, spec: RequestSpec, timeout: aiohttp.ClientTimeout
+) -> RequestRecord:
+    """Send one streaming completion and time it; never raises (except cancellation)."""
+    body = json.dumps(
+        {
+            "model": model,
+            "prompt": spec.prompt_token_ids,
+            "max_tokens": spec.max_tokens,
+            "ignore_eos": True,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+            "temperature": 0,
+        },
+        separators=(",", ":"),
+    ).encode()
+    rec = RequestRecord(time.perf_counter(), None, [], 0.0, spec.prompt_len, 0, None)
+    itl = rec.itl
+    last = rec.start
+    chunks = 0
+    usage_tokens: int | None = None
+    done = False
+    try:
+        async with session.post(
+            url, data=body, headers={"Content-Type": "application/json"}, timeout=timeout
+        ) as resp:
+            if resp.status != 200:
+                text = (await resp.text(errors="replace")).strip()
+                rec.error = f"HTTP {resp.status}: {text[:300]}"
+            else:
+                async for raw in resp.content:  # one SSE line at a time
+                    if not raw.startswith(_DATA):
+                        continue  # blank separators, comments (": ping"), event/id fields
+                    payload = raw[5:].strip()
+                    if payload == _DONE:
+                        done = True
+                        break
+                    data = json.loads(payload)
+                    if data.get("choices"):
+                        now = time.perf_counter()
+                        if chunks:
+                            itl.append(now - last)
+                        else:
+                            rec.ttft = now - rec.start
+                        last = now
+                        chunks += 1
+                    if usage := data.get("usage"):
+                        usage_tokens = usage.get("completion_tokens")
+                        rec.prompt_tokens = usage.get("prompt_tokens") or rec.prompt_tokens
+                    if err := data.get("error"):
+                        rec.error = f"stream error: {err.get('message', err) if isinstance(err, dict) else err}"
+                        break
+    except asyncio.TimeoutError:
+        rec.error = f"timeout after {timeout.total:g} s"
+    except aiohttp.ClientResponseError as e:
+        rec.error = f"HTTP {e.status}: {e.message}"
+    except aiohttp.ClientError as e:
+        rec.error = f"connection error: {type(e).__name__}: {e}"
+    except (ValueError, AttributeError) as e:  # a line that is not the JSON vLLM sends
+        rec.error = f"bad stream data: {e}"
+    except Exception as e:  # noqa: BLE001 - a request must come back as a record, whatever went wrong
+        rec.error = f"{type(e).__name__}: {e}"
+    rec.output_tokens = usage_tokens if usage_tokens is not None else chunks
+    if rec.error is None:
+        if not done:
+            rec.error = "stream ended without [DONE]"
+        elif rec.ttft is None:
+            rec.error = "stream carried no tokens"
+        elif rec.output_tokens < spec.max_tokens:
+            rec.error = f"short output: {rec.output_tokens} of {spec.max_tokens} tokens"
+    rec.end = last if rec.error is None else time.perf_counter()
+    return rec
+
+
+async def _closed_loop(
+    session: aiohttp.ClientSession,
+    url: str,
+    model: str,
+    specs: Sequence[RequestSpec],
+    concurrency: int,
+    timeout: aiohttp.ClientTimeout,
+) -> list[RequestRecord]:
+    """`concurrency` workers, each sending its next request as soon as its last one ends."""
+    records: list[RequestRecord | None] = [None] * len(specs)
+    it = iter(range(len(specs)))
+
+    async def worker() -> None:
+        for i in it:
+            records[i] = await _send(session, url, model, specs[i], timeout)
+
+    await asyncio.gather(*(worker() for _ in range(min(concurrency, len(specs)))))
+    return records  # type: ignore[return-value]
+
+
+async def _poisson(
+    session: aiohttp.ClientSession,
+    url: str,
+    model: str,
+    specs: Sequence[RequestSpec],
+    level: LoadLevel,
+    timeout: aiohttp.ClientTimeout,
+    seed: int,
+) -> list[RequestRecord]:
+    """Requests arrive at exponential intervals (mean 1/rate), optionally queued behind an in-flight cap.
+
+    As in vLLM's client, a request held back by the cap is timed from when it is sent, not from its arrival.
+    """
+    gaps = np.random.default_rng(seed).exponential(1.0 / level.value, len(specs)).tolist()
+    cap = asyncio.Semaphore(level.max_in_flight) if level.max_in_flight else None
+
+    async def one(spec: RequestSpec) -> RequestRecord:
+        if cap is None:
+            return await _send(session, url, model, spec, timeout)
+        async with cap:
+            return await _send(session, url, model, spec, timeout)
+
+    tasks = []
+    due = time.perf_counter()
+    for spec, gap in zip(specs, gaps):
+        tasks.append(asyncio.ensure_future(one(spec)))
+        due += gap
+        if (delay := due - time.perf_counter()) > 0:
+            await asyncio.sleep(delay)
+    return list(await asyncio.gather(*tasks))
+
+
+async def run_level(
+    base_url: str,
+    model: str,
+    requests: Sequence[RequestSpec],
+    level: LoadLevel,
+    *,
+    warmup: Sequence[RequestSpec] = (),
+    request_timeout_s: float = 300,
+    seed: int = 0,
+) -> LevelRun:
+    """Send `warmup` (not recorded), then `requests` at `level`; every request comes back as a record."""
+    url = base_url.rstrip("/") + "/v1/completions"
+    limit = level.in_flight_limit
+    connector = aiohttp.TCPConnector(limit=limit or 0, limit_per_host=limit or 0, keepalive_timeout=60)
+    timeout = aiohttp.ClientTimeout(total=request_timeout_s)
+    async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
+        if warmup:
+            await _closed_loop(session, url, model, warmup, limit or len(warmup), timeout)
+        started = time.perf_counter()
+        if level.mode == "concurrency":
+            records = await _closed_loop(session, url, model, requests, int(level.value), timeout)
+        else:
+            records = await _poisson(session, url, model, requests, level, timeout, seed)
+        ended = time.perf_counter()
+    return LevelRun(level, records, started, ended)
+
+
+def measure_level(
+    base_url: str,
+    model: str,
+    requests: Sequence[RequestSpec],
+    level: LoadLevel,
+    *,
+    warmup: Sequence[RequestSpec] = (),
+    request_timeout_s: float = 300,
+    seed: int = 0,
+) -> LevelRun:
+    """Synchronous `run_level` (its own event loop) for callers that are not async."""
+    return asyncio.run(
+        run_level(
+            base_url, model, requests, level, warmup=warmup, request_timeout_s=request_timeout_s, seed=seed
+        )
+    )

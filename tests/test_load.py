@@ -1,0 +1,171 @@
+"""Protocol tests of the streaming client: SSE parsing, timing and error recording.
+
+The server here is a small aiohttp app that speaks the OpenAI streaming wire format. It is not a stand-in for
+vLLM (engine tests use the real one); it lets each protocol case (split chunks, HTTP errors, truncated streams,
+timeouts) be produced on purpose.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+
+import pytest
+from aiohttp import web
+
+from autotune.load import LevelRun, LoadLevel, measure_level, run_level
+from autotune.workload import RequestSpec
+
+
+def chunk(text: str | None = "x", usage: dict | None = None) -> bytes:
+    choices = [] if text is None else [{"index": 0, "text": text, "finish_reason": None}]
+    return b"data: " + json.dumps({"id": "cmpl-1", "choices": choices, "usage": usage}).encode() + b"\n\n"
+
+
+class Server:
+    """Streams `max_tokens` token chunks `gap` seconds apart; `mode` selects a misbehaviour."""
+
+    def __init__(self, mode: str = "ok", gap: float = 0.0):
+        self.mode, self.gap = mode, gap
+        self.bodies: list[dict] = []
+        self.in_flight = self.max_in_flight = 0
+
+    async def handle(self, request: web.Request) -> web.StreamResponse:
+        body = await request.json()
+        self.bodies.append(body)
+        if self.mode == "http400":
+            return web.json_response({"error": {"message": "max_tokens is too large"}}, status=400)
+        self.in_flight += 1
+        self.max_in_flight = max(self.max_in_flight, self.in_flight)
+        try:
+            resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+            await resp.prepare(request)
+            if self.mode == "hang":
+                await asyncio.sleep(2)
+            n = body["max_tokens"] - (1 if self.mode == "short" else 0)
+            await resp.write(b": ping\n\n")
+            for i in range(n):
+                if self.gap:
+                    await asyncio.sleep(self.gap)
+                data = chunk(f"t{i}")
+                if self.mode == "split":  # one event across two writes, then two events in one write
+                    await resp.write(data[:17])
+                    await asyncio.sleep(0.002)
+                    await resp.write(data[17:] + (chunk("") if i == 0 else b""))
+                else:
+                    await resp.write(data)
+                if self.mode == "stream_error" and i == 1:
+                    await resp.write(b'data: {"error": {"message": "engine died", "code": 500}}\n\n')
+            if self.mode == "split":
+                n += 1
+            usage = {"prompt_tokens": len(body["prompt"]), "completion_tokens": n, "total_tokens": 0}
+            await resp.write(chunk(None, usage))
+            if self.mode != "no_done":
+                await resp.write(b"data: [DONE]\n\n")
+            return resp
+        finally:
+            self.in_flight -= 1
+
+
+async def serve(server: Server) -> tuple[web.AppRunner, str]:
+    app = web.Application()
+    app.router.add_post("/v1/completions", server.handle)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    return runner, f"http://127.0.0.1:{port}"
+
+
+def drive(server: Server, specs, level=LoadLevel("concurrency", 1), **kw) -> LevelRun:
+    async def main():
+        runner, url = await serve(server)
+        try:
+            return await run_level(url, "tiny", specs, level, **kw)
+        finally:
+            await runner.cleanup()
+
+    return asyncio.run(main())
+
+
+SPEC = RequestSpec((11, 12, 13, 14), 5)
+
+
+def test_stream_is_timed_and_counted():
+    run = drive(Server(gap=0.01), [SPEC])
+    (r,) = run.records
+    assert r.error is None
+    assert (r.prompt_tokens, r.output_tokens) == (4, 5)
+    assert len(r.itl) == 4 and all(0.005 < g < 0.2 for g in r.itl)
+    assert 0.005 < r.ttft < 0.2
+    assert r.end - r.start == pytest.approx(r.ttft + sum(r.itl), abs=1e-9)  # ends at the last token
+    assert run.started <= r.start and r.end <= run.ended
+
+
+def test_request_body_is_what_vllm_expects():
+    server = Server()
+    drive(server, [SPEC])
+    assert server.bodies == [{
+        "model": "tiny", "prompt": [11, 12, 13, 14], "max_tokens": 5, "ignore_eos": True, "stream": True,
+        "stream_options": {"include_usage": True}, "temperature": 0,
+    }]
+
+
+def test_events_split_across_reads_and_bundled_in_one():
+    (r,) = drive(Server(mode="split"), [SPEC]).records
+    assert r.error is None and r.output_tokens == 6 and len(r.itl) == 5
+
+
+@pytest.mark.parametrize(
+    "mode, error",
+    [
+        ("http400", 'HTTP 400: {"error": {"message": "max_tokens is too large"}}'),
+        ("no_done", "stream ended without [DONE]"),
+        ("short", "short output: 4 of 5 tokens"),
+        ("stream_error", "stream error: engine died"),
+    ],
+)
+def test_failures_become_records(mode, error):
+    run = drive(Server(mode=mode), [SPEC, SPEC])
+    assert [r.error for r in run.records] == [error, error]
+
+
+def test_timeout_becomes_a_record():
+    (r,) = drive(Server(mode="hang"), [SPEC], request_timeout_s=0.3).records
+    assert r.error == "timeout after 0.3 s" and 0.29 < r.end - r.start < 1.5
+
+
+def test_connection_refused_becomes_a_record():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # closed again before the request: nothing listens
+    run = measure_level(f"http://127.0.0.1:{port}", "tiny", [SPEC], LoadLevel("concurrency", 1))
+    assert run.records[0].error.startswith("connection error: ")
+
+
+def test_closed_loop_keeps_exactly_concurrency_in_flight_and_excludes_warmup():
+    server = Server(gap=0.005)
+    specs = [RequestSpec((20 + i,), 3) for i in range(12)]
+    run = drive(server, specs, LoadLevel("concurrency", 3), warmup=[RequestSpec((1,), 2)] * 2)
+    assert server.max_in_flight == 3
+    assert len(server.bodies) == 14 and len(run.records) == 12
+    assert all(r.error is None and r.output_tokens == 3 for r in run.records)
+    assert [r.prompt_tokens for r in run.records] == [1] * 12
+
+
+def test_rate_mode_poisson_arrivals_with_an_in_flight_cap():
+    server = Server(gap=0.01)
+    specs = [RequestSpec((20,), 4)] * 10
+    run = drive(server, specs, LoadLevel("rate", 1000, max_in_flight=2))
+    assert server.max_in_flight == 2 and all(r.error is None for r in run.records)
+    slow = drive(Server(), specs, LoadLevel("rate", 20), seed=1)  # mean gap 50 ms
+    starts = sorted(r.start for r in slow.records)
+    assert 0.15 < starts[-1] - starts[0] < 1.5
+
+
+def test_bad_levels_rejected():
+    for mode, value in [("concurrency", 0), ("concurrency", 2.5), ("rate", -1), ("burst", 1)]:
+        with pytest.raises(ValueError):
+            LoadLevel(mode, value)  # type: ignore[arg-type]

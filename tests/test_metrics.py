@@ -1,0 +1,124 @@
+"""Level statistics and verdicts against values computed by hand (numpy's linear percentile definition:
+p-th percentile of sorted x[0..n-1] sits at index p/100 * (n-1), interpolated between neighbours)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import astuple
+
+import pytest
+
+from autotune.load import LevelRun, LoadLevel, RequestRecord
+from autotune.metrics import LevelStats, Limits, Percentiles, judge, level_stats
+
+LEVEL = LoadLevel("concurrency", 4)
+
+
+def rec(start, ttft, itl, end, out, prompt=10, error=None):
+    return RequestRecord(start, ttft, list(itl), end, prompt, out, error)
+
+
+RUN = LevelRun(
+    LEVEL,
+    [
+        rec(0.0, 0.1, [0.02, 0.03], 0.15, 3),
+        rec(0.0, 0.2, [0.04, 0.05], 0.29, 3),
+        rec(1.0, 0.3, [0.01, 0.06], 1.37, 3),
+        rec(0.5, None, [], 0.6, 0, error="HTTP 500: boom"),
+        rec(2.0, 0.4, [], 2.4, 1),  # one output token: no TPOT
+    ],
+    started=0.0,
+    ended=4.0,
+)
+
+
+def test_throughput_counts_completed_requests_over_the_level_span():
+    s = level_stats(RUN, Limits())
+    assert (s.completed, s.failed, s.duration_s) == (4, 1, 4.0)
+    assert (s.output_tokens, s.input_tokens) == (10, 40)
+    assert s.output_tok_s == pytest.approx(2.5)  # 3+3+3+1 tokens / 4 s
+    assert s.total_tok_s == pytest.approx(12.5)  # (40 + 10) / 4
+    assert s.req_s == pytest.approx(1.0)
+    assert s.error_rate == pytest.approx(0.2)
+    assert s.errors == {"HTTP 500: boom": 1}
+
+
+def test_latency_percentiles_by_hand():
+    s = level_stats(RUN, Limits())
+    # TTFT [100, 200, 300, 400] ms: p95 at index 2.85 -> 300 + 0.85 * 100
+    assert astuple(s.ttft) == pytest.approx((250, 250, 385, 397))
+    # TPOT (e2el - ttft) / (out - 1): [25, 45, 35] ms; sorted [25, 35, 45]; p95 at 1.9 -> 35 + 0.9 * 10
+    assert astuple(s.tpot) == pytest.approx((35, 35, 44, 44.8))
+    # ITL pooled [10, 20, 30, 40, 50, 60] ms: p50 at 2.5 -> 35; p95 at 4.75 -> 57.5
+    assert astuple(s.itl) == pytest.approx((35, 35, 57.5, 59.5))
+    # E2EL [150, 290, 370, 400] ms: p95 at 2.85 -> 370 + 0.85 * 30
+    assert astuple(s.e2el) == pytest.approx((302.5, 330, 395.5, 399.1))
+
+
+@pytest.mark.parametrize(
+    "limits, good",
+    [
+        (Limits(ttft_p95_ms=250), 2),  # 100, 200
+        (Limits(tpot_p95_ms=40), 3),  # 25, 35 and the 1-token request (TPOT counted as 0, as vLLM does)
+        (Limits(itl_p95_ms=45), 2),  # per-request p95 of gaps: 29.5 ok, 49.5, 57.5, none (ok)
+        (Limits(e2e_p95_ms=300), 2),
+        (Limits(ttft_p95_ms=250, tpot_p95_ms=40), 1),
+        (Limits(), 4),
+    ],
+)
+def test_goodput_counts_requests_meeting_every_limit(limits, good):
+    assert level_stats(RUN, limits).goodput_req_s == pytest.approx(good / 4.0)
+
+
+def test_error_messages_counted_by_first_80_chars():
+    long = "x" * 100
+    run = LevelRun(LEVEL, [rec(0, None, [], 1, 0, error=long + str(i)) for i in range(3)], 0.0, 1.0)
+    s = level_stats(run, Limits())
+    assert s.errors == {"x" * 80: 3}
+    assert s.completed == 0 and s.ttft == Percentiles(0, 0, 0, 0)
+
+
+def stats(ttft_p95=100.0, tpot_p95=10.0, completed=100, failed=0, errors=None):
+    p = lambda v: Percentiles(v, v, v, v)  # noqa: E731
+    return LevelStats(LEVEL, completed, failed, 10, 1000, 2000, 10, 10, p(ttft_p95), p(tpot_p95), p(5), p(900),
+                      errors or {})
+
+
+def test_verdict_reason_names_metric_observed_limit_and_excess():
+    v = judge(stats(ttft_p95=1370), Limits(ttft_p95_ms=1000))
+    assert not v.passed
+    assert v.misses == pytest.approx({"ttft_p95_ms": 1.37})
+    assert v.reason == "p95 TTFT 1370 ms > limit 1000 ms (+37%)"
+
+
+def test_verdict_lists_every_missed_limit():
+    v = judge(stats(ttft_p95=1370, tpot_p95=55), Limits(ttft_p95_ms=1000, tpot_p95_ms=50, e2e_p95_ms=1000))
+    assert set(v.misses) == {"ttft_p95_ms", "tpot_p95_ms"}
+    assert v.reason == "p95 TTFT 1370 ms > limit 1000 ms (+37%); p95 TPOT 55.0 ms > limit 50.0 ms (+10%)"
+
+
+def test_verdict_passes_at_the_limit():
+    v = judge(stats(ttft_p95=1000), Limits(ttft_p95_ms=1000))
+    assert v.passed and v.misses == {} and v.reason == "meets every limit"
+
+
+def test_errors_above_allowed_rate_fail_the_level():
+    s = stats(completed=95, failed=5, errors={"HTTP 500: boom": 4, "timeout after 300 s": 1})
+    v = judge(s, Limits())
+    assert not v.passed and v.misses == pytest.approx({"error_rate": 0.05})
+    assert v.reason == "5 of 100 requests failed (5.0% > allowed 0.0%): HTTP 500: boom"
+    assert judge(s, Limits(), max_error_rate=0.05).passed
+
+
+def test_nothing_completed_fails_even_with_no_limits():
+    assert not judge(level_stats(LevelRun(LEVEL, [], 0.0, 1.0), Limits()), Limits(), max_error_rate=1).passed
+
+
+def test_to_dict_is_flat_json_with_units():
+    d = level_stats(RUN, Limits()).to_dict()
+    assert d["concurrency"] == 4 and d["output_tok_s"] == pytest.approx(2.5)
+    assert d["ttft_p95_ms"] == pytest.approx(385) and d["e2el_p99_ms"] == pytest.approx(399.1)
+    assert all(isinstance(v, (int, float)) for v in d.values())
+    json.dumps(d)
+    rate = level_stats(LevelRun(LoadLevel("rate", 2.5), [], 0.0, 1.0), Limits()).to_dict()
+    assert rate["rate_req_s"] == 2.5 and "concurrency" not in rate

@@ -1,0 +1,111 @@
+"""Requests from a workload: determinism, exact lengths, the shared prefix, and dataset files."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from autotune.errors import SpecError
+from autotune.workload import IDS_LOW, LengthDist, Workload
+
+VOCAB = 4096
+
+
+def test_fixed_lengths_are_exact():
+    reqs = Workload(LengthDist(mean=256), LengthDist(mean=128)).requests(20, VOCAB)
+    assert len(reqs) == 20
+    assert {r.prompt_len for r in reqs} == {256} and {r.max_tokens for r in reqs} == {128}
+    ids = np.array([r.prompt_token_ids for r in reqs])
+    assert ids.min() >= IDS_LOW and ids.max() < VOCAB
+    assert len({r.prompt_token_ids for r in reqs}) == 20  # distinct prompts: no accidental prefix caching
+
+
+def test_same_seed_and_offset_give_the_same_requests():
+    w = Workload(LengthDist("normal", 200, 50, 10, 400), LengthDist("uniform", 64, 20, 1, 128), seed=7)
+    assert w.requests(30, VOCAB, seed_offset=3) == w.requests(30, VOCAB, seed_offset=3)
+    assert w.requests(30, VOCAB, seed_offset=3) != w.requests(30, VOCAB, seed_offset=4)
+    assert w.requests(30, VOCAB) != Workload(w.input_len, w.output_len, seed=8).requests(30, VOCAB)
+
+
+@pytest.mark.parametrize("kind", ["uniform", "normal", "lognormal"])
+def test_distributions_have_their_mean_and_stay_in_bounds(kind):
+    d = LengthDist(kind, mean=500, std=100, min=1, max=10_000)
+    x = d.sample(np.random.default_rng(0), 200_000)
+    assert x.dtype.kind == "i"
+    assert abs(x.mean() - 500) < 2 and abs(x.std() - 100) < 2
+    clipped = LengthDist(kind, mean=500, std=300, min=400, max=600).sample(np.random.default_rng(0), 10_000)
+    assert clipped.min() == 400 and clipped.max() == 600
+
+
+def test_uniform_spans_mean_plus_minus_sqrt3_std():
+    x = LengthDist("uniform", mean=100, std=10).sample(np.random.default_rng(1), 100_000)
+    assert x.min() == 83 and x.max() == 117  # 100 -+ 17.32, rounded
+
+
+def test_fixed_ignores_std():
+    assert LengthDist("fixed", 7, 3.0).sample(np.random.default_rng(0), 3).tolist() == [7, 7, 7]
+
+
+def test_shared_prefix_is_counted_in_input_len_and_shared_across_levels():
+    w = Workload(LengthDist(mean=100), shared_prefix_len=60, seed=3)
+    a, b = w.requests(10, VOCAB), w.requests(10, VOCAB, seed_offset=1)
+    prefix = a[0].prompt_token_ids[:60]
+    assert all(r.prompt_len == 100 and r.prompt_token_ids[:60] == prefix for r in a + b)
+    assert len({r.prompt_token_ids[60:] for r in a + b}) == 20
+    # a prompt shorter than the prefix is lengthened to the prefix
+    short = Workload(LengthDist("uniform", 50, 30, 1, 100), shared_prefix_len=40).requests(50, VOCAB)
+    assert min(r.prompt_len for r in short) == 40
+
+
+def write(tmp_path, lines):
+    p = tmp_path / "prompts.jsonl"
+    p.write_text("".join((x if isinstance(x, str) else json.dumps(x)) + "\n" for x in lines))
+    return p
+
+
+def test_dataset_of_token_ids_and_text(tmp_path):
+    p = write(tmp_path, [{"prompt_token_ids": [11, 12, 13], "output_len": 5}, "", {"prompt": "a b", "output_len": 2},
+                         {"prompt_token_ids": [20]}])
+    w = Workload(output_len=LengthDist(mean=9), dataset=p, seed=1)
+    reqs = w.requests(7, VOCAB, tokenize=lambda s: [100 + len(t) for t in s.split()])
+    rows = {((11, 12, 13), 5), ((101, 101), 2), ((20,), 9)}  # no output_len: the workload's distribution
+    assert {(r.prompt_token_ids, r.max_tokens) for r in reqs} == rows
+    assert sorted(r.prompt_token_ids for r in reqs[:3]) == sorted(x[0] for x in rows)  # each once per pass
+    assert reqs == w.requests(7, VOCAB, tokenize=lambda s: [100 + len(t) for t in s.split()])
+
+
+@pytest.mark.parametrize(
+    "line, message",
+    [
+        ("{not json", "not valid JSON"),
+        ("[1, 2]", "expected a JSON object"),
+        ({"prompt_token_ids": []}, "non-empty list of integers"),
+        ({"prompt_token_ids": [1, "2"]}, "non-empty list of integers"),
+        ({"prompt_token_ids": [1, 5000]}, "token id 5000 outside"),
+        ({"prompt_token_ids": [1], "output_len": 0}, "'output_len' must be a positive integer"),
+        ({"prompt_token_ids": [1], "prompt": "x"}, "exactly one of"),
+        ({"prompt": "hello"}, "needs a tokenizer"),
+        ({"prompt_token_ids": [1], "max_tokens": 3}, "unknown keys"),
+    ],
+)
+def test_bad_dataset_line_names_file_and_line(tmp_path, line, message):
+    p = write(tmp_path, [{"prompt_token_ids": [1, 2]}, line])
+    with pytest.raises(SpecError) as e:
+        Workload(dataset=p).requests(1, VOCAB)
+    assert e.value.source == str(p) and e.value.key == "line 2"
+    assert message in str(e.value) and str(p) in str(e.value)
+
+
+def test_missing_or_empty_dataset(tmp_path):
+    with pytest.raises(SpecError, match="cannot read dataset"):
+        Workload(dataset=tmp_path / "nope.jsonl").requests(1, VOCAB)
+    with pytest.raises(SpecError, match="no prompts"):
+        Workload(dataset=write(tmp_path, ["", "  "])).requests(1, VOCAB)
+
+
+def test_length_dist_check_names_key():
+    LengthDist(mean=10).check("obj.toml", "workload.input_len")
+    with pytest.raises(SpecError, match="obj.toml: workload.input_len: need 1 <= min <= max"):
+        LengthDist(min=10, max=5).check("obj.toml", "workload.input_len")
