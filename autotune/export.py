@@ -1,0 +1,87 @@
+"""Engine flags (vLLM dest names) -> command-line arguments, a shell command, a `--config` YAML, JSON.
+
+`to_argv` is the one place a flag becomes arguments: the engine boots with it and the exports print
+it, so what a user copies is what was measured.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+from collections.abc import Mapping, Sequence
+
+import yaml
+
+# Flags vLLM declares with action="store_true" (no --no-X form): False means "leave the flag out".
+# Every other boolean is an argparse BooleanOptionalAction, so False is written as --no-X (explicit,
+# because several defaults, e.g. enable_chunked_prefill, depend on the model). Checked against the
+# installed parser by tests/test_export.py.
+STORE_TRUE_ONLY = frozenset(
+    {"headless", "grpc", "data_parallel_multi_port_external_lb", "disable_log_stats", "aggregate_engine_logging"}
+)
+
+_DEST = re.compile(r"^[a-z][a-z0-9_]*$")
+
+
+def option(dest: str) -> str:
+    """max_num_seqs -> --max-num-seqs"""
+    if not _DEST.match(dest):
+        raise ValueError(f"not a vLLM dest name: {dest!r}")
+    if dest == "model":
+        raise ValueError("the model is positional: pass it to serve_command, not as a flag")
+    return "--" + dest.replace("_", "-")
+
+
+def _text(value: object) -> str:
+    if isinstance(value, Mapping):
+        return json.dumps(value, separators=(",", ":"))
+    if isinstance(value, float):
+        return repr(value)
+    return str(value)
+
+
+def to_argv(flags: Mapping[str, object]) -> list[str]:
+    """Flags in their given order; None = vLLM's default (left out); dicts as compact JSON."""
+    argv: list[str] = []
+    for dest, value in flags.items():
+        opt = option(dest)
+        if value is None:
+            continue
+        if isinstance(value, bool):
+            if value:
+                argv.append(opt)
+            elif dest not in STORE_TRUE_ONLY:
+                argv.append("--no-" + opt[2:])
+        elif isinstance(value, Sequence) and not isinstance(value, str):
+            if value:  # nargs="+" flags: --cudagraph-capture-sizes 1 2 4
+                argv += [opt, *map(_text, value)]
+        else:
+            text = _text(value)
+            # "--x=-1": a value starting with "-" would otherwise be read as an option.
+            argv += [f"{opt}={text}"] if text.startswith("-") else [opt, text]
+    return argv
+
+
+def serve_command(model: str, flags: Mapping[str, object], program: Sequence[str] = ("vllm", "serve")) -> str:
+    """A shell-quoted command line a user can paste."""
+    return shlex.join([*program, model, *to_argv(flags)])
+
+
+def to_yaml(flags: Mapping[str, object], model: str | None = None) -> str:
+    """A file for `vllm serve --config FILE` (keys with dashes; false -> --no-KEY; tables -> JSON).
+    Store-true-only flags set to false are left out, as vLLM's loader would skip them anyway."""
+    doc: dict[str, object] = {"model": model} if model is not None else {}
+    for dest, value in flags.items():
+        if value is None or (value is False and dest in STORE_TRUE_ONLY):
+            continue
+        doc[option(dest)[2:]] = dict(value) if isinstance(value, Mapping) else (
+            list(value) if isinstance(value, Sequence) and not isinstance(value, str) else value)
+    return yaml.safe_dump(doc, sort_keys=False, default_flow_style=False)
+
+
+def to_json(model: str, flags: Mapping[str, object], metrics: Mapping[str, object]) -> str:
+    """Everything about one configuration, for scripts: flags, argv, the command and its measurements."""
+    doc = {"model": model, "flags": dict(flags), "argv": to_argv(flags),
+           "command": serve_command(model, flags), "metrics": dict(metrics)}
+    return json.dumps(doc, indent=2, sort_keys=False)

@@ -1,0 +1,550 @@
+"""Study and objective files (TOML) -> validated frozen dataclasses.
+
+Every error names the file and the dotted key ("studies/x.toml: space.max_num_seqs.low: must be an
+integer, got 'abc'"); unknown keys are refused with the nearest known key as a suggestion, because a
+misspelt flag silently ignored would cost a night of searching the wrong thing.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import re
+import tomllib
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from autotune.errors import SpecError
+from autotune.metrics import Limits
+from autotune.sla import LoadSearch
+from autotune.space import (
+    MODEL,
+    PSEUDO_PARAMS,
+    SPEC_METHOD,
+    SPEC_TOKENS,
+    Baseline,
+    Param,
+    invalid_reason,
+    same_value,
+    to_engine_flags,
+)
+from autotune.tinymodel import KINDS as TINY_KINDS
+from autotune.workload import LengthDist, Workload
+
+SAMPLERS = ("tpe", "gp", "random")
+PARAM_TYPES = ("int", "float", "categorical", "bool")
+RESERVED_FLAGS = {"model": "set it in [model] (path)", "host": "the engine picks it", "port": "the engine picks it"}
+MODEL_FLAGS = ("load_format", "quantization", "revision")
+_NAME = re.compile(r"^[a-z][a-z0-9_]*$")
+_MISSING: Any = object()
+
+
+@dataclass(frozen=True)
+class Objective:
+    """What "good" means: the workload sent and the p95 limits it must meet, and how load rises."""
+
+    name: str
+    path: Path
+    description: str
+    workload: Workload
+    limits: Limits
+    load: LoadSearch
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """The checkpoint: "tiny:dense" / "tiny:hybrid" (generated), a directory, or a hub id.
+    `extra` ([model.extra]) is for whoever resolves the model (e.g. tiny model sizes), not vLLM."""
+
+    path: str
+    load_format: str | None = None
+    quantization: str | None = None
+    revision: str | None = None
+    extra: dict[str, object] = field(default_factory=dict)
+
+
+def model_flags(model: ModelSpec) -> dict[str, object]:
+    """The vLLM flags a [model] table sets (load_format, quantization, revision)."""
+    return {k: getattr(model, k) for k in MODEL_FLAGS if getattr(model, k) is not None}
+
+
+@dataclass(frozen=True)
+class SamplerSpec:
+    name: str = "tpe"
+    seed: int | None = None
+
+
+@dataclass(frozen=True)
+class StudySpec:
+    name: str
+    path: Path
+    objective: Objective
+    hardware: str
+    model: ModelSpec
+    engine: dict[str, object]  # fixed vLLM flags (dest names) for every trial
+    env: dict[str, str]  # extra environment for the server
+    space: tuple[Param, ...]  # in dependency order: a `when` condition's params come first
+    baselines: tuple[Baseline, ...]
+    sampler: SamplerSpec
+    boot_timeout_s: float
+    storage: str | None
+    time_budget_s: float | None = None  # [budget] time: the default for `autotune run --budget`
+    max_trials: int | None = None  # [budget] trials
+    description: str = ""
+
+    def fixed_flags(self) -> dict[str, object]:
+        """Flags every trial gets: the model's load_format/quantization/revision, then [engine]."""
+        return model_flags(self.model) | self.engine
+
+
+def _show(value: object) -> str:
+    return repr(value) if not isinstance(value, dict) else "a table"
+
+
+def _suggest(key: str, known: typing.Iterable[str]) -> str:
+    near = difflib.get_close_matches(key, list(known), n=1, cutoff=0.6)
+    return f"; did you mean '{near[0]}'?" if near else ""
+
+
+class _Table:
+    """One TOML table being read: typed accessors that remember which keys are known."""
+
+    def __init__(self, data: dict[str, Any], source: str, prefix: str = ""):
+        self.data, self.source, self.prefix = data, source, prefix
+        self.known: set[str] = set()
+
+    def key(self, name: str) -> str:
+        return f"{self.prefix}.{name}" if self.prefix else name
+
+    def error(self, name: str | None, message: str) -> SpecError:
+        return SpecError(self.source, self.key(name) if name else (self.prefix or None), message)
+
+    def get(self, name: str, default: Any = _MISSING) -> Any:
+        self.known.add(name)
+        if name in self.data:
+            return self.data[name]
+        if default is _MISSING:
+            for k in self.data:  # a misspelling of this key is the likelier story
+                if k not in self.known and difflib.get_close_matches(name, [k], cutoff=0.6):
+                    raise self.error(k, f"unknown key; did you mean '{name}'?")
+            raise self.error(name, "required key is missing")
+        return default
+
+    def expect(self, name: str, ok: bool, what: str, value: object) -> None:
+        if not ok:
+            raise self.error(name, f"must be {what}, got {_show(value)}")
+
+    def text(self, name: str, default: Any = _MISSING) -> Any:
+        v = self.get(name, default)
+        self.expect(name, v is default or (isinstance(v, str) and v != ""), "a non-empty string", v)
+        return v
+
+    def integer(self, name: str, default: Any = _MISSING, minimum: int | None = None) -> Any:
+        v = self.get(name, default)
+        if v is default:
+            return v
+        self.expect(name, isinstance(v, int) and not isinstance(v, bool), "an integer", v)
+        if minimum is not None and v < minimum:
+            raise self.error(name, f"must be >= {minimum}, got {v}")
+        return v
+
+    def number(self, name: str, default: Any = _MISSING) -> Any:
+        v = self.get(name, default)
+        self.expect(name, v is default or (isinstance(v, int | float) and not isinstance(v, bool)), "a number", v)
+        return v
+
+    def boolean(self, name: str, default: Any = _MISSING) -> Any:
+        v = self.get(name, default)
+        self.expect(name, v is default or isinstance(v, bool), "true or false", v)
+        return v
+
+    def table(self, name: str, required: bool = False) -> _Table:
+        v = self.get(name, _MISSING if required else {})
+        self.expect(name, isinstance(v, dict), "a table", v)
+        return _Table(v, self.source, self.key(name))
+
+    def done(self) -> None:
+        """Refuse keys nobody asked for."""
+        for k in self.data:
+            if k not in self.known:
+                raise self.error(k, f"unknown key{_suggest(k, self.known)}")
+
+
+def _read(path: Path, source: str) -> dict[str, Any]:
+    try:
+        with open(path, "rb") as f:
+            return tomllib.load(f)
+    except FileNotFoundError:
+        raise SpecError(source, None, "file not found") from None
+    except OSError as e:
+        raise SpecError(source, None, f"cannot read: {e.strerror}") from None
+    except tomllib.TOMLDecodeError as e:
+        raise SpecError(source, None, f"invalid TOML: {e}") from None
+
+
+def parse_duration(text: object, key: str = "duration", source: str = "command line") -> float:
+    """Seconds from "4h", "90m", "1h30m", "45s", "2d" or a plain number of seconds; must be > 0."""
+    if isinstance(text, int | float) and not isinstance(text, bool):
+        seconds = float(text)
+    else:
+        m = re.fullmatch(r"(?:(\d+(?:\.\d+)?)d)?(?:(\d+(?:\.\d+)?)h)?(?:(\d+(?:\.\d+)?)m)?(?:(\d+(?:\.\d+)?)s)?",
+                         text.strip().lower()) if isinstance(text, str) else None
+        if not m or not any(m.groups()):
+            raise SpecError(source, key, f"must be a duration like '4h', '90m', '1h30m' or '45s', got {text!r}")
+        seconds = sum(float(g) * u for g, u in zip(m.groups(), (86400, 3600, 60, 1)) if g)
+    if seconds <= 0:
+        raise SpecError(source, key, f"must be a positive duration, got {text!r}")
+    return seconds
+
+
+# --- objectives -------------------------------------------------------------------------------------
+
+
+def _hint_value(t: _Table, name: str, hint: Any) -> Any:
+    """Read a field by its type hint (for fields the owning module may add later)."""
+    args = typing.get_args(hint)
+    if typing.get_origin(hint) in (typing.Union, types.UnionType):
+        if t.data.get(name) is None:
+            t.get(name, None)
+            return None
+        return _hint_value(t, name, next(a for a in args if a is not type(None)))
+    if typing.get_origin(hint) is Literal:
+        v = t.get(name)
+        if v not in args:
+            raise t.error(name, f"must be one of {', '.join(map(repr, args))}, got {_show(v)}"
+                          + (_suggest(v, map(str, args)) if isinstance(v, str) else ""))
+        return v
+    readers = {bool: t.boolean, int: t.integer, float: t.number, str: t.text}
+    if hint in readers:
+        v = readers[hint](name)
+        return float(v) if hint is float else v
+    raise t.error(name, f"cannot be set from a file (type {hint})")
+
+
+def _build(cls: type, t: _Table, special: dict[str, Any] | None = None) -> Any:
+    """A dataclass from a table: `special` readers for some fields, type hints for the rest."""
+    special = special or {}
+    hints = typing.get_type_hints(cls)
+    kwargs = {}
+    for f in dataclasses.fields(cls):
+        t.known.add(f.name)
+        if f.name in t.data:
+            kwargs[f.name] = special[f.name](f.name) if f.name in special else _hint_value(t, f.name, hints[f.name])
+    t.done()
+    return cls(**kwargs)
+
+
+def _length(t: _Table, name: str) -> LengthDist:
+    v = t.get(name, _MISSING)
+    if isinstance(v, int) and not isinstance(v, bool):
+        if v < 1:
+            raise t.error(name, f"must be >= 1, got {v}")
+        return LengthDist(kind="fixed", mean=v, min=v, max=v)
+    t.expect(name, isinstance(v, dict), "an integer or a table like { kind = \"normal\", mean = 512, std = 128 }", v)
+    sub = _Table(v, t.source, t.key(name))
+    dist = _build(LengthDist, sub)
+    if dist.mean < 1 or dist.min < 1:
+        raise sub.error("mean" if dist.mean < 1 else "min", "must be >= 1")
+    if dist.std < 0:
+        raise sub.error("std", f"must be >= 0, got {dist.std}")
+    if dist.min > dist.max:
+        raise sub.error("min", f"min ({dist.min}) must be <= max ({dist.max})")
+    if not dist.min <= dist.mean <= dist.max:
+        raise sub.error("mean", f"mean ({dist.mean}) must lie in [min, max] = [{dist.min}, {dist.max}]")
+    return dist
+
+
+def load_objective(path: str | Path) -> Objective:
+    """Read and validate an objective file."""
+    source = str(path)
+    path = Path(path)
+    top = _Table(_read(path, source), source)
+    name = top.text("name", path.stem)
+    description = top.get("description", "")
+    top.expect("description", isinstance(description, str), "a string", description)
+
+    wt = top.table("workload", required=True)
+
+    def dataset(key: str) -> Path:
+        p = (path.parent / wt.text(key)).resolve()
+        if not p.is_file():
+            raise wt.error(key, f"file not found: {p}")
+        return p
+
+    workload = _build(Workload, wt, {"input_len": lambda k: _length(wt, k), "output_len": lambda k: _length(wt, k),
+                                     "dataset": dataset})
+    if workload.shared_prefix_len < 0:
+        raise wt.error("shared_prefix_len", f"must be >= 0, got {workload.shared_prefix_len}")
+
+    lt = top.table("limits", required=True)
+    limits = _build(Limits, lt)
+    set_limits = {f.name: getattr(limits, f.name) for f in dataclasses.fields(Limits)
+                  if getattr(limits, f.name) is not None}
+    if not set_limits:
+        raise lt.error(None, "set at least one limit: " + ", ".join(f.name for f in dataclasses.fields(Limits)))
+    for k, v in set_limits.items():
+        if v <= 0:
+            raise lt.error(k, f"must be > 0, got {v}")
+
+    ld = top.table("load")
+    load = _build(LoadSearch, ld)
+    checks = [("start", load.start > 0, "must be > 0"), ("max", load.max >= load.start, "must be >= start"),
+              ("factor", load.factor > 1, "must be > 1"), ("tolerance", load.tolerance > 0, "must be > 0"),
+              ("min_requests", load.min_requests >= 1, "must be >= 1"),
+              ("warmup_requests", load.warmup_requests >= 0, "must be >= 0")]
+    for key, ok, message in checks:
+        if not ok:
+            raise ld.error(key, f"{message}, got {getattr(load, key)}")
+    top.done()
+    return Objective(name=name, path=path, description=description, workload=workload, limits=limits, load=load)
+
+
+# --- studies ----------------------------------------------------------------------------------------
+
+
+def _resolve_model(t: _Table, key: str, value: str, base: Path) -> str:
+    """tiny:KIND stays, ./ ../ / ~ paths resolve against the study file, anything else is a hub id."""
+    if value.startswith("tiny:"):
+        kind = value.removeprefix("tiny:")
+        if kind not in TINY_KINDS:
+            known = [f"tiny:{k}" for k in TINY_KINDS]
+            raise t.error(key, f"unknown tiny model '{value}'{_suggest(value, known)} (known: {', '.join(known)})")
+        return value
+    if value.startswith((".", "/", "~")):
+        return str((base / Path(value).expanduser()).resolve())
+    return value
+
+
+def _flag_name(t: _Table, name: str) -> None:
+    if not _NAME.match(name):
+        fixed = name.replace("-", "_").lower()
+        hint = f"; did you mean '{fixed}'?" if _NAME.match(fixed) else ""
+        raise t.error(name, f"flag names are vLLM dest names (lowercase, underscores){hint}")
+
+
+def _scalar(v: object) -> bool:
+    return isinstance(v, str | int | float | bool)
+
+
+def _param(t: _Table, name: str) -> Param:
+    kind = t.get("type")
+    if kind not in PARAM_TYPES:
+        raise t.error("type", f"unknown type {_show(kind)}{_suggest(str(kind), PARAM_TYPES)} "
+                              f"(one of {', '.join(PARAM_TYPES)})")
+    fields: dict[str, Any] = {"name": name, "type": kind}
+    if kind in ("int", "float"):
+        read = t.integer if kind == "int" else t.number
+        low, high = read("low"), read("high")
+        log, step = t.boolean("log", False), read("step", None)
+        if low > high:
+            raise t.error("low", f"low ({low}) must be <= high ({high})")
+        if log and low <= 0:
+            raise t.error("log", f"log = true needs low > 0, got low = {low}")
+        if step is not None and step <= 0:
+            raise t.error("step", f"must be > 0, got {step}")
+        if log and step not in (None, 1):
+            raise t.error("step", "step cannot be combined with log = true")
+        fields |= {"low": low, "high": high, "log": log, "step": step}
+    elif kind == "categorical":
+        choices = t.get("choices")
+        t.expect("choices", isinstance(choices, list) and len(choices) > 0, "a non-empty list", choices)
+        for c in choices:
+            t.expect("choices", _scalar(c), "a list of strings, numbers or booleans", choices)
+        for i, c in enumerate(choices):
+            if any(same_value(c, d) for d in choices[:i]):
+                raise t.error("choices", f"{c!r} appears twice")
+        fields["choices"] = tuple(choices)
+    when = t.table("when")
+    fields["when"] = {k: (list(v) if isinstance(v, list) else v) for k, v in when.data.items()}
+    when.known.update(when.data)
+    fields["default"] = t.get("default", None)
+    t.done()
+    return Param(**fields)
+
+
+def _holds(p: Param, v: object) -> bool:
+    """Can param p ever take value v?"""
+    if p.type == "bool":
+        return isinstance(v, bool)
+    if p.type == "categorical":
+        return any(same_value(v, c) for c in p.choices)
+    return isinstance(v, int | float) and not isinstance(v, bool) and p.low <= v <= p.high
+
+
+def _space(top: _Table, engine: dict[str, object], base: Path, model_path: str) -> tuple[Param, ...]:
+    st = top.table("space")
+    params: dict[str, Param] = {}
+    for name in st.data:
+        _flag_name(st, name)
+        st.expect(name, isinstance(st.data[name], dict), "a table with a type", st.data[name])
+        st.known.add(name)
+        pt = _Table(st.data[name], st.source, st.key(name))
+        p = _param(pt, name)
+        if name in engine:
+            raise st.error(name, "is both fixed in [engine] and searched in [space]; keep one")
+        if name in RESERVED_FLAGS and name != MODEL:
+            raise st.error(name, f"cannot be searched: {RESERVED_FLAGS[name]}")
+        if name in MODEL_FLAGS:
+            raise st.error(name, "cannot be searched: it belongs to one model; search `model` instead")
+        if name in (MODEL, SPEC_METHOD) and not (p.type == "categorical"
+                                                 and all(isinstance(c, str) for c in p.choices)):
+            raise pt.error("type", f"{name} must be categorical with string choices")
+        if name == MODEL:
+            p = dataclasses.replace(p, choices=tuple(_resolve_model(pt, "choices", c, base) for c in p.choices))
+            if model_path not in p.choices:  # baselines boot [model] path: it must be a point of the space
+                raise pt.error("choices", f"must include the [model] path {model_path!r}")
+            p = dataclasses.replace(p, default=model_path)
+        if name == SPEC_TOKENS and p.type != "int":
+            raise pt.error("type", f"{SPEC_TOKENS} must be an int")
+        params[name] = p
+    if SPEC_TOKENS in params and not {SPEC_METHOD, "speculative_config"} & (set(params) | set(engine)):
+        raise st.error(SPEC_TOKENS, f"needs a {SPEC_METHOD} (in [space] or [engine]) or an [engine] speculative_config")
+    for p in params.values():
+        wt = _Table(p.when, st.source, st.key(f"{p.name}.when"))
+        for other, wanted in p.when.items():
+            if other == p.name or other not in params:
+                raise wt.error(other, f"names no other parameter of [space]{_suggest(other, set(params) - {p.name})}")
+            options = wanted if isinstance(wanted, list) else [wanted]
+            if not options or not all(_scalar(w) for w in options):
+                raise wt.error(other, f"must be a value or a non-empty list of values, got {_show(wanted)}")
+            if not any(_holds(params[other], w) for w in options):
+                raise wt.error(other, f"{other} can never be {wanted!r}, so {p.name} would never be searched")
+        # A numeric default may lie outside [low, high] (vLLM's own default often does): Optuna records it.
+        number = isinstance(p.default, int | float) and not isinstance(p.default, bool)
+        if p.default is not None and not (_holds(p, p.default) or (p.type in ("int", "float") and number)):
+            raise st.error(f"{p.name}.default", f"{p.default!r} is not a value {p.name} can take")
+    return _ordered(params, st)
+
+
+def _ordered(params: dict[str, Param], st: _Table) -> tuple[Param, ...]:
+    """Declaration order, except that a param comes after the params its `when` reads."""
+    done: dict[str, Param] = {}
+    visiting: set[str] = set()
+
+    def visit(name: str) -> None:
+        if name in done:
+            return
+        if name in visiting:
+            raise st.error(f"{name}.when", "conditions form a cycle")
+        visiting.add(name)
+        for other in params[name].when:
+            visit(other)
+        done[name] = params[name]
+
+    for name in params:
+        visit(name)
+    return tuple(done.values())
+
+
+def _flags_table(t: _Table, base: Path, allow_model: bool) -> dict[str, object]:
+    out: dict[str, object] = {}
+    for name, v in t.data.items():
+        _flag_name(t, name)
+        t.known.add(name)
+        if name in RESERVED_FLAGS and not (allow_model and name == MODEL):
+            raise t.error(name, f"cannot be set here: {RESERVED_FLAGS[name]}")
+        if name == MODEL:
+            t.expect(name, isinstance(v, str), "a model path or hub id", v)
+            v = _resolve_model(t, name, v, base)
+        out[name] = v
+    return out
+
+
+def _model(top: _Table, base: Path) -> ModelSpec:
+    mt = top.table("model", required=True)
+    model = ModelSpec(path=_resolve_model(mt, "path", mt.text("path"), base), load_format=mt.text("load_format", None),
+                      quantization=mt.text("quantization", None), revision=mt.text("revision", None),
+                      extra=dict(mt.table("extra").data))
+    mt.done()
+    return model
+
+
+def _engine(top: _Table, base: Path) -> tuple[dict[str, object], dict[str, str]]:
+    """[engine] fixed flags and [engine.env] (values become strings: `X = 1` is natural in TOML)."""
+    et = top.table("engine")
+    env_table = et.table("env")
+    env: dict[str, str] = {}
+    for k, v in env_table.data.items():
+        env_table.expect(k, _scalar(v) and not isinstance(v, bool), "a string or a number", v)
+        env[k] = str(v)
+    engine = _flags_table(_Table({k: v for k, v in et.data.items() if k != "env"}, et.source, "engine"), base,
+                          allow_model=False)
+    for k in MODEL_FLAGS:
+        if k in engine:
+            raise et.error(k, "set it in [model]")
+    return engine, env
+
+
+def _baselines(top: _Table, base: Path, fixed: dict[str, object]) -> tuple[Baseline, ...]:
+    """[[baselines]], each checked against the rules vLLM enforces before booting."""
+    items = top.get("baselines", [])
+    top.expect("baselines", isinstance(items, list), "an array of tables ([[baselines]])", items)
+    baselines: list[Baseline] = []
+    for i, item in enumerate(items):
+        if not isinstance(item, dict):
+            raise SpecError(top.source, f"baselines[{i}]", "must be a table with a name and flags")
+        t = _Table(item, top.source, f"baselines[{i}]")
+        name = t.text("name")
+        if any(b.name == name for b in baselines):
+            raise t.error("name", f"baseline '{name}' is defined twice")
+        flags = _flags_table(t.table("flags"), base, allow_model=True)
+        t.done()
+        try:
+            reason = invalid_reason(to_engine_flags({}, fixed, baseline=flags))
+        except ValueError as e:
+            raise t.error("flags", str(e)) from None
+        if reason:
+            raise t.error("flags", f"vLLM would refuse this baseline: {reason}")
+        baselines.append(Baseline(name=name, flags=flags))
+    return tuple(baselines)
+
+
+def _sampler(top: _Table) -> SamplerSpec:
+    st = top.table("sampler")
+    name = st.text("name", "tpe")
+    if name not in SAMPLERS:
+        raise st.error("name", f"unknown sampler '{name}'{_suggest(name, SAMPLERS)} (one of {', '.join(SAMPLERS)})")
+    sampler = SamplerSpec(name=name, seed=st.integer("seed", None))
+    st.done()
+    return sampler
+
+
+def _budget(top: _Table) -> tuple[float, float | None, int | None]:
+    """[budget]: boot timeout (default 10m), default run time, default trial count."""
+    bu = top.table("budget")
+    boot_timeout = parse_duration(bu.get("boot_timeout", "10m"), bu.key("boot_timeout"), bu.source)
+    time_raw = bu.get("time", None)
+    time_budget = parse_duration(time_raw, bu.key("time"), bu.source) if time_raw is not None else None
+    max_trials = bu.integer("trials", None, minimum=1)
+    bu.done()
+    return boot_timeout, time_budget, max_trials
+
+
+def load_study(path: str | Path) -> StudySpec:
+    """Read and validate a study file and the objective file it names (relative to the study file)."""
+    source = str(path)
+    path = Path(path)
+    base = path.parent
+    top = _Table(_read(path, source), source)
+    name = top.text("name", path.stem)
+    description = top.get("description", "")
+    top.expect("description", isinstance(description, str), "a string", description)
+    objective_path = base / top.text("objective")
+    if not objective_path.is_file():
+        raise top.error("objective", f"file not found: {objective_path}")
+    objective = load_objective(objective_path)
+    hardware = top.text("hardware", "auto")
+    storage = top.text("storage", None)
+    model = _model(top, base)
+    engine, env = _engine(top, base)
+    space = _space(top, engine, base, model.path)
+    baselines = _baselines(top, base, model_flags(model) | engine)
+    sampler = _sampler(top)
+    boot_timeout, time_budget, max_trials = _budget(top)
+    top.done()
+    return StudySpec(name=name, path=path, objective=objective, hardware=hardware, model=model, engine=engine,
+                     env=env, space=space, baselines=baselines, sampler=sampler, boot_timeout_s=boot_timeout,
+                     storage=storage, time_budget_s=time_budget, max_trials=max_trials, description=description)

@@ -1,0 +1,174 @@
+"""Study and objective files: what loads, and what each kind of mistake is told."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from autotune.errors import SpecError
+from autotune.spec import load_objective, load_study, parse_duration
+
+ROOT = Path(__file__).resolve().parent.parent
+BAD = Path(__file__).resolve().parent / "data" / "bad"
+
+# (file, dotted key the error names, a fragment of its message)
+BAD_FILES = [
+    ("obj-unknown-limit.toml", "limits.ttft_p95", "unknown key; did you mean 'ttft_p95_ms'?"),
+    ("obj-no-limits.toml", "limits", "set at least one limit"),
+    ("obj-bad-kind.toml", "workload.input_len.kind", "must be one of 'fixed', 'uniform', 'normal', 'lognormal'"),
+    ("obj-min-gt-max.toml", "workload.input_len.min", "min (600) must be <= max (100)"),
+    ("obj-bad-syntax.toml", None, "invalid TOML"),
+    ("obj-missing-dataset.toml", "workload.dataset", "file not found"),
+    ("obj-load-max-lt-start.toml", "load.max", "must be >= start"),
+    ("obj-bad-mode.toml", "load.mode", "did you mean 'rate'?"),
+    ("obj-negative-limit.toml", "limits.tpot_p95_ms", "must be > 0"),
+    ("obj-float-length.toml", "workload.input_len", "must be an integer or a table"),
+    ("study-int-string.toml", "space.max_num_seqs.low", "must be an integer, got 'abc'"),
+    ("study-low-gt-high.toml", "space.max_num_seqs.low", "low (64) must be <= high (8)"),
+    ("study-log-zero.toml", "space.max_num_batched_tokens.log", "log = true needs low > 0"),
+    ("study-empty-choices.toml", "space.max_model_len.choices", "must be a non-empty list"),
+    ("study-unknown-type.toml", "space.max_num_seqs.type", "unknown type 'integer'; did you mean 'int'?"),
+    ("study-param-unknown-key.toml", "space.max_num_seqs.hihg", "did you mean 'high'?"),
+    ("study-when-unknown.toml", "space.num_speculative_tokens.when.speculative_methd",
+     "did you mean 'speculative_method'?"),
+    ("study-when-never.toml", "space.num_speculative_tokens.when.speculative_method", "can never be 'eagle'"),
+    ("study-when-cycle.toml", "space.enable_chunked_prefill.when", "cycle"),
+    ("study-tokens-without-method.toml", "space.num_speculative_tokens", "needs a speculative_method"),
+    ("study-unknown-section.toml", "engnie", "did you mean 'engine'?"),
+    ("study-dash-flag.toml", "engine.max-num-seqs", "did you mean 'max_num_seqs'?"),
+    ("study-missing-objective.toml", "objective", "file not found"),
+    ("study-bad-duration.toml", "budget.boot_timeout", "got '4x'"),
+    ("study-baseline-refused.toml", "baselines[0].flags",
+     "max_num_batched_tokens (16) must be >= max_num_seqs (32)"),
+    ("study-baseline-twice.toml", "baselines[1].name", "defined twice"),
+    ("study-fixed-and-searched.toml", "space.max_num_seqs", "both fixed in [engine] and searched"),
+    ("study-bad-sampler.toml", "sampler.name", "did you mean 'tpe'?"),
+    ("study-bad-tiny.toml", "model.path", "did you mean 'tiny:dense'?"),
+    ("study-model-not-a-choice.toml", "space.model.choices", "must include the [model] path 'tiny:dense'"),
+    ("study-no-model.toml", "model", "required key is missing"),
+    ("study-reserved-port.toml", "engine.port", "the engine picks it"),
+    ("study-bad-default.toml", "space.enable_prefix_caching.default", "'yes' is not a value"),
+    ("study-env-bool.toml", "engine.env.VLLM_CPU_KVCACHE_SPACE", "must be a string or a number"),
+]
+
+
+@pytest.mark.parametrize(("name", "key", "fragment"), BAD_FILES, ids=[b[0] for b in BAD_FILES])
+def test_bad_file_names_file_and_key(name: str, key: str | None, fragment: str) -> None:
+    path = BAD / name
+    load = load_objective if name.startswith("obj-") else load_study
+    with pytest.raises(SpecError) as info:
+        load(path)
+    err = info.value
+    assert err.source == str(path)
+    assert err.key == key
+    assert fragment in err.message
+    assert str(err).startswith(f"{path}: {key}: " if key else f"{path}: ")
+
+
+def test_every_bad_file_is_tested() -> None:
+    assert sorted(p.name for p in BAD.glob("*.toml")) == sorted(b[0] for b in BAD_FILES)
+
+
+def test_error_text_matches_the_documented_form() -> None:
+    with pytest.raises(SpecError) as info:
+        load_study(BAD / "study-int-string.toml")
+    assert str(info.value) == f"{BAD / 'study-int-string.toml'}: space.max_num_seqs.low: must be an integer, got 'abc'"
+
+
+@pytest.mark.parametrize("path", sorted((ROOT / "objectives").glob("*.toml")), ids=lambda p: p.name)
+def test_shipped_objectives_load(path: Path) -> None:
+    objective = load_objective(path)
+    assert objective.name == path.stem
+
+
+@pytest.mark.parametrize("path", sorted((ROOT / "studies").glob("*.toml")), ids=lambda p: p.name)
+def test_shipped_studies_load(path: Path) -> None:
+    study = load_study(path)
+    assert study.name == path.stem
+    assert {b.name for b in study.baselines} == {"vllm-defaults", "recipe"}
+
+
+def test_shipped_study_count() -> None:
+    names = {p.stem for p in (ROOT / "studies").glob("*.toml")}
+    assert {"tiny-cpu", "tiny-hybrid-cpu", "qwen3.5-27b-rtx3090"} <= names
+
+
+def test_tiny_objective_values() -> None:
+    o = load_objective(ROOT / "objectives" / "tiny-cpu.toml")
+    assert (o.workload.input_len.kind, o.workload.input_len.mean) == ("fixed", 256)
+    assert o.workload.output_len.mean == 64
+    assert (o.limits.ttft_p95_ms, o.limits.tpot_p95_ms, o.limits.e2e_p95_ms) == (250.0, 60.0, None)
+    assert (o.load.mode, o.load.max, o.load.min_requests) == ("concurrency", 32, 24)
+
+
+def test_qwen_study_values() -> None:
+    s = load_study(ROOT / "studies" / "qwen3.5-27b-rtx3090.toml")
+    assert s.hardware == "rtx3090"
+    assert s.objective.name == "chat-p95"
+    assert s.model.path == "Qwen/Qwen3.5-27B-GPTQ-Int4"
+    space = {p.name: p for p in s.space}
+    assert space["model"].default == "Qwen/Qwen3.5-27B-GPTQ-Int4"  # the [model] path fills baselines
+    assert space["num_speculative_tokens"].when == {"speculative_method": "mtp"}
+    order = [p.name for p in s.space]
+    assert order.index("speculative_method") < order.index("num_speculative_tokens")
+    assert space["max_model_len"].choices == (4096, 8192, 16384, 32768)
+    assert s.boot_timeout_s == 900 and s.time_budget_s == 4 * 3600
+    recipe = next(b for b in s.baselines if b.name == "recipe")
+    assert recipe.flags == {"max_num_seqs": 48, "max_num_batched_tokens": 8192, "enable_chunked_prefill": True,
+                            "max_model_len": 8192}
+
+
+def _write(tmp: Path, name: str, text: str) -> Path:
+    p = tmp / name
+    p.parent.mkdir(parents=True, exist_ok=True)
+    p.write_text(text)
+    return p
+
+
+def test_relative_paths_resolve_against_the_file(tmp_path: Path) -> None:
+    _write(tmp_path, "objectives/data/prompts.jsonl", '{"prompt": "hi"}\n')
+    _write(tmp_path, "objectives/o.toml",
+           '[workload]\ninput_len = 8\noutput_len = 4\ndataset = "data/prompts.jsonl"\n'
+           '[limits]\ne2e_p95_ms = 1000\n')
+    (tmp_path / "models" / "mine").mkdir(parents=True)
+    study = _write(tmp_path, "studies/s.toml",
+                   'objective = "../objectives/o.toml"\n[model]\npath = "../models/mine"\n'
+                   '[engine.env]\nVLLM_CPU_KVCACHE_SPACE = 1\n'
+                   '[space.max_num_seqs]\ntype = "int"\nlow = 1\nhigh = 8\n'
+                   '[space.enable_chunked_prefill]\ntype = "bool"\nwhen = { max_num_seqs = [4, 8] }\n')
+    s = load_study(study)
+    assert s.objective.workload.dataset == (tmp_path / "objectives" / "data" / "prompts.jsonl").resolve()
+    assert s.model.path == str((tmp_path / "models" / "mine").resolve())
+    assert s.env == {"VLLM_CPU_KVCACHE_SPACE": "1"}
+    assert s.hardware == "auto" and s.storage is None and s.sampler.name == "tpe"
+    assert s.boot_timeout_s == 600  # the 10m default
+    assert s.space[1].when == {"max_num_seqs": [4, 8]}
+
+
+def test_conditions_reorder_the_space(tmp_path: Path) -> None:
+    _write(tmp_path, "o.toml", '[workload]\ninput_len = 8\noutput_len = 4\n[limits]\nttft_p95_ms = 10\n')
+    study = _write(tmp_path, "s.toml",
+                   'objective = "o.toml"\n[model]\npath = "org/model"\n'
+                   '[space.num_speculative_tokens]\ntype = "int"\nlow = 1\nhigh = 3\n'
+                   'when = { speculative_method = "mtp" }\n'
+                   '[space.speculative_method]\ntype = "categorical"\nchoices = ["none", "mtp"]\n')
+    s = load_study(study)
+    assert [p.name for p in s.space] == ["speculative_method", "num_speculative_tokens"]
+    assert s.model.path == "org/model"  # a hub id stays as written
+
+
+@pytest.mark.parametrize(
+    ("text", "seconds"),
+    [("4h", 14400), ("90m", 5400), ("1h30m", 5400), ("45s", 45), ("2d", 172800), ("1.5h", 5400),
+     ("1h0m30s", 3630), (120, 120), (2.5, 2.5)],
+)
+def test_parse_duration(text: object, seconds: float) -> None:
+    assert parse_duration(text) == seconds
+
+
+@pytest.mark.parametrize("text", ["4x", "", "h", "30m1h", "-5m", "0s", "4 hours", True, 0])
+def test_parse_duration_refuses(text: object) -> None:
+    with pytest.raises(SpecError) as info:
+        parse_duration(text, key="--budget")
+    assert info.value.key == "--budget"
