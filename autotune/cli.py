@@ -1,0 +1,252 @@
+"""The command line. The one place where autotune's errors become messages and exit codes."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import click
+from rich.console import Console
+
+from autotune.errors import AutotuneError, SpecError
+
+console = Console(highlight=False)
+if not console.is_terminal:  # piped or captured: wide enough that tables stay readable in a log
+    console = Console(highlight=False, width=160)
+err_console = Console(stderr=True, highlight=False)
+
+
+class _Group(click.Group):
+    """Turns autotune's errors into one clear line and their exit code (2 for bad input)."""
+
+    def invoke(self, ctx: click.Context):
+        try:
+            return super().invoke(ctx)
+        except AutotuneError as e:
+            err_console.print(f"[bold red]error:[/] {e}", soft_wrap=True)
+            sys.exit(e.exit_code)
+
+
+@click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 110})
+@click.version_option(package_name="autotune")
+def main() -> None:
+    """Find the vLLM serving configuration that gives the most throughput within your latency limits.
+
+    \b
+      autotune run studies/tiny-cpu.toml --budget 10m     # the embedded default: no GPU needed
+      autotune status                                      # trials so far, best first
+      autotune export --format flags                       # the best configuration as `vllm serve` flags
+    """
+
+
+def parse_set(values: tuple[str, ...], flag: str = "--set") -> dict[str, object]:
+    """`--set key=value` pairs; values are read as JSON where they parse (16, 0.9, true, {...}), else strings."""
+    out: dict[str, object] = {}
+    for item in values:
+        key, sep, raw = item.partition("=")
+        key = key.strip().replace("-", "_")
+        if not sep or not key:
+            raise SpecError(flag, item, "expected key=value, e.g. max_num_seqs=16")
+        try:
+            out[key] = json.loads(raw)
+        except json.JSONDecodeError:
+            out[key] = raw
+    return out
+
+
+def parse_env(values: tuple[str, ...]) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for item in values:
+        key, sep, raw = item.partition("=")
+        if not sep or not key:
+            raise SpecError("--env", item, "expected NAME=value")
+        out[key] = raw
+    return out
+
+
+@main.command()
+@click.option("--model", required=True, help="Model directory, hub id, or tiny:dense / tiny:hybrid (random weights).")
+@click.option("--objective", "objective_path", required=True, type=click.Path(path_type=Path),
+              help="Objective file (workload and p95 limits), e.g. objectives/tiny-cpu.toml.")
+@click.option("--set", "sets", multiple=True, metavar="KEY=VALUE", help="A vLLM flag by its dest name; repeatable.")
+@click.option("--env", "envs", multiple=True, metavar="NAME=VALUE", help="Environment for the server; repeatable.")
+@click.option("--log", "log_path", type=click.Path(path_type=Path), default=None,
+              help="Where the server log goes (default runs/trial-<time>.log).")
+@click.option("--boot-timeout", default="15m", show_default=True, help="Give up on a boot after this long.")
+@click.option("--gpu", "gpus", default="", help="GPU indices to use and sample, e.g. 0 (CUDA build only).")
+def trial(model: str, objective_path: Path, sets: tuple[str, ...], envs: tuple[str, ...], log_path: Path | None,
+          boot_timeout: str, gpus: str) -> None:
+    """Boot one vLLM server with the given flags and find the highest load it sustains within the limits.
+
+    \b
+      autotune trial --model tiny:dense --objective objectives/tiny-cpu.toml \\
+          --set max_num_seqs=16 --set max_num_batched_tokens=2048
+    """
+    import time
+
+    from autotune.engine import EngineSpec
+    from autotune.spec import load_objective, parse_duration
+    from autotune.tinymodel import resolve_model
+    from autotune.trial import TrialPlan, model_vocab_size, run_trial
+    from autotune.views import print_trial
+
+    objective = load_objective(objective_path)
+    path, defaults = resolve_model(model)
+    flags = {**defaults, **parse_set(sets)}
+    gpu_indices = tuple(int(g) for g in gpus.split(",") if g.strip())
+    spec = EngineSpec(
+        model=path, flags=flags, env=parse_env(envs), boot_timeout_s=parse_duration(boot_timeout, "--boot-timeout"),
+        cuda_visible_devices=",".join(map(str, gpu_indices)) if gpu_indices else None,
+    )
+    log_path = log_path or Path("runs") / f"trial-{time.strftime('%Y%m%d-%H%M%S')}.log"
+    plan = TrialPlan(spec, objective, model_vocab_size(path), log_path, gpu_indices)
+    with console.status("booting") as status:
+        result = run_trial(plan, on_stage=lambda s: status.update(s))
+    print_trial(console, result, objective)
+    sys.exit(0 if result.status == "ok" else 1)
+
+
+def _study_ref(study: str | None, storage: str | None) -> tuple[str, str]:
+    """(study name, storage URL) from --study (a name or a study file) and --storage; by default the most
+    recently used SQLite study under studies/."""
+    from autotune.spec import load_study
+    from autotune.study import default_storage
+
+    if study and study.endswith(".toml"):
+        spec = load_study(study)
+        return spec.name, storage or spec.storage or default_storage(spec)
+    if storage:
+        if not study:
+            raise SpecError("--study", None, "give the study's name with --storage")
+        return study, storage
+    if study:
+        toml = Path("studies") / f"{study}.toml"
+        if toml.is_file():
+            spec = load_study(toml)
+            return spec.name, spec.storage or default_storage(spec)
+        db = Path("studies") / f"{study}.db"
+        if not db.is_file():
+            raise SpecError("--study", study, f"no study file {toml} and no database {db}")
+        return study, f"sqlite:///{db}"
+    dbs = sorted(Path("studies").glob("*.db"), key=lambda p: p.stat().st_mtime)
+    if not dbs:
+        raise SpecError("--study", None, "no study database under studies/ yet: run `autotune run STUDY.toml` first")
+    return dbs[-1].stem, f"sqlite:///{dbs[-1]}"
+
+
+def _load_study(study: str | None, storage: str | None):
+    import optuna
+
+    from autotune.errors import StorageError
+    from autotune.study import open_storage
+
+    name, url = _study_ref(study, storage)
+    try:
+        return optuna.load_study(study_name=name, storage=open_storage(url))
+    except KeyError as e:
+        raise StorageError(f"--study {name}: no such study in {url}") from e
+
+
+study_option = click.option("--study", default=None, help="Study name or study file (default: the latest under studies/).")
+storage_option = click.option("--storage", default=None, help="Optuna storage URL (default: sqlite:///studies/NAME.db).")
+
+
+@main.command()
+@click.argument("study_file", type=click.Path(path_type=Path))
+@click.option("--budget", default=None, help="Wall-clock budget: 4h, 90m, 1h30m (default: the study file's).")
+@click.option("--n-trials", type=int, default=None, help="Stop after this many trials (this run).")
+@storage_option
+def run(study_file: Path, budget: str | None, n_trials: int | None, storage: str | None) -> None:
+    """Search the study's space: boot, measure and record trials until the budget is spent.
+
+    Running the same command again resumes the same study.
+
+    \b
+      autotune run studies/tiny-cpu.toml --budget 10m
+      autotune run studies/qwen3.5-27b-rtx3090.toml --budget 4h
+    """
+    from autotune.budget import Budget
+    from autotune.progress import LiveProgress
+    from autotune.spec import load_study, parse_duration
+    from autotune.study import run_study
+    from autotune.views import study_table
+
+    spec = load_study(study_file)
+    seconds = parse_duration(budget, "--budget") if budget else spec.time_budget_s
+    if n_trials is not None and n_trials < 1:
+        raise SpecError("--n-trials", None, f"must be at least 1, got {n_trials}")
+    if seconds is None and n_trials is None and spec.max_trials is None:
+        raise SpecError("--budget", None, "give a time budget (e.g. --budget 4h) or --n-trials")
+    plan = Budget(seconds=seconds, trials=n_trials or spec.max_trials)
+    with LiveProgress(console, plan) as progress:
+        summary = run_study(spec, plan, storage_url=storage, progress=progress)
+    study = _load_study(str(study_file), storage)
+    console.print(study_table(study.trials))
+    console.print(f"{summary.trials_run} trial(s) this run; stopped: {summary.stopped_because or 'done'}")
+    if summary.best is None:
+        console.print("[yellow]no feasible configuration yet[/]")
+    else:
+        console.print(f"[bold green]best:[/] trial {summary.best.number}, {summary.best.value:,.0f} output tok/s")
+        console.print(summary.best.user_attrs.get("vllm_command", ""), markup=False, soft_wrap=True)
+    if summary.stopped_because == "interrupted":
+        sys.exit(130)
+
+
+@main.command()
+@study_option
+@storage_option
+@click.option("--limit", default=15, show_default=True, help="How many trials to show.")
+def status(study: str | None, storage: str | None, limit: int) -> None:
+    """A table of the study's trials, best feasible first, baselines always shown.
+
+    \b
+      autotune status --study tiny-cpu
+    """
+    from autotune.views import study_table
+
+    s = _load_study(study, storage)
+    console.print(study_table(s.trials, limit=limit, title=f"study {s.study_name}: {len(s.trials)} trial(s)"))
+
+
+@main.command()
+@study_option
+@storage_option
+@click.option("--format", "fmt", type=click.Choice(["flags", "yaml", "json"]), default="flags", show_default=True)
+@click.option("--max-vram", type=float, default=None, help="Only trials whose peak memory was at most this (GiB).")
+@click.option("--max-p95-ttft-ms", type=float, default=None, help="Only trials whose p95 TTFT was at most this.")
+def export(study: str | None, storage: str | None, fmt: str, max_vram: float | None,
+           max_p95_ttft_ms: float | None) -> None:
+    """Print the best feasible configuration as `vllm serve` flags, a `--config` YAML file, or JSON.
+
+    \b
+      autotune export --format flags
+      autotune export --study tiny-cpu --format yaml > best.yaml && vllm serve --config best.yaml
+    """
+    from autotune.errors import AutotuneError
+    from autotune.export import serve_command, to_json, to_yaml
+    from autotune.study import best_trial
+
+    s = _load_study(study, storage)
+
+    def keep(t) -> bool:
+        a = t.user_attrs
+        return ((max_vram is None or a.get("peak_memory_gib", float("inf")) <= max_vram)
+                and (max_p95_ttft_ms is None or a.get("ttft_p95_ms", float("inf")) <= max_p95_ttft_ms))
+
+    best = best_trial(s, keep)
+    if best is None:
+        raise AutotuneError(f"study {s.study_name}: no feasible trial" + (" within the filters" if
+                            max_vram is not None or max_p95_ttft_ms is not None else ""))
+    model, flags = best.user_attrs["model"], json.loads(best.user_attrs["flags"])
+    if fmt == "flags":
+        click.echo(serve_command(model, flags))
+    elif fmt == "yaml":
+        click.echo(to_yaml(flags, model=model), nl=False)
+    else:
+        metrics = {k: v for k, v in best.user_attrs.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+        click.echo(to_json(model, flags, {"trial": best.number, **metrics}))
+
+
+if __name__ == "__main__":
+    main()

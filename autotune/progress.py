@@ -1,0 +1,68 @@
+"""What a person sees while a study runs: the trial and its stage, the best so far, trials done, time left."""
+
+from __future__ import annotations
+
+import time
+
+from optuna.trial import FrozenTrial, TrialState
+from rich.console import Console, Group
+from rich.live import Live
+from rich.spinner import Spinner
+from rich.text import Text
+
+from autotune.budget import Budget
+
+
+def _hms(seconds: float) -> str:
+    if seconds == float("inf"):
+        return "no time limit"
+    s = int(seconds)
+    return f"{s // 3600}h{s % 3600 // 60:02d}m" if s >= 3600 else f"{s // 60}m{s % 60:02d}s"
+
+
+class LiveProgress:
+    """A live status block above the finished trials' one-line summaries (plain lines when not a terminal)."""
+
+    def __init__(self, console: Console, budget: Budget):
+        self.console, self.budget = console, budget
+        self.number: int | None = None
+        self.label = ""
+        self.text = "starting"
+        self.best: FrozenTrial | None = None
+        self.done = 0
+        self.started_at = time.monotonic()
+        self._live = Live(console=console, refresh_per_second=4, transient=True, get_renderable=self._render)
+
+    def __enter__(self) -> LiveProgress:
+        if self.console.is_terminal:
+            self._live.__enter__()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.console.is_terminal:
+            self._live.__exit__(None, None, None)
+
+    def _render(self) -> Group:
+        best = f"{self.best.value:,.0f} tok/s (trial {self.best.number})" if self.best else "none feasible yet"
+        head = Text.assemble(
+            (f"trial {self.number} ", "bold"), (self.label[:90], "cyan"), "\n",
+            f"  {self.text}  ·  best {best}  ·  {self.done} done  ·  {_hms(self.budget.remaining())} left",
+        )
+        return Group(Spinner("dots", text=head))
+
+    def trial_started(self, number: int, label: str) -> None:
+        self.number, self.label, self.text = number, label, "starting"
+        if not self.console.is_terminal:
+            self.console.print(f"trial {number}: {label}")
+
+    def stage(self, text: str) -> None:
+        self.text = text
+        if not self.console.is_terminal:
+            self.console.print(f"  trial {self.number}: {text}")
+
+    def trial_ended(self, number: int, state: TrialState, summary: str, best: FrozenTrial | None) -> None:
+        self.done += 1
+        self.best = best
+        colour = {TrialState.COMPLETE: "green", TrialState.PRUNED: "yellow"}.get(state, "red")
+        self.console.print(f"[{colour}]trial {number}[/] {summary}  [dim]({_hms(self.budget.remaining())} left)[/]",
+                           soft_wrap=True)

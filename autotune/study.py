@@ -1,0 +1,211 @@
+"""The study: storage, sampler, baselines and the budget loop that runs trials until the budget is spent.
+
+Trials are asked for and told one at a time (ask/tell), so a trial's outcome is recorded the moment it ends:
+a kill of the tuner loses at most the trial in flight, and the next run of the same command resumes the study.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Iterator, Protocol
+
+import optuna
+from optuna.trial import FrozenTrial, TrialState
+
+from autotune import outcome
+from autotune.budget import Budget
+from autotune.engine import EngineSpec
+from autotune.errors import StorageError
+from autotune.space import enqueue_baseline, engine_config, invalid_reason, suggest, trial_baseline
+from autotune.spec import StudySpec
+from autotune.tinymodel import resolve_model
+from autotune.trial import LevelOutcome, TrialPlan, TrialResult, model_vocab_size, run_trial
+
+HEARTBEAT_S = 10
+GRACE_S = 60
+
+
+class Progress(Protocol):
+    """What the loop tells whoever shows progress (the CLI draws it with rich; tests record it)."""
+
+    def trial_started(self, number: int, label: str) -> None: ...
+    def stage(self, text: str) -> None: ...
+    def trial_ended(self, number: int, state: TrialState, summary: str, best: FrozenTrial | None) -> None: ...
+
+
+class NoProgress:
+    def trial_started(self, number: int, label: str) -> None: ...
+    def stage(self, text: str) -> None: ...
+    def trial_ended(self, number: int, state: TrialState, summary: str, best: FrozenTrial | None) -> None: ...
+
+
+@dataclass(frozen=True)
+class RunSummary:
+    trials_run: int
+    stopped_because: str
+    best: FrozenTrial | None
+
+
+def default_storage(spec: StudySpec) -> str:
+    return f"sqlite:///{spec.path.parent / (spec.name + '.db')}"
+
+
+def open_storage(url: str) -> optuna.storages.BaseStorage:
+    """An RDB storage with heartbeats, so a trial whose worker died is found and marked, not left RUNNING."""
+    try:
+        return optuna.storages.RDBStorage(url, heartbeat_interval=HEARTBEAT_S, grace_period=GRACE_S)
+    except Exception as e:  # sqlalchemy/driver errors vary by backend; all mean the same thing to a user
+        raise StorageError(f"--storage {url}: cannot open: {str(e).splitlines()[0]}") from e
+
+
+def make_sampler(spec: StudySpec) -> optuna.samplers.BaseSampler:
+    # Constraints come from trial.set_constraint (outcome.py); multivariate TPE with groups handles the
+    # conditional parameters (speculative tokens only with MTP) without treating them as independent.
+    return optuna.samplers.TPESampler(seed=spec.sampler.seed, multivariate=True, group=True, n_startup_trials=5,
+                                      constant_liar=True)
+
+
+def make_pruner() -> optuna.pruners.BasePruner:
+    # A trial in the bottom quarter at the same load level, once five trials have been seen, is cut short.
+    return optuna.pruners.PercentilePruner(25.0, n_startup_trials=5, n_warmup_steps=1)
+
+
+def open_study(spec: StudySpec, storage_url: str | None = None) -> optuna.Study:
+    url = storage_url or spec.storage or default_storage(spec)
+    storage = open_storage(url)
+    study = optuna.create_study(study_name=spec.name, storage=storage, direction="maximize",
+                                sampler=make_sampler(spec), pruner=make_pruner(), load_if_exists=True)
+    if not study.trials:
+        study.set_metric_names(["output_tok_s"])
+        study.set_user_attr("objective", spec.objective.name)
+        study.set_user_attr("limits", {k: v for k, v in vars(spec.objective.limits).items() if v is not None})
+        study.set_user_attr("hardware", spec.hardware)
+        study.set_user_attr("study_file", str(spec.path))
+        for baseline in spec.baselines:
+            enqueue_baseline(study, baseline, spec.space)
+    optuna.storages.fail_stale_trials(study)
+    return study
+
+
+def run_study(
+    spec: StudySpec,
+    budget: Budget,
+    *,
+    storage_url: str | None = None,
+    progress: Progress | None = None,
+    artifacts_dir: Path | None = None,
+) -> RunSummary:
+    progress = progress or NoProgress()
+    study = open_study(spec, storage_url)
+    artifacts_dir = artifacts_dir or spec.path.parent / f"{spec.name}-artifacts"
+    budget.durations.extend(
+        t.user_attrs["duration_s"] for t in study.trials if "duration_s" in t.user_attrs and t.state.is_finished()
+    )
+    run = 0
+    why = ""
+    try:
+        while True:
+            fits, why = budget.next_trial_fits()
+            if not fits:
+                break
+            budget.started_trials += 1
+            run += 1
+            result = _one_trial(spec, study, budget, progress, artifacts_dir)
+            if result is not None:
+                budget.record(result.duration_s)
+    except KeyboardInterrupt:
+        why = "interrupted"
+    return RunSummary(run, why, best_trial(study))
+
+
+def _one_trial(spec: StudySpec, study: optuna.Study, budget: Budget, progress: Progress,
+               artifacts_dir: Path) -> TrialResult | None:
+    trial = study.ask()
+    baseline = trial_baseline(trial)
+    params = suggest(trial, spec.space)
+    config = engine_config(spec, params, baseline=baseline)
+    model_path, model_defaults = resolve_model(config.model)
+    flags = {**model_defaults, **config.flags}
+    for key, value in outcome.config_attrs(config.model, flags).items():
+        trial.set_user_attr(key, value)
+    label = (trial.user_attrs.get("baseline") or {}).get("name") or ", ".join(f"{k}={v}" for k, v in params.items())
+    progress.trial_started(trial.number, label)
+
+    if reason := invalid_reason(flags):
+        outcome.tell_rejected(study, trial, f"vLLM would reject it: {reason}")
+        progress.trial_ended(trial.number, TrialState.COMPLETE, f"rejected before boot: {reason}", best_trial(study))
+        return None
+
+    log_path = artifacts_dir / f"trial-{trial.number:04d}.log"
+    plan = TrialPlan(
+        EngineSpec(model=model_path, flags=flags, env=spec.env,
+                   boot_timeout_s=max(1.0, min(spec.boot_timeout_s, budget.remaining()))),
+        spec.objective, model_vocab_size(model_path), log_path,
+    )
+
+    passing: list[float] = []
+
+    def on_level(step: int, value: float, level: LevelOutcome) -> str | None:
+        if level.verdict.passed:
+            passing.append(level.stats.output_tok_s)
+        trial.report(max(passing, default=0.0), step)  # best passing throughput so far, per load level
+        if budget.remaining() <= 0:
+            return "stopped at the end of the time budget"
+        if trial.should_prune():
+            return outcome.PRUNED
+        return None
+
+    try:
+        with _heartbeat(study, trial):
+            result = run_trial(plan, on_level=on_level, on_stage=progress.stage)
+    except KeyboardInterrupt:
+        outcome.tell_failed(study, trial, "interrupted by the user")
+        progress.trial_ended(trial.number, TrialState.FAIL, "interrupted", best_trial(study))
+        raise
+    state = outcome.tell_result(study, trial, result)
+    progress.trial_ended(trial.number, state, _summary(result), best_trial(study))
+    return result
+
+
+def _summary(result: TrialResult) -> str:
+    if result.status == "ok":
+        best = result.best
+        assert best is not None
+        return (f"{result.throughput_tok_s:,.0f} tok/s at level {result.best_level:g}, "
+                f"p95 TTFT {best.stats.ttft.p95_ms:.0f} ms")
+    return f"{result.status}: {result.reason}"
+
+
+@contextlib.contextmanager
+def _heartbeat(study: optuna.Study, trial: optuna.Trial) -> Iterator[None]:
+    """Beat while the trial runs, so other workers (and the next run) can tell a live trial from a dead one."""
+    storage = study._storage  # the storage the study was opened with (RDBStorage, heartbeat-enabled)
+    stop = threading.Event()
+
+    def beat() -> None:
+        while True:
+            storage.record_heartbeat(trial._trial_id)
+            if stop.wait(HEARTBEAT_S):
+                return
+
+    thread = threading.Thread(target=beat, name="trial-heartbeat", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join()
+
+
+def feasible(t: FrozenTrial) -> bool:
+    return t.state == TrialState.COMPLETE and bool(t.constraints) and all(c <= 0 for c in t.constraints.values())
+
+
+def best_trial(study: optuna.Study, keep: Callable[[FrozenTrial], bool] = lambda t: True) -> FrozenTrial | None:
+    """The best feasible COMPLETE trial (Optuna's own best_trial ignores constraints)."""
+    candidates = [t for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+                  if feasible(t) and keep(t)]
+    return max(candidates, key=lambda t: t.value or 0.0, default=None)

@@ -1,0 +1,127 @@
+"""Tiny model directories (config.json + a locally built tokenizer) for serving random weights.
+
+vLLM's `--load-format dummy` fills the weights with random values, so a config and a tokenizer are all a server
+needs: nothing is downloaded. The dense model is a Qwen3; the hybrid one is a Qwen3-Next (Gated DeltaNet plus
+full attention every 4th layer), which has the same memory behaviour as Qwen3.5-27B: a KV cache per token for the
+attention layers and a fixed recurrent state per sequence for the linear-attention ones.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Literal
+
+Kind = Literal["dense", "hybrid"]
+KINDS: tuple[Kind, ...] = ("dense", "hybrid")
+VOCAB_SIZE = 4096
+SPECIAL_TOKENS = ("<unk>", "<|endoftext|>", "<|im_start|>", "<|im_end|>")
+
+_COMMON = {
+    "vocab_size": VOCAB_SIZE,
+    "hidden_size": 256,
+    "intermediate_size": 512,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 64,
+    "hidden_act": "silu",
+    "max_position_embeddings": 8192,
+    "rms_norm_eps": 1e-6,
+    "rope_theta": 1000000.0,
+    "tie_word_embeddings": True,
+    "torch_dtype": "bfloat16",
+    "bos_token_id": 1,
+    "eos_token_id": 1,
+    "attention_bias": False,
+}
+
+CONFIGS: dict[Kind, dict] = {
+    "dense": {
+        **_COMMON,
+        "architectures": ["Qwen3ForCausalLM"],
+        "model_type": "qwen3",
+        "num_hidden_layers": 4,
+    },
+    "hybrid": {
+        **_COMMON,
+        "architectures": ["Qwen3NextForCausalLM"],
+        "model_type": "qwen3_next",
+        "num_hidden_layers": 4,
+        "full_attention_interval": 4,
+        "layer_types": ["linear_attention"] * 3 + ["full_attention"],
+        "linear_conv_kernel_dim": 4,
+        "linear_key_head_dim": 32,
+        "linear_value_head_dim": 32,
+        "linear_num_key_heads": 4,
+        "linear_num_value_heads": 8,
+        "partial_rotary_factor": 0.25,
+        # Qwen3-Next is a MoE model; vLLM needs these fields (an all-dense mlp_only_layers fails to boot).
+        "decoder_sparse_step": 1,
+        "mlp_only_layers": [],
+        "num_experts": 4,
+        "num_experts_per_tok": 2,
+        "moe_intermediate_size": 128,
+        "shared_expert_intermediate_size": 128,
+        "norm_topk_prob": True,
+    },
+}
+
+
+def write_tiny_model(kind: Kind, path: Path) -> Path:
+    """Write (or refresh) a tiny model directory; idempotent, so callers can do it before every boot."""
+    if kind not in CONFIGS:
+        raise ValueError(f"unknown tiny model {kind!r}; known: {', '.join(KINDS)}")
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    _write_if_changed(path / "config.json", json.dumps(CONFIGS[kind], indent=2))
+    if not (path / "tokenizer.json").exists():
+        _tokenizer().save(str(path / "tokenizer.json"))
+    _write_if_changed(
+        path / "tokenizer_config.json",
+        json.dumps(
+            {
+                "tokenizer_class": "PreTrainedTokenizerFast",
+                "unk_token": "<unk>",
+                "eos_token": "<|endoftext|>",
+                "pad_token": "<|endoftext|>",
+                "bos_token": None,
+                "model_max_length": CONFIGS[kind]["max_position_embeddings"],
+                "chat_template": "{% for m in messages %}<|im_start|>{{ m['content'] }}<|im_end|>{% endfor %}",
+            },
+            indent=2,
+        ),
+    )
+    return path
+
+
+def tiny_model_dir(kind: Kind, cache_root: Path | None = None) -> Path:
+    """Where a tiny model lives by default: a per-user cache, shared by studies, tests and benchmarks."""
+    root = cache_root or Path.home() / ".cache" / "autotune" / "tiny-models"
+    return write_tiny_model(kind, root / kind)
+
+
+def _tokenizer():
+    # A word-level vocabulary of exactly VOCAB_SIZE entries: every id the load generator sends decodes.
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    vocab = {tok: i for i, tok in enumerate(SPECIAL_TOKENS)}
+    vocab.update({f"w{i}": i for i in range(len(SPECIAL_TOKENS), VOCAB_SIZE)})
+    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tok.add_special_tokens(list(SPECIAL_TOKENS))
+    return tok
+
+
+def _write_if_changed(path: Path, text: str) -> None:
+    if not path.exists() or path.read_text() != text:
+        path.write_text(text)
+
+
+def resolve_model(name: str) -> tuple[str, dict[str, object]]:
+    """`tiny:dense` / `tiny:hybrid` -> a generated directory served with random weights; anything else as is."""
+    if not name.startswith("tiny:"):
+        return name, {}
+    kind = name.removeprefix("tiny:")
+    if kind not in CONFIGS:
+        raise ValueError(f"unknown tiny model {name!r}; known: {', '.join('tiny:' + k for k in KINDS)}")
+    return str(tiny_model_dir(kind)), {"load_format": "dummy"}  # type: ignore[arg-type]

@@ -1,0 +1,167 @@
+"""One trial end to end: a configuration in, a measured (or explained) result out.
+
+Boot the server, find the highest load level that meets the objective's p95 limits, sample memory throughout,
+stop the server. Every way this can go wrong becomes a field of the result, never an exception; the caller's
+`on_level` hook can stop a trial between levels (a pruner, the budget's end) by returning a reason.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Literal
+
+from autotune.engine import BootFailed, BootInfo, EngineSpec, Failure, Server
+from autotune.hardware import MemoryPeak, MemorySampler
+from autotune.load import LoadLevel, measure_level
+from autotune.metrics import LevelStats, Verdict, judge, level_stats
+from autotune.sla import find_sustainable
+from autotune.spec import Objective
+
+Status = Literal["ok", "infeasible", "failed", "stopped"]
+Stage = Callable[[str], None]
+
+
+@dataclass(frozen=True)
+class LevelOutcome:
+    stats: LevelStats
+    verdict: Verdict
+
+
+@dataclass(frozen=True)
+class TrialPlan:
+    engine: EngineSpec
+    objective: Objective
+    vocab_size: int
+    log_path: Path
+    gpu_indices: tuple[int, ...] = ()  # NVML devices to sample; empty on the CPU build (process-tree RSS instead)
+
+
+@dataclass(frozen=True)
+class TrialResult:
+    """ok: some level met every limit. infeasible: it ran out of memory or no level met the limits (a
+    configuration's verdict the sampler learns from). failed: anything else (crash, bad flag, timeout).
+    stopped: the caller's on_level hook stopped it (pruned, or the budget ran out); `reason` says which."""
+
+    status: Status
+    throughput_tok_s: float = 0.0
+    best_level: float | None = None
+    levels: tuple[tuple[float, LevelOutcome], ...] = ()
+    boot: BootInfo | None = None
+    failure: Failure | None = None
+    memory: MemoryPeak | None = None
+    miss_ratio: float | None = None  # no level passed: the worst observed/limit ratio at the lowest level
+    duration_s: float = 0.0
+    log_path: Path | None = None
+    stop_reason: str = ""
+
+    @property
+    def best(self) -> LevelOutcome | None:
+        return next((o for lvl, o in self.levels if lvl == self.best_level), None)
+
+    @property
+    def reason(self) -> str:
+        if self.failure is not None:
+            return self.failure.reason
+        if self.stop_reason:
+            return self.stop_reason
+        if self.status == "infeasible" and self.levels:
+            return "no load level met the limits: " + self.levels[0][1].verdict.reason
+        return ""
+
+
+class ServerDied(Exception):
+    def __init__(self, failure: Failure):
+        super().__init__(failure.reason)
+        self.failure = failure
+
+
+class _Stop(Exception):
+    pass
+
+
+def run_trial(
+    plan: TrialPlan,
+    *,
+    on_level: Callable[[int, float, LevelOutcome], str | None] | None = None,
+    on_stage: Stage | None = None,
+) -> TrialResult:
+    stage = on_stage or (lambda _s: None)
+    t0 = time.monotonic()
+    server = Server(plan.engine, plan.log_path)
+    sampler: MemorySampler | None = None
+    memory: MemoryPeak | None = None
+    levels: list[tuple[float, LevelOutcome]] = []
+
+    def done(status: Status, **kw) -> TrialResult:
+        nonlocal memory
+        if sampler is not None and memory is None:
+            memory = sampler.stop()
+        return TrialResult(status, levels=tuple(levels), duration_s=time.monotonic() - t0,
+                           log_path=plan.log_path, memory=memory, **kw)
+
+    stage("booting")
+    try:
+        server.start()
+        sampler = MemorySampler(root_pid=server.pid, gpu_indices=plan.gpu_indices or None).start()
+        try:
+            boot = server.wait_ready()
+        except BootFailed as e:
+            status: Status = "infeasible" if e.failure.kind.is_memory else "failed"
+            return done(status, failure=e.failure)
+
+        def measure(value: float) -> LevelOutcome:
+            k = len(levels)
+            stage(f"level {k + 1}: {plan.objective.load.mode} {value:g}")
+            outcome = _measure(server, plan, value, seed_offset=k)
+            levels.append((value, outcome))
+            if (failure := server.died()) is not None:
+                raise ServerDied(failure)
+            if on_level is not None and (why := on_level(k, value, outcome)):
+                raise _Stop(why)
+            return outcome
+
+        try:
+            sla = find_sustainable(measure, lambda o: o.verdict.passed, plan.objective.load)
+        except ServerDied as e:
+            status = "infeasible" if e.failure.kind.is_memory else "failed"
+            return done(status, boot=boot, failure=e.failure)
+        except _Stop as e:
+            return done("stopped", boot=boot, stop_reason=str(e))
+        if sla.best is None:
+            first = levels[0][1].verdict
+            return done("infeasible", boot=boot, miss_ratio=max(first.misses.values(), default=None))
+        return done("ok", boot=boot, throughput_tok_s=sla.best.stats.output_tok_s, best_level=sla.best_level)
+    finally:
+        stage("stopping")
+        if sampler is not None and memory is None:
+            sampler.stop()
+        server.stop()
+
+
+def _measure(server: Server, plan: TrialPlan, value: float, seed_offset: int) -> LevelOutcome:
+    search = plan.objective.load
+    level = LoadLevel(search.mode, value)
+    # Enough requests for a meaningful p95, and for a closed loop enough rounds that the ramp does not dominate.
+    n = max(search.min_requests, int(3 * value)) if search.mode == "concurrency" else search.min_requests
+    workload = plan.objective.workload
+    requests = workload.requests(n + search.warmup_requests, plan.vocab_size, seed_offset=seed_offset)
+    run = measure_level(server.base_url, server.model, requests[search.warmup_requests:], level,
+                        warmup=requests[: search.warmup_requests])
+    stats = level_stats(run, plan.objective.limits)
+    return LevelOutcome(stats, judge(stats, plan.objective.limits))
+
+
+def model_vocab_size(model: str) -> int:
+    """The vocabulary the random prompts draw from, read from the model's config.json."""
+    path = Path(model)
+    if path.is_dir():
+        config = json.loads((path / "config.json").read_text())
+    else:
+        from huggingface_hub import hf_hub_download  # comes with vLLM; uses the local cache when it can
+
+        config = json.loads(Path(hf_hub_download(model, "config.json")).read_text())
+    return int(config.get("vocab_size") or config.get("text_config", {})["vocab_size"])
+

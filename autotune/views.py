@@ -1,0 +1,97 @@
+"""Terminal tables (rich) for trials and studies: what a person reads at the end of a command."""
+
+from __future__ import annotations
+
+from rich.console import Console
+from rich.table import Table
+
+from autotune.spec import Objective
+from autotune.trial import TrialResult
+
+
+def _gib(n: int | None) -> str:
+    return "-" if n is None else f"{n / 2**30:.2f} GiB"
+
+
+def level_table(result: TrialResult, objective: Objective) -> Table:
+    unit = "conc." if objective.load.mode == "concurrency" else "req/s"
+    t = Table(title="load levels (latencies in ms: p50 / p95 / p99)", title_justify="left")
+    for col in (unit, "ok", "err", "out tok/s", "req/s", "TTFT", "TPOT", "ITL", "E2E", "verdict"):
+        t.add_column(col, justify="right" if col != "verdict" else "left")
+    for value, o in sorted(result.levels, key=lambda lv: lv[0]):
+        s = o.stats
+        best = value == result.best_level
+        t.add_row(
+            f"{value:g}" + (" *" if best else ""), str(s.completed), str(s.failed), f"{s.output_tok_s:,.0f}",
+            f"{s.req_s:.2f}",
+            *(f"{p.p50_ms:.0f} / {p.p95_ms:.0f} / {p.p99_ms:.0f}" for p in (s.ttft, s.tpot, s.itl, s.e2el)),
+            "[green]pass[/]" if o.verdict.passed else f"[red]{o.verdict.reason}[/]",
+        )
+    return t
+
+
+def print_trial(console: Console, result: TrialResult, objective: Objective) -> None:
+    if result.levels:
+        console.print(level_table(result, objective))
+        for value, o in result.levels:
+            for msg, n in o.stats.errors.items():
+                console.print(f"  level {value:g}: {n} request(s) failed: {msg}")
+    if result.boot is not None:
+        b = result.boot
+        kv = f"{b.kv_cache_tokens:,} KV-cache tokens" if b.kv_cache_tokens else "KV-cache size not reported"
+        console.print(f"boot {b.boot_s:.0f} s, {kv}")
+    if result.memory is not None:
+        m = result.memory
+        what = "GPU memory (NVML)" if m.source == "nvml" else "resident memory of the server's processes (RSS)"
+        console.print(f"peak {what}: {_gib(m.peak_bytes)}")
+    if result.status == "ok":
+        best = result.best
+        assert best is not None
+        console.print(
+            f"[bold green]result:[/] {best.stats.output_tok_s:,.0f} output tok/s at {objective.load.mode} "
+            f"{result.best_level:g} (p95 TTFT {best.stats.ttft.p95_ms:.0f} ms, p95 TPOT {best.stats.tpot.p95_ms:.1f} ms)"
+        )
+    else:
+        console.print(f"[bold red]{result.status}:[/] {result.reason}")
+        if result.failure is not None and result.failure.excerpt:
+            console.print(result.failure.excerpt, markup=False, soft_wrap=True)
+    if result.log_path is not None:
+        console.print(f"server log: {result.log_path}")
+
+
+def trial_label(t) -> str:
+    mark = t.user_attrs.get("baseline")
+    if isinstance(mark, dict):
+        return f"baseline: {mark.get('name')}"
+    return ", ".join(f"{k}={v}" for k, v in t.params.items())
+
+
+def study_table(trials, *, limit: int = 15, title: str = "trials, best feasible first") -> Table:
+    """Feasible trials by throughput, then the rest; baselines always shown so gains can be read against them."""
+    from autotune.study import feasible
+
+    def key(t):
+        return (not feasible(t), -(t.value or 0.0), t.number)
+
+    ordered = sorted(trials, key=key)
+    shown = ordered[:limit] + [t for t in ordered[limit:] if "baseline" in t.user_attrs]
+    table = Table(title=title, title_justify="left")
+    for col in ("#", "state", "out tok/s", "level", "p95 TTFT ms", "p95 TPOT ms", "peak mem", "configuration / reason"):
+        table.add_column(col, justify="left" if col in ("state", "configuration / reason") else "right",
+                         overflow="fold")
+    for t in shown:
+        a = t.user_attrs
+        state = "feasible" if feasible(t) else (a.get("status") or t.state.name.lower())
+        if t.state.name == "PRUNED":
+            state = "pruned"
+        detail = trial_label(t)
+        if not feasible(t) and a.get("reason"):
+            detail += f"\n[dim]{a['reason'][:160]}[/]"
+        mem = a.get("peak_memory_gib")
+        table.add_row(
+            str(t.number), state, f"{t.value:,.0f}" if t.value else "-", f"{a['best_level']:g}" if "best_level" in a else "-",
+            f"{a['ttft_p95_ms']:.0f}" if "ttft_p95_ms" in a else "-",
+            f"{a['tpot_p95_ms']:.1f}" if "tpot_p95_ms" in a else "-",
+            f"{mem:.2f} GiB" if mem is not None else "-", detail,
+        )
+    return table

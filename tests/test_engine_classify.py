@@ -1,0 +1,65 @@
+"""Failure classification against real logs captured from the vLLM CPU build (tests/data/logs)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from autotune.engine import FailureKind, classify_line, classify_log, parse_boot_info
+
+LOGS = Path(__file__).parent / "data" / "logs"
+
+
+def lines(name: str) -> list[str]:
+    return (LOGS / name).read_text().splitlines()
+
+
+@pytest.mark.parametrize(
+    ("log", "kind", "fragment"),
+    [
+        ("cpu-kv-too-small-for-max-model-len.log", FailureKind.KV_CACHE_TOO_SMALL, "max seq len (4096)"),
+        ("cpu-mem-util-unavailable.log", FailureKind.MEMORY_HELD, "less than desired CPU memory utilization"),
+        ("cpu-batched-tokens-below-seqs.log", FailureKind.INVALID_CONFIG, "max_num_batched_tokens"),
+        ("cpu-unknown-flag.log", FailureKind.INVALID_CONFIG, "--max-num-seqz"),
+        ("cpu-missing-model.log", FailureKind.MODEL_NOT_FOUND, "does-not-exist"),
+    ],
+)
+def test_real_failure_logs_are_classified(log: str, kind: FailureKind, fragment: str) -> None:
+    failure = classify_log(lines(log))
+    assert failure is not None
+    assert failure.kind is kind
+    assert fragment in failure.excerpt or fragment in failure.reason
+    assert len(failure.reason) <= 300
+    assert "pid=" not in failure.reason  # vLLM's process prefix is stripped from the one-line reason
+
+
+def test_healthy_boot_logs_have_no_failure_line() -> None:
+    for log in ("cpu-dense-ok.log", "cpu-hybrid-ok.log"):
+        assert all(classify_line(line) is None for line in lines(log)), log
+        assert classify_log(lines(log), exited=False) is None
+
+
+def test_boot_info_is_parsed_from_a_real_log() -> None:
+    info = parse_boot_info(lines("cpu-dense-ok.log"), boot_s=33.0)
+    # "CPU KV cache size: 524,288 tokens, Maximum concurrency for 8,192 tokens per request: 64.00x"
+    assert info.kv_cache_tokens == 524_288
+    assert info.max_concurrency == 64.0
+    assert info.max_concurrency_len == 8192
+
+
+def test_gpu_wordings_from_vllm_sources_are_classified() -> None:
+    # Message fragments as vLLM's CUDA build prints them (FACTS.md); the captured CUDA logs test them in full.
+    assert classify_line("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB") is FailureKind.OUT_OF_MEMORY
+    assert classify_line("ValueError: No available memory for the cache blocks. Try increasing") is FailureKind.OUT_OF_MEMORY
+    assert classify_line(
+        "ValueError: Free memory on device (3.2/23.6 GiB) on startup is less than desired GPU memory utilization"
+    ) is FailureKind.MEMORY_HELD
+    assert classify_line("max_num_seqs (256) exceeds available Mamba cache blocks (97)") is FailureKind.TOO_MANY_SEQS_FOR_STATE
+    assert classify_line("INFO 12-02 [gpu_worker.py] Model loading took 14.2 GiB memory") is None
+
+
+def test_an_exit_without_a_known_cause_is_a_crash_with_the_last_lines() -> None:
+    failure = classify_log(["starting", "Segmentation fault (core dumped)"])
+    assert failure is not None and failure.kind is FailureKind.CRASH
+    assert "Segmentation fault" in failure.excerpt
