@@ -38,6 +38,19 @@ def main() -> None:
       autotune status                                      # trials so far, best first
       autotune export --format flags                       # the best configuration as `vllm serve` flags
     """
+    _quiet_optuna()
+
+
+def _quiet_optuna() -> None:
+    """Optuna's experimental-feature and per-trial log lines drown the progress display; autotune says it all."""
+    import warnings
+
+    import optuna
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
+    warnings.filterwarnings("ignore", message="Heartbeat of storage is supposed to be used with Study.optimize")
+    warnings.filterwarnings("ignore", message="Fixed parameter .* is out of range")
 
 
 def parse_set(values: tuple[str, ...], flag: str = "--set") -> dict[str, object]:

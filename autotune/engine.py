@@ -190,6 +190,7 @@ class Server:
         self.base_url = f"http://{HOST}:{self.port}"
         self.lines: deque[str] = deque(maxlen=4000)
         self.failure: Failure | None = None  # set by the log reader the moment a failure line appears
+        self.failure_seen_at: float | None = None  # time.monotonic() of that moment
         self._failure_event = threading.Event()
         self._proc: subprocess.Popen[str] | None = None
         self._reader: threading.Thread | None = None
@@ -283,6 +284,7 @@ class Server:
                     kind = classify_line(line)
                     if kind is not None:
                         self.failure = Failure(kind, _reason(kind, line), _excerpt(list(self.lines), len(self.lines) - 1))
+                        self.failure_seen_at = time.monotonic()
                         self._failure_event.set()
 
 

@@ -26,6 +26,7 @@ from autotune.trial import LevelOutcome, TrialPlan, TrialResult, model_vocab_siz
 
 HEARTBEAT_S = 10
 GRACE_S = 60
+MAX_REJECTED_IN_A_ROW = 200
 
 
 class Progress(Protocol):
@@ -104,18 +105,24 @@ def run_study(
     budget.durations.extend(
         t.user_attrs["duration_s"] for t in study.trials if "duration_s" in t.user_attrs and t.state.is_finished()
     )
-    run = 0
+    run = rejected_in_a_row = 0
     why = ""
     try:
         while True:
             fits, why = budget.next_trial_fits()
             if not fits:
                 break
-            budget.started_trials += 1
             run += 1
             result = _one_trial(spec, study, budget, progress, artifacts_dir)
-            if result is not None:
-                budget.record(result.duration_s)
+            if result is None:  # rejected before boot: costs nothing, so it does not count against --n-trials
+                rejected_in_a_row += 1
+                if rejected_in_a_row >= MAX_REJECTED_IN_A_ROW:
+                    why = f"{MAX_REJECTED_IN_A_ROW} configurations in a row rejected before boot: check the space"
+                    break
+                continue
+            rejected_in_a_row = 0
+            budget.started_trials += 1
+            budget.record(result.duration_s)
     except KeyboardInterrupt:
         why = "interrupted"
     return RunSummary(run, why, best_trial(study))

@@ -98,8 +98,8 @@ def test_tiny_objective_values() -> None:
     o = load_objective(ROOT / "objectives" / "tiny-cpu.toml")
     assert (o.workload.input_len.kind, o.workload.input_len.mean) == ("fixed", 256)
     assert o.workload.output_len.mean == 64
-    assert (o.limits.ttft_p95_ms, o.limits.tpot_p95_ms, o.limits.e2e_p95_ms) == (250.0, 60.0, None)
-    assert (o.load.mode, o.load.max, o.load.min_requests) == ("concurrency", 32, 24)
+    assert (o.limits.ttft_p95_ms, o.limits.tpot_p95_ms, o.limits.e2e_p95_ms) == (500.0, 50.0, None)
+    assert (o.load.mode, o.load.max, o.load.min_requests, o.load.warmup_requests) == ("concurrency", 64, 32, 8)
 
 
 def test_qwen_study_values() -> None:

@@ -1,0 +1,169 @@
+"""The study without the engine: real SQLite files, real Optuna, results built from real dataclasses."""
+
+from __future__ import annotations
+
+import json
+import shlex
+from pathlib import Path
+
+import optuna
+import pytest
+from click.testing import CliRunner
+from optuna.trial import TrialState
+
+from autotune import outcome
+from autotune.budget import Budget
+from autotune.cli import main
+from autotune.engine import BootInfo, Failure, FailureKind
+from autotune.load import LoadLevel
+from autotune.metrics import LevelStats, Limits, Percentiles, Verdict
+from autotune.spec import load_study
+from autotune.study import best_trial, feasible, open_study
+from autotune.trial import LevelOutcome, TrialResult
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture()
+def spec(tmp_path: Path):
+    study_file = tmp_path / "tiny-cpu.toml"
+    text = (ROOT / "studies" / "tiny-cpu.toml").read_text().replace("../objectives/", f"{ROOT}/objectives/")
+    study_file.write_text(text)
+    return load_study(study_file)
+
+
+def stats(conc: float, tok_s: float, ttft_p95: float) -> LevelStats:
+    p = Percentiles(ttft_p95 / 2, ttft_p95 / 2, ttft_p95, ttft_p95)
+    return LevelStats(LoadLevel("concurrency", conc), 24, 0, 10.0, tok_s, tok_s * 5, 2.0, 2.0, p, p, p, p)
+
+
+def level(conc: float, tok_s: float, passed: bool) -> tuple[float, LevelOutcome]:
+    verdict = Verdict(passed, {} if passed else {"ttft_p95_ms": 1.5}, Limits(ttft_p95_ms=250))
+    return conc, LevelOutcome(stats(conc, tok_s, 100 if passed else 375), verdict)
+
+
+def ok_result(tok_s: float, peak_gib: float = 3.0) -> TrialResult:
+    from autotune.hardware import MemoryPeak
+
+    return TrialResult("ok", tok_s, 2, (level(1, tok_s / 2, True), level(2, tok_s, True), level(4, tok_s, False)),
+                       boot=BootInfo(30.0, 524_288), memory=MemoryPeak(int(peak_gib * 2**30), "rss", 0, 10),
+                       duration_s=60.0)
+
+
+def told(study: optuna.Study, result: TrialResult, flags: dict | None = None) -> TrialState:
+    trial = study.ask()
+    for k, v in outcome.config_attrs("/models/tiny", flags or {"max_num_seqs": 4}).items():
+        trial.set_user_attr(k, v)
+    return outcome.tell_result(study, trial, result)
+
+
+def test_open_study_enqueues_baselines_once_and_resumes(spec) -> None:
+    study = open_study(spec)
+    assert Path(spec.path.parent / "tiny-cpu.db").is_file()
+    waiting = [t for t in study.trials if t.state == TrialState.WAITING]
+    assert [t.user_attrs["baseline"]["name"] for t in waiting] == ["vllm-defaults", "recipe"]
+    told(study, ok_result(400.0))
+    again = open_study(spec)  # a second `autotune run`: same study, nothing enqueued twice, nothing lost
+    assert len(again.trials) == 2
+    assert [t.state for t in again.trials].count(TrialState.COMPLETE) == 1
+    assert again.user_attrs["objective"] == "tiny-cpu"
+
+
+def test_outcomes_the_sampler_can_learn_from(spec) -> None:
+    study = open_study(spec)
+    assert told(study, ok_result(400.0)) == TrialState.COMPLETE
+    oom = TrialResult("infeasible", failure=Failure(FailureKind.KV_CACHE_TOO_SMALL, "KV cache too small"))
+    assert told(study, oom) == TrialState.COMPLETE
+    slow = TrialResult("infeasible", levels=(level(1, 100, False),), boot=BootInfo(30.0), miss_ratio=1.5)
+    assert told(study, slow) == TrialState.COMPLETE
+    crash = TrialResult("failed", failure=Failure(FailureKind.INVALID_CONFIG, "bad flag"))
+    assert told(study, crash) == TrialState.COMPLETE
+    held = TrialResult("failed", failure=Failure(FailureKind.MEMORY_HELD, "another process holds the GPU"))
+    assert told(study, held) == TrialState.FAIL  # says nothing about the configuration
+    pruned = TrialResult("stopped", levels=(level(1, 50, True),), stop_reason=outcome.PRUNED)
+    assert told(study, pruned) == TrialState.PRUNED
+
+    trials = study.get_trials(states=(TrialState.COMPLETE,))
+    constraints = [t.constraints for t in trials]
+    assert constraints[0] == {"memory": 0.0, "latency": 0.0, "boots": 0.0}
+    assert constraints[1]["memory"] == 1.0
+    assert constraints[2]["latency"] == pytest.approx(0.5)
+    assert constraints[3]["boots"] == 1.0
+    assert [feasible(t) for t in trials] == [True, False, False, False]
+    first = trials[0].user_attrs
+    assert first["output_tok_s"] == 400.0 and first["kv_cache_tokens"] == 524_288 and first["best_level"] == 2
+    assert first["peak_memory_gib"] == 3.0 and len(first["levels"]) == 3
+    assert trials[1].user_attrs["failure_kind"] == "kv_cache_too_small"
+
+
+def test_best_trial_ignores_infeasible_and_applies_filters(spec) -> None:
+    study = open_study(spec)
+    told(study, ok_result(400.0, peak_gib=3.0))
+    told(study, ok_result(900.0, peak_gib=6.0))
+    bigger_but_infeasible = TrialResult("infeasible", 2000.0, levels=(level(1, 2000, False),), miss_ratio=1.2)
+    told(study, bigger_but_infeasible)
+    assert best_trial(study).value == 900.0
+    assert best_trial(study, lambda t: t.user_attrs["peak_memory_gib"] <= 4).value == 400.0
+
+
+def test_rejected_before_boot_costs_nothing_and_counts_as_infeasible(spec) -> None:
+    study = open_study(spec)
+    trial = study.ask()
+    outcome.tell_rejected(study, trial, "does not fit: needs 30 GiB", memory_excess=6.5)
+    t = study.trials[trial.number]
+    assert t.state == TrialState.COMPLETE and t.constraints["memory"] == 6.5 and not feasible(t)
+    assert t.user_attrs["booted"] is False
+
+
+def test_export_flags_parse_back_with_vllms_own_parser(spec, monkeypatch) -> None:
+    from vllm.entrypoints.launchers.cli_args import make_arg_parser
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    study = open_study(spec)
+    flags = {"max_num_seqs": 12, "max_num_batched_tokens": 1536, "enable_prefix_caching": False,
+             "enforce_eager": True, "load_format": "dummy"}
+    told(study, ok_result(700.0), flags)
+    monkeypatch.chdir(spec.path.parent)
+    out = CliRunner().invoke(main, ["export", "--study", str(spec.path), "--format", "flags"])
+    assert out.exit_code == 0, out.output
+    words = shlex.split(out.output)
+    assert words[:3] == ["vllm", "serve", "/models/tiny"]
+    ns = make_arg_parser(FlexibleArgumentParser()).parse_args(words[2:])
+    for dest, value in flags.items():
+        assert getattr(ns, dest) == value, dest
+    as_json = CliRunner().invoke(main, ["export", "--study", str(spec.path), "--format", "json"])
+    assert json.loads(as_json.output)["flags"] == flags
+
+
+def test_export_without_a_feasible_trial_is_a_clear_error(spec) -> None:
+    study = open_study(spec)
+    told(study, TrialResult("infeasible", failure=Failure(FailureKind.OUT_OF_MEMORY, "oom")))
+    out = CliRunner().invoke(main, ["export", "--study", str(spec.path)])
+    assert out.exit_code == 1
+    assert "no feasible trial" in out.output
+
+
+def test_budget_arithmetic_with_a_fake_clock() -> None:
+    now = [1000.0]
+    budget = Budget(seconds=600, clock=lambda: now[0])
+    assert budget.next_trial_fits() == (True, "")  # nothing seen yet: the first trial always starts
+    budget.record(200.0)
+    budget.record(400.0)
+    assert budget.expected_trial_s() == 300.0
+    now[0] += 250  # 350 s left, a trial takes about 300 s
+    assert budget.next_trial_fits()[0] is True
+    now[0] += 100  # 250 s left
+    fits, why = budget.next_trial_fits()
+    assert not fits and "250 s left" in why
+    now[0] += 1000
+    assert budget.remaining() == 0.0 and budget.next_trial_fits() == (False, "time budget spent")
+    counted = Budget(trials=2, clock=lambda: 0.0)
+    counted.started_trials = 2
+    assert counted.next_trial_fits() == (False, "2 trial(s) done")
+
+
+def test_run_rejects_a_bad_budget_with_one_line_and_exit_2(spec) -> None:
+    out = CliRunner().invoke(main, ["run", str(spec.path), "--budget", "4x"])
+    assert out.exit_code == 2
+    assert "--budget" in out.output and len(out.output.strip().splitlines()) == 1
+    assert not (spec.path.parent / "tiny-cpu.db").exists()  # nothing written to the study
