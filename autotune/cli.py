@@ -261,5 +261,47 @@ def export(study: str | None, storage: str | None, fmt: str, max_vram: float | N
         click.echo(to_json(model, flags, {"trial": best.number, **metrics}))
 
 
+@main.command()
+@click.argument("study_file", required=False, type=click.Path(path_type=Path))
+@click.option("--model", default=None, help="Instead of a study: a model directory, hub id or tiny:KIND.")
+@click.option("--gpu", "hardware", default=None, help="Hardware profile (rtx3090, h100-80gb, cpu, ...).")
+@click.option("--set", "sets", multiple=True, metavar="KEY=VALUE", help="A vLLM flag by its dest name; repeatable.")
+@click.option("-n", "samples", default=10, show_default=True, help="Sampled configurations to show (study mode).")
+def estimate(study_file: Path | None, model: str | None, hardware: str | None, sets: tuple[str, ...],
+             samples: int) -> None:
+    """Predict, without a GPU, whether configurations fit in memory and how many KV-cache tokens they leave.
+
+    \b
+      autotune estimate studies/qwen3.5-27b-rtx3090.toml          # baselines and sampled configurations
+      autotune estimate --model Qwen/Qwen3.5-27B --gpu rtx3090    # one configuration, line by line
+      autotune estimate --model Qwen/Qwen3.5-27B-GPTQ-Int4 --gpu rtx3090 --set max_model_len=8192
+    """
+    from autotune import feasibility
+    from autotune.engine import Build, detect_build
+    from autotune.spec import load_study
+    from autotune.study import preview_configs
+    from autotune.tinymodel import resolve_model
+    from autotune.views import breakdown_table, estimates_table
+
+    if (study_file is None) == (model is None):
+        raise SpecError("estimate", None, "give either a study file or --model")
+    cpu_build = detect_build() is Build.CPU
+    if study_file is not None:
+        spec = load_study(study_file)
+        profile = feasibility.resolve_profile(hardware or spec.hardware, cpu_build)
+        rows = []
+        for label, config in preview_configs(spec, samples):
+            path, defaults = resolve_model(config.model)
+            flags = {**defaults, **config.flags}
+            rows.append((label, config.model, flags, feasibility.judge(path, profile, flags, spec.env)))
+        console.print(estimates_table(rows, title=f"{spec.name} on {profile.name}: predicted before any boot"))
+    else:
+        profile = feasibility.resolve_profile(hardware or "auto", cpu_build)
+        path, defaults = resolve_model(model)
+        flags = {**defaults, **parse_set(sets)}
+        verdict = feasibility.judge(path, profile, flags, {})
+        console.print(breakdown_table(verdict.estimate, title=f"{model} on {profile.name}"))
+
+
 if __name__ == "__main__":
     main()

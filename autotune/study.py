@@ -15,11 +15,12 @@ from typing import Callable, Iterator, Protocol
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
-from autotune import outcome
+from autotune import feasibility, outcome
 from autotune.budget import Budget
-from autotune.engine import EngineSpec
-from autotune.errors import StorageError
-from autotune.space import enqueue_baseline, engine_config, invalid_reason, suggest, trial_baseline
+from autotune.engine import Build, EngineSpec, detect_build
+from autotune.errors import EngineError, StorageError
+from autotune.hardware import GpuProfile, detect_gpus
+from autotune.space import EngineConfig, enqueue_baseline, engine_config, invalid_reason, suggest, trial_baseline
 from autotune.spec import StudySpec
 from autotune.tinymodel import resolve_model
 from autotune.trial import LevelOutcome, TrialPlan, TrialResult, model_vocab_size, run_trial
@@ -27,6 +28,7 @@ from autotune.trial import LevelOutcome, TrialPlan, TrialResult, model_vocab_siz
 HEARTBEAT_S = 10
 GRACE_S = 60
 MAX_REJECTED_IN_A_ROW = 200
+HELD_GPU_BYTES = 1 << 30  # more than this in use before a boot means something else holds the GPU
 
 
 class Progress(Protocol):
@@ -105,6 +107,7 @@ def run_study(
     budget.durations.extend(
         t.user_attrs["duration_s"] for t in study.trials if "duration_s" in t.user_attrs and t.state.is_finished()
     )
+    profile = feasibility.resolve_profile(spec.hardware, detect_build() is Build.CPU)
     run = rejected_in_a_row = 0
     why = ""
     try:
@@ -113,7 +116,7 @@ def run_study(
             if not fits:
                 break
             run += 1
-            result = _one_trial(spec, study, budget, progress, artifacts_dir)
+            result = _one_trial(spec, study, budget, progress, artifacts_dir, profile)
             if result is None:  # rejected before boot: costs nothing, so it does not count against --n-trials
                 rejected_in_a_row += 1
                 if rejected_in_a_row >= MAX_REJECTED_IN_A_ROW:
@@ -128,8 +131,18 @@ def run_study(
     return RunSummary(run, why, best_trial(study))
 
 
+def preview_configs(spec: StudySpec, n: int, seed: int = 0) -> list[tuple[str, EngineConfig]]:
+    """The baselines and n configurations sampled from the space (uniformly), as a study would boot them."""
+    out = [(f"baseline: {b.name}", engine_config(spec, {}, baseline=b.flags)) for b in spec.baselines]
+    scratch = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=seed))
+    for _ in range(n):
+        params = suggest(scratch.ask(), spec.space)
+        out.append((", ".join(f"{k}={v}" for k, v in params.items()), engine_config(spec, params)))
+    return out
+
+
 def _one_trial(spec: StudySpec, study: optuna.Study, budget: Budget, progress: Progress,
-               artifacts_dir: Path) -> TrialResult | None:
+               artifacts_dir: Path, profile: GpuProfile) -> TrialResult | None:
     trial = study.ask()
     baseline = trial_baseline(trial)
     params = suggest(trial, spec.space)
@@ -145,6 +158,17 @@ def _one_trial(spec: StudySpec, study: optuna.Study, budget: Budget, progress: P
         outcome.tell_rejected(study, trial, f"vLLM would reject it: {reason}")
         progress.trial_ended(trial.number, TrialState.COMPLETE, f"rejected before boot: {reason}", best_trial(study))
         return None
+
+    verdict = feasibility.judge(model_path, profile, flags, spec.env, feasibility.observations(study.trials))
+    for key, value in feasibility.prediction_attrs(verdict.estimate).items():
+        trial.set_user_attr(key, value)
+    if not verdict.fits:
+        outcome.tell_rejected(study, trial, f"predicted not to fit: {verdict.reason}", memory_excess=verdict.excess_gib)
+        progress.trial_ended(trial.number, TrialState.COMPLETE, f"pruned before boot: {verdict.reason}",
+                             best_trial(study))
+        return None
+    if profile.kind == "cuda":
+        _check_gpu_free(study, trial, progress)
 
     log_path = artifacts_dir / f"trial-{trial.number:04d}.log"
     plan = TrialPlan(
@@ -175,6 +199,26 @@ def _one_trial(spec: StudySpec, study: optuna.Study, budget: Budget, progress: P
     state = outcome.tell_result(study, trial, result)
     progress.trial_ended(trial.number, state, _summary(result), best_trial(study))
     return result
+
+
+def _check_gpu_free(study: optuna.Study, trial: optuna.Trial, progress: Progress, wait_s: float = 30.0) -> None:
+    """Memory already in use on the GPU would be misread as this configuration's failure: wait for a previous
+    server to let go, then refuse to boot and stop the run with a message naming what holds it."""
+    import time
+
+    deadline = time.monotonic() + wait_s
+    while True:
+        busy = [g for g in detect_gpus() if g.used_bytes > HELD_GPU_BYTES]
+        if not busy:
+            return
+        if time.monotonic() > deadline:
+            what = ", ".join(f"GPU {g.index}: {g.used_bytes / 2**30:.1f} GiB in use" for g in busy)
+            outcome.tell_failed(study, trial, f"GPU memory held by another process ({what})")
+            progress.trial_ended(trial.number, TrialState.FAIL, "GPU busy", best_trial(study))
+            raise EngineError(f"GPU memory is held by another process before trial {trial.number} ({what}); "
+                              "free the GPU and run the same command again to resume")
+        progress.stage("waiting for GPU memory to be released")
+        time.sleep(2)
 
 
 def _summary(result: TrialResult) -> str:

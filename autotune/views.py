@@ -95,3 +95,25 @@ def study_table(trials, *, limit: int = 15, title: str = "trials, best feasible 
             f"{mem:.2f} GiB" if mem is not None else "-", detail,
         )
     return table
+
+
+def estimates_table(rows, *, title: str) -> Table:
+    """rows: (label, model, flags, feasibility.Verdict)."""
+    t = Table(title=title, title_justify="left")
+    for col in ("configuration", "weights", "KV cache", "KV tokens", "conc. at max len", "fits / why not"):
+        t.add_column(col, justify="left" if col in ("configuration", "fits / why not") else "right", overflow="fold")
+    for label, model, flags, v in rows:
+        e = v.estimate
+        t.add_row(f"{label}\n[dim]{model}[/]", f"{e.weights_bytes / 2**30:.1f} GiB", f"{e.kv_cache_bytes / 2**30:.2f} GiB",
+                  f"{e.kv_tokens:,}", f"{e.max_concurrency_at_max_len:.1f}x",
+                  "[green]fits[/]" if v.fits else f"[red]no[/]: {v.reason}")
+    return t
+
+
+def breakdown_table(est, *, title: str) -> Table:
+    t = Table(title=title, title_justify="left", show_header=False)
+    t.add_column("item")
+    t.add_column("value", overflow="fold")
+    for item, value in est.breakdown():
+        t.add_row(item, value)
+    return t

@@ -1,5 +1,5 @@
 """The pre-boot memory model: hand-computed arithmetic on small configs, and the verdicts for Qwen3.5-27B on an
-RTX 3090 (the mission). tests/data/configs/qwen3.5-27b*.json are rebuilt from the published shapes (FACTS.md):
+RTX 3090 (the mission). autotune/known_models/qwen3.5-27b*.json are rebuilt from the published shapes (FACTS.md):
 64 layers, every 4th full attention, hidden 5120, intermediate 17408, 24 heads / 4 KV heads of 256, vocab 248320,
 Gated DeltaNet 16 key / 48 value heads of 128, conv kernel 4, fp32 recurrent state, one MTP layer."""
 
@@ -19,7 +19,7 @@ from autotune.errors import SpecError
 from autotune.estimate import Corrections, ModelShape, default_gpu_memory_utilization, estimate
 from autotune.hardware import GiB, MiB, get_profile
 
-CONFIGS = Path(__file__).parent / "data" / "configs"
+CONFIGS = Path(__file__).resolve().parents[1] / "autotune" / "known_models"
 RTX3090 = get_profile("rtx3090")
 CPU = get_profile("cpu")
 
