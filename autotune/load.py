@@ -73,6 +73,10 @@ class LevelRun:
 
 _DATA = b"data:"
 _DONE = b"[DONE]"
+# A chunk with a non-empty `choices` list and no usage carries a token: recognised without parsing its JSON.
+# (Inside JSON strings quotes are escaped, so these byte patterns cannot come from generated text.)
+_TOKEN = b'"choices":[{'
+_USAGE = b'"usage":{'
 
 
 async def _send(
@@ -105,27 +109,37 @@ async def _send(
                 text = (await resp.text(errors="replace")).strip()
                 rec.error = f"HTTP {resp.status}: {text[:300]}"
             else:
-                async for raw in resp.content:  # one SSE line at a time
-                    if not raw.startswith(_DATA):
-                        continue  # blank separators, comments (": ping"), event/id fields
-                    payload = raw[5:].strip()
-                    if payload == _DONE:
-                        done = True
-                        break
-                    data = json.loads(payload)
-                    if data.get("choices"):
-                        now = time.perf_counter()
-                        if chunks:
-                            itl.append(now - last)
+                buf = b""
+                async for got in resp.content.iter_any():
+                    now = time.perf_counter()  # events that arrive in one read share a timestamp
+                    buf += got
+                    *lines, buf = buf.split(b"\n")
+                    for raw in lines:
+                        if not raw.startswith(_DATA):
+                            continue  # blank separators, comments (": ping"), event/id fields
+                        payload = raw[5:].strip()
+                        if _TOKEN in payload and _USAGE not in payload:
+                            data = None  # fast path: a token chunk; its content is not needed
+                        elif payload == _DONE:
+                            done = True
+                            break
                         else:
-                            rec.ttft = now - rec.start
-                        last = now
-                        chunks += 1
-                    if usage := data.get("usage"):
-                        usage_tokens = usage.get("completion_tokens")
-                        rec.prompt_tokens = usage.get("prompt_tokens") or rec.prompt_tokens
-                    if err := data.get("error"):
-                        rec.error = f"stream error: {err.get('message', err) if isinstance(err, dict) else err}"
+                            data = json.loads(payload)
+                            if err := data.get("error"):
+                                msg = err.get("message", err) if isinstance(err, dict) else err
+                                rec.error = f"stream error: {msg}"
+                                break
+                            if usage := data.get("usage"):
+                                usage_tokens = usage.get("completion_tokens")
+                                rec.prompt_tokens = usage.get("prompt_tokens") or rec.prompt_tokens
+                        if data is None or data.get("choices"):
+                            if chunks:
+                                itl.append(now - last)
+                            else:
+                                rec.ttft = now - rec.start
+                            last = now
+                            chunks += 1
+                    if done or rec.error:
                         break
     except asyncio.TimeoutError:
         rec.error = f"timeout after {timeout.total:g} s"

@@ -18,16 +18,19 @@ from autotune.load import LevelRun, LoadLevel, measure_level, run_level
 from autotune.workload import RequestSpec
 
 
-def chunk(text: str | None = "x", usage: dict | None = None) -> bytes:
+def chunk(text: str | None = "x", usage: dict | None = None, compact: bool = False) -> bytes:
+    """An SSE event; `compact` is how vLLM serialises (no spaces, no "usage" key on token chunks)."""
     choices = [] if text is None else [{"index": 0, "text": text, "finish_reason": None}]
-    return b"data: " + json.dumps({"id": "cmpl-1", "choices": choices, "usage": usage}).encode() + b"\n\n"
+    obj = {"id": "cmpl-1", "choices": choices} | ({"usage": usage} if usage or not compact else {})
+    sep = (",", ":") if compact else (", ", ": ")
+    return b"data: " + json.dumps(obj, separators=sep).encode() + b"\n\n"
 
 
 class Server:
     """Streams `max_tokens` token chunks `gap` seconds apart; `mode` selects a misbehaviour."""
 
-    def __init__(self, mode: str = "ok", gap: float = 0.0):
-        self.mode, self.gap = mode, gap
+    def __init__(self, mode: str = "ok", gap: float = 0.0, compact: bool = False):
+        self.mode, self.gap, self.compact = mode, gap, compact
         self.bodies: list[dict] = []
         self.in_flight = self.max_in_flight = 0
 
@@ -48,7 +51,9 @@ class Server:
             for i in range(n):
                 if self.gap:
                     await asyncio.sleep(self.gap)
-                data = chunk(f"t{i}")
+                # continuous usage: a token chunk that also reports usage so far
+                usage = {"prompt_tokens": 4, "completion_tokens": i + 1} if self.mode == "continuous" else None
+                data = chunk(f'"usage":{{ {i}', usage, self.compact)  # text that looks like a key, escaped
                 if self.mode == "split":  # one event across two writes, then two events in one write
                     await resp.write(data[:17])
                     await asyncio.sleep(0.002)
@@ -60,7 +65,7 @@ class Server:
             if self.mode == "split":
                 n += 1
             usage = {"prompt_tokens": len(body["prompt"]), "completion_tokens": n, "total_tokens": 0}
-            await resp.write(chunk(None, usage))
+            await resp.write(chunk(None, usage, self.compact))
             if self.mode != "no_done":
                 await resp.write(b"data: [DONE]\n\n")
             return resp
@@ -93,8 +98,9 @@ def drive(server: Server, specs, level=LoadLevel("concurrency", 1), **kw) -> Lev
 SPEC = RequestSpec((11, 12, 13, 14), 5)
 
 
-def test_stream_is_timed_and_counted():
-    run = drive(Server(gap=0.01), [SPEC])
+@pytest.mark.parametrize("mode, compact", [("ok", False), ("ok", True), ("continuous", True)])
+def test_stream_is_timed_and_counted(mode, compact):
+    run = drive(Server(mode, gap=0.01, compact=compact), [SPEC])
     (r,) = run.records
     assert r.error is None
     assert (r.prompt_tokens, r.output_tokens) == (4, 5)
