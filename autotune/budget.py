@@ -6,6 +6,7 @@ The clock is injectable so the arithmetic is tested without sleeping.
 from __future__ import annotations
 
 import statistics
+import threading
 import time
 from dataclasses import dataclass, field
 from typing import Callable
@@ -26,6 +27,7 @@ class Budget:
     def __post_init__(self) -> None:
         self.start = self.clock()
         self.started_trials = 0
+        self._lock = threading.Lock()  # several slots claim trials from one budget
 
     @property
     def deadline(self) -> float | None:
@@ -49,5 +51,19 @@ class Budget:
             return False, f"{left:.0f} s left, a trial takes about {expected:.0f} s"
         return True, ""
 
+    def claim(self) -> tuple[bool, str]:
+        """Atomically: does one more trial fit, and if so count it as started."""
+        with self._lock:
+            fits, why = self.next_trial_fits()
+            if fits:
+                self.started_trials += 1
+            return fits, why
+
+    def release(self) -> None:
+        """A claimed trial that cost nothing (rejected before boot) gives its place back."""
+        with self._lock:
+            self.started_trials -= 1
+
     def record(self, duration_s: float) -> None:
-        self.durations.append(duration_s)
+        with self._lock:
+            self.durations.append(duration_s)

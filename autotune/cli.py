@@ -165,36 +165,44 @@ study_option = click.option("--study", default=None, help="Study name or study f
 storage_option = click.option("--storage", default=None, help="Optuna storage URL (default: sqlite:///studies/NAME.db).")
 
 
-@main.command()
-@click.argument("study_file", type=click.Path(path_type=Path))
-@click.option("--budget", default=None, help="Wall-clock budget: 4h, 90m, 1h30m (default: the study file's).")
-@click.option("--n-trials", type=int, default=None, help="Stop after this many trials (this run).")
-@storage_option
-def run(study_file: Path, budget: str | None, n_trials: int | None, storage: str | None) -> None:
-    """Search the study's space: boot, measure and record trials until the budget is spent.
+def _slots(workers: int | None, gpus: str | None):
+    from autotune.study import Slot
 
-    Running the same command again resumes the same study.
+    if workers is not None and gpus is not None:
+        raise SpecError("--workers", None, "give --workers (CPU build) or --gpus (one trial per GPU), not both")
+    if gpus is not None:
+        try:
+            indices = [int(g) for g in gpus.split(",") if g.strip()]
+        except ValueError:
+            raise SpecError("--gpus", gpus, "expected GPU indices such as 0,1,2") from None
+        if not indices or len(set(indices)) != len(indices):
+            raise SpecError("--gpus", gpus, "expected distinct GPU indices such as 0,1,2")
+        return tuple(Slot(str(i), (i,)) for i in indices)
+    if workers is not None and workers < 1:
+        raise SpecError("--workers", None, f"must be at least 1, got {workers}")
+    return tuple(Slot(str(i)) for i in range(workers or 1))
 
-    \b
-      autotune run studies/tiny-cpu.toml --budget 10m
-      autotune run studies/qwen3.5-27b-rtx3090.toml --budget 4h
-    """
+
+def _budget(budget: str | None, n_trials: int | None, spec):
     from autotune.budget import Budget
-    from autotune.progress import LiveProgress
-    from autotune.spec import load_study, parse_duration
-    from autotune.study import run_study
-    from autotune.views import study_table
+    from autotune.spec import parse_duration
 
-    spec = load_study(study_file)
     seconds = parse_duration(budget, "--budget") if budget else spec.time_budget_s
     if n_trials is not None and n_trials < 1:
         raise SpecError("--n-trials", None, f"must be at least 1, got {n_trials}")
     if seconds is None and n_trials is None and spec.max_trials is None:
         raise SpecError("--budget", None, "give a time budget (e.g. --budget 4h) or --n-trials")
-    plan = Budget(seconds=seconds, trials=n_trials or spec.max_trials)
+    return Budget(seconds=seconds, trials=n_trials or spec.max_trials)
+
+
+def _run(spec, plan, storage: str | None, slots) -> None:
+    from autotune.progress import LiveProgress
+    from autotune.study import run_study
+    from autotune.views import study_table
+
     with LiveProgress(console, plan) as progress:
-        summary = run_study(spec, plan, storage_url=storage, progress=progress)
-    study = _load_study(str(study_file), storage)
+        summary = run_study(spec, plan, storage_url=storage, progress=progress, slots=slots)
+    study = _load_study(spec.name, storage) if storage else _load_study(str(spec.path), None)
     console.print(study_table(study.trials))
     console.print(f"{summary.trials_run} trial(s) this run; stopped: {summary.stopped_because or 'done'}")
     if summary.best is None:
@@ -204,6 +212,60 @@ def run(study_file: Path, budget: str | None, n_trials: int | None, storage: str
         console.print(summary.best.user_attrs.get("vllm_command", ""), markup=False, soft_wrap=True)
     if summary.stopped_because == "interrupted":
         sys.exit(130)
+
+
+budget_option = click.option("--budget", default=None, help="Wall-clock budget: 4h, 90m, 1h30m (default: the study file's).")
+n_trials_option = click.option("--n-trials", type=int, default=None, help="Stop after this many booted trials (this run).")
+workers_option = click.option("--workers", type=int, default=None, help="Trials at a time, each its own server (CPU build).")
+gpus_option = click.option("--gpus", default=None, help="One trial at a time on each of these GPUs, e.g. 0,1,2,3.")
+
+
+@main.command()
+@click.argument("study_file", type=click.Path(path_type=Path))
+@budget_option
+@n_trials_option
+@storage_option
+@workers_option
+@gpus_option
+def run(study_file: Path, budget: str | None, n_trials: int | None, storage: str | None, workers: int | None,
+        gpus: str | None) -> None:
+    """Search the study's space: boot, measure and record trials until the budget is spent.
+
+    Running the same command again resumes the same study.
+
+    \b
+      autotune run studies/tiny-cpu.toml --budget 10m
+      autotune run studies/qwen3.5-27b-rtx3090.toml --budget 4h
+      autotune run studies/qwen3.5-27b-rtx3090.toml --budget 4h --gpus 0,1
+      autotune run studies/tiny-cpu.toml --storage postgresql://tuner@db/autotune --budget 1h
+    """
+    from autotune.spec import load_study
+
+    spec = load_study(study_file)
+    slots = _slots(workers, gpus)
+    _run(spec, _budget(budget, n_trials, spec), storage, slots)
+
+
+@main.command()
+@click.option("--study", "name", required=True, help="The study's name (as `autotune run` created it).")
+@click.option("--storage", required=True, help="The shared storage URL, e.g. postgresql://tuner@db/autotune.")
+@budget_option
+@n_trials_option
+@workers_option
+@gpus_option
+def worker(name: str, storage: str, budget: str | None, n_trials: int | None, workers: int | None,
+           gpus: str | None) -> None:
+    """Join a study that lives in a shared database (PostgreSQL) from another machine or GPU.
+
+    The study file travels in the database: a worker needs only the storage URL and the study's name.
+
+    \b
+      autotune worker --study qwen3.5-27b-rtx3090 --storage postgresql://tuner@db/autotune --budget 4h
+    """
+    from autotune.study import spec_from_storage
+
+    spec = spec_from_storage(name, storage, Path(".autotune-worker") / name)
+    _run(spec, _budget(budget, n_trials, spec), storage, _slots(workers, gpus))
 
 
 @main.command()

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import importlib.metadata
+import json
 import os
 import re
 import signal
@@ -47,6 +48,7 @@ class FailureKind(str, Enum):
     MODEL_NOT_FOUND = "model_not_found"
     BOOT_TIMEOUT = "boot_timeout"
     CRASH = "crash"
+    CANCELLED = "cancelled"
 
     @property
     def is_memory(self) -> bool:
@@ -215,8 +217,9 @@ class Server:
         )
         self._reader = threading.Thread(target=self._read_log, args=(argv,), daemon=True)
         self._reader.start()
+        _register(self._proc.pid)
 
-    def wait_ready(self) -> BootInfo:
+    def wait_ready(self, cancel: threading.Event | None = None) -> BootInfo:
         """Block until /health answers 200; raise BootFailed as soon as a failure line or an exit is seen."""
         assert self._proc is not None
         t0 = time.monotonic()
@@ -224,6 +227,8 @@ class Server:
         while True:
             if self._failure_event.wait(0.25):
                 raise BootFailed(self.failure, time.monotonic() - t0)  # type: ignore[arg-type]
+            if cancel is not None and cancel.is_set():
+                raise BootFailed(Failure(FailureKind.CANCELLED, "cancelled while booting"), time.monotonic() - t0)
             if self._proc.poll() is not None:
                 self._reader.join(timeout=5)  # type: ignore[union-attr]
                 raise BootFailed(self.failure or classify_log(list(self.lines)), time.monotonic() - t0)
@@ -267,6 +272,7 @@ class Server:
         with contextlib.suppress(subprocess.TimeoutExpired):
             self._proc.wait(timeout=5)
         _wait_group_gone(pgid, timeout_s=10)
+        _unregister(pgid)
         if self._reader is not None:
             self._reader.join(timeout=5)
 
@@ -298,6 +304,48 @@ def launch(spec: EngineSpec, log_path: Path, *, build: Build | None = None) -> I
         yield server, info
     finally:
         server.stop()
+
+
+SERVERS_DIR = Path.home() / ".cache" / "autotune" / "servers"
+
+
+def _register(pgid: int) -> None:
+    # A record per live server: which tuner started which process group, so a later run can reap leftovers.
+    SERVERS_DIR.mkdir(parents=True, exist_ok=True)
+    (SERVERS_DIR / f"{pgid}.json").write_text(json.dumps({"pgid": pgid, "owner": os.getpid()}))
+
+
+def _unregister(pgid: int) -> None:
+    with contextlib.suppress(FileNotFoundError):
+        (SERVERS_DIR / f"{pgid}.json").unlink()
+
+
+def reap_leftover_servers() -> list[int]:
+    """Kill the process groups of servers whose tuner died (kill -9, power loss); returns the groups killed."""
+    killed = []
+    for record in SERVERS_DIR.glob("*.json") if SERVERS_DIR.is_dir() else ():
+        try:
+            info = json.loads(record.read_text())
+        except (OSError, ValueError):
+            continue
+        if _alive(info["owner"]) and info["owner"] != os.getpid():
+            continue  # its tuner still runs (another study): not ours to touch
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(info["pgid"], signal.SIGKILL)
+            killed.append(info["pgid"])
+        _wait_group_gone(info["pgid"], timeout_s=10)
+        _unregister(info["pgid"])
+    return killed
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def _die_with_parent() -> None:

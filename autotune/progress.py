@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import time
-
 from optuna.trial import FrozenTrial, TrialState
 from rich.console import Console, Group
 from rich.live import Live
@@ -21,16 +19,14 @@ def _hms(seconds: float) -> str:
 
 
 class LiveProgress:
-    """A live status block above the finished trials' one-line summaries (plain lines when not a terminal)."""
+    """A live status block (one line per running trial) above the finished trials' one-line summaries;
+    plain lines when the output is not a terminal."""
 
     def __init__(self, console: Console, budget: Budget):
         self.console, self.budget = console, budget
-        self.number: int | None = None
-        self.label = ""
-        self.text = "starting"
+        self.running: dict[int, list[str]] = {}  # trial number -> [label, slot, stage]
         self.best: FrozenTrial | None = None
         self.done = 0
-        self.started_at = time.monotonic()
         self._live = Live(console=console, refresh_per_second=4, transient=True, get_renderable=self._render)
 
     def __enter__(self) -> LiveProgress:
@@ -44,23 +40,26 @@ class LiveProgress:
 
     def _render(self) -> Group:
         best = f"{self.best.value:,.0f} tok/s (trial {self.best.number})" if self.best else "none feasible yet"
-        head = Text.assemble(
-            (f"trial {self.number} ", "bold"), (self.label[:90], "cyan"), "\n",
-            f"  {self.text}  ·  best {best}  ·  {self.done} done  ·  {_hms(self.budget.remaining())} left",
-        )
-        return Group(Spinner("dots", text=head))
+        lines = [Text(f"best {best}  ·  {self.done} done  ·  {_hms(self.budget.remaining())} left", style="bold")]
+        for number, (label, slot, stage) in sorted(self.running.items()):
+            where = f"[slot {slot}] " if len(self.running) > 1 or slot != "0" else ""
+            lines.append(Spinner("dots", text=Text.assemble(f"{where}trial {number}: ", (stage, "cyan"), "  ",
+                                                            (label[:80], "dim"))))
+        return Group(*lines)
 
-    def trial_started(self, number: int, label: str) -> None:
-        self.number, self.label, self.text = number, label, "starting"
+    def trial_started(self, number: int, label: str, slot: str) -> None:
+        self.running[number] = [label, slot, "starting"]
         if not self.console.is_terminal:
-            self.console.print(f"trial {number}: {label}")
+            self.console.print(f"trial {number}: {label}" + (f"  [slot {slot}]" if slot != "0" else ""))
 
-    def stage(self, text: str) -> None:
-        self.text = text
+    def stage(self, number: int, text: str) -> None:
+        if number in self.running:
+            self.running[number][2] = text
         if not self.console.is_terminal:
-            self.console.print(f"  trial {self.number}: {text}")
+            self.console.print(f"  trial {number}: {text}")
 
     def trial_ended(self, number: int, state: TrialState, summary: str, best: FrozenTrial | None) -> None:
+        self.running.pop(number, None)
         self.done += 1
         self.best = best
         colour = {TrialState.COMPLETE: "green", TrialState.PRUNED: "yellow"}.get(state, "red")

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
+import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator, Protocol
@@ -17,16 +18,17 @@ from optuna.trial import FrozenTrial, TrialState
 
 from autotune import feasibility, outcome
 from autotune.budget import Budget
-from autotune.engine import Build, EngineSpec, detect_build
+from autotune.engine import Build, EngineSpec, detect_build, reap_leftover_servers
 from autotune.errors import EngineError, StorageError
 from autotune.hardware import GpuProfile, detect_gpus
 from autotune.space import EngineConfig, enqueue_baseline, engine_config, invalid_reason, suggest, trial_baseline
-from autotune.spec import StudySpec
+from autotune.spec import StudySpec, load_study
 from autotune.tinymodel import resolve_model
 from autotune.trial import LevelOutcome, TrialPlan, TrialResult, model_vocab_size, run_trial
 
-HEARTBEAT_S = 10
-GRACE_S = 60
+HEARTBEAT_S = 5
+GRACE_S = 30  # a RUNNING trial without a heartbeat for this long belongs to a dead worker: marked FAIL, retried once
+INTERRUPTED = "interrupted by the user"
 MAX_REJECTED_IN_A_ROW = 200
 HELD_GPU_BYTES = 1 << 30  # more than this in use before a boot means something else holds the GPU
 
@@ -34,14 +36,14 @@ HELD_GPU_BYTES = 1 << 30  # more than this in use before a boot means something 
 class Progress(Protocol):
     """What the loop tells whoever shows progress (the CLI draws it with rich; tests record it)."""
 
-    def trial_started(self, number: int, label: str) -> None: ...
-    def stage(self, text: str) -> None: ...
+    def trial_started(self, number: int, label: str, slot: str) -> None: ...
+    def stage(self, number: int, text: str) -> None: ...
     def trial_ended(self, number: int, state: TrialState, summary: str, best: FrozenTrial | None) -> None: ...
 
 
 class NoProgress:
-    def trial_started(self, number: int, label: str) -> None: ...
-    def stage(self, text: str) -> None: ...
+    def trial_started(self, number: int, label: str, slot: str) -> None: ...
+    def stage(self, number: int, text: str) -> None: ...
     def trial_ended(self, number: int, state: TrialState, summary: str, best: FrozenTrial | None) -> None: ...
 
 
@@ -58,8 +60,10 @@ def default_storage(spec: StudySpec) -> str:
 
 def open_storage(url: str) -> optuna.storages.BaseStorage:
     """An RDB storage with heartbeats, so a trial whose worker died is found and marked, not left RUNNING."""
+    retry = optuna.storages.RetryHeartbeatStaleTrialCallback(max_retry=1)
     try:
-        return optuna.storages.RDBStorage(url, heartbeat_interval=HEARTBEAT_S, grace_period=GRACE_S)
+        return optuna.storages.RDBStorage(url, heartbeat_interval=HEARTBEAT_S, grace_period=GRACE_S,
+                                          heartbeat_stale_trial_callback=retry)
     except Exception as e:  # sqlalchemy/driver errors vary by backend; all mean the same thing to a user
         raise StorageError(f"--storage {url}: cannot open: {str(e).splitlines()[0]}") from e
 
@@ -87,10 +91,45 @@ def open_study(spec: StudySpec, storage_url: str | None = None) -> optuna.Study:
         study.set_user_attr("limits", {k: v for k, v in vars(spec.objective.limits).items() if v is not None})
         study.set_user_attr("hardware", spec.hardware)
         study.set_user_attr("study_file", str(spec.path))
+        study.set_user_attr("files", {  # so that `autotune worker` on another host needs only the storage URL
+            "study": spec.path.read_text(), "objective": spec.objective.path.read_text(),
+            "objective_ref": tomllib.loads(spec.path.read_text())["objective"],
+        })
         for baseline in spec.baselines:
             enqueue_baseline(study, baseline, spec.space)
     optuna.storages.fail_stale_trials(study)
     return study
+
+
+@dataclass(frozen=True)
+class Slot:
+    """Where one trial at a time runs: a GPU (or several, for one server) or, on the CPU build, a share of it."""
+
+    name: str = "0"
+    gpu_indices: tuple[int, ...] = ()
+
+    @property
+    def cuda_visible_devices(self) -> str | None:
+        return ",".join(map(str, self.gpu_indices)) if self.gpu_indices else None
+
+
+def spec_from_storage(name: str, url: str, root: Path) -> StudySpec:
+    """Rebuild a study's spec from the files `autotune run` stored with it (for workers on other hosts)."""
+    try:
+        files = optuna.load_study(study_name=name, storage=open_storage(url)).user_attrs.get("files")
+    except KeyError as e:
+        raise StorageError(f"--study {name}: no such study in {url}") from e
+    if not files:
+        raise StorageError(f"--study {name}: the study holds no study file; create it with `autotune run`")
+    ref = files["objective_ref"]
+    base = root.joinpath(*["study"] * ref.count("..")) if not Path(ref).is_absolute() else root
+    objective = base / ref if not Path(ref).is_absolute() else Path(ref)
+    objective.parent.mkdir(parents=True, exist_ok=True)
+    if not Path(ref).is_absolute():
+        objective.write_text(files["objective"])
+    study_file = base / f"{name}.toml"
+    study_file.write_text(files["study"])
+    return load_study(study_file)
 
 
 def run_study(
@@ -100,35 +139,53 @@ def run_study(
     storage_url: str | None = None,
     progress: Progress | None = None,
     artifacts_dir: Path | None = None,
+    slots: tuple[Slot, ...] = (Slot(),),
 ) -> RunSummary:
+    """Run trials until the budget is spent, one at a time on each slot (a thread per slot)."""
     progress = progress or NoProgress()
     study = open_study(spec, storage_url)
     artifacts_dir = artifacts_dir or spec.path.parent / f"{spec.name}-artifacts"
+    reap_leftover_servers()
     budget.durations.extend(
         t.user_attrs["duration_s"] for t in study.trials if "duration_s" in t.user_attrs and t.state.is_finished()
     )
     profile = feasibility.resolve_profile(spec.hardware, detect_build() is Build.CPU)
-    run = rejected_in_a_row = 0
-    why = ""
-    try:
-        while True:
-            fits, why = budget.next_trial_fits()
+    stop = threading.Event()
+    counts = {"run": 0}
+    reasons: list[str] = []
+
+    def worker(slot: Slot) -> None:
+        rejected_in_a_row = 0
+        while not stop.is_set():
+            fits, why = budget.claim()
             if not fits:
-                break
-            run += 1
-            result = _one_trial(spec, study, budget, progress, artifacts_dir, profile)
+                reasons.append(why)
+                return
+            counts["run"] += 1
+            result = _one_trial(spec, study, budget, progress, artifacts_dir, profile, slot, stop)
             if result is None:  # rejected before boot: costs nothing, so it does not count against --n-trials
+                budget.release()
                 rejected_in_a_row += 1
                 if rejected_in_a_row >= MAX_REJECTED_IN_A_ROW:
-                    why = f"{MAX_REJECTED_IN_A_ROW} configurations in a row rejected before boot: check the space"
-                    break
+                    reasons.append(f"{MAX_REJECTED_IN_A_ROW} configurations in a row rejected before boot")
+                    return
                 continue
             rejected_in_a_row = 0
-            budget.started_trials += 1
             budget.record(result.duration_s)
+
+    threads = [threading.Thread(target=worker, args=(slot,), name=f"slot-{slot.name}", daemon=True) for slot in slots]
+    for t in threads:
+        t.start()
+    try:
+        while any(t.is_alive() for t in threads):
+            for t in threads:
+                t.join(timeout=0.2)
     except KeyboardInterrupt:
-        why = "interrupted"
-    return RunSummary(run, why, best_trial(study))
+        stop.set()  # each slot stops its server and records its trial as interrupted
+        for t in threads:
+            t.join()
+        reasons.insert(0, "interrupted")
+    return RunSummary(counts["run"], reasons[0] if reasons else "", best_trial(study))
 
 
 def preview_configs(spec: StudySpec, n: int, seed: int = 0) -> list[tuple[str, EngineConfig]]:
@@ -142,7 +199,8 @@ def preview_configs(spec: StudySpec, n: int, seed: int = 0) -> list[tuple[str, E
 
 
 def _one_trial(spec: StudySpec, study: optuna.Study, budget: Budget, progress: Progress,
-               artifacts_dir: Path, profile: GpuProfile) -> TrialResult | None:
+               artifacts_dir: Path, profile: GpuProfile, slot: Slot, stop: threading.Event) -> TrialResult | None:
+    optuna.storages.fail_stale_trials(study)  # another worker died mid-trial: mark it, and it is retried once
     trial = study.ask()
     baseline = trial_baseline(trial)
     params = suggest(trial, spec.space)
@@ -152,7 +210,7 @@ def _one_trial(spec: StudySpec, study: optuna.Study, budget: Budget, progress: P
     for key, value in outcome.config_attrs(config.model, flags).items():
         trial.set_user_attr(key, value)
     label = (trial.user_attrs.get("baseline") or {}).get("name") or ", ".join(f"{k}={v}" for k, v in params.items())
-    progress.trial_started(trial.number, label)
+    progress.trial_started(trial.number, label, slot.name)
 
     if reason := invalid_reason(flags):
         outcome.tell_rejected(study, trial, f"vLLM would reject it: {reason}")
@@ -168,13 +226,14 @@ def _one_trial(spec: StudySpec, study: optuna.Study, budget: Budget, progress: P
                              best_trial(study))
         return None
     if profile.kind == "cuda":
-        _check_gpu_free(study, trial, progress)
+        _check_gpu_free(study, trial, progress, slot)
 
     log_path = artifacts_dir / f"trial-{trial.number:04d}.log"
     plan = TrialPlan(
         EngineSpec(model=model_path, flags=flags, env=spec.env,
-                   boot_timeout_s=max(1.0, min(spec.boot_timeout_s, budget.remaining()))),
-        spec.objective, model_vocab_size(model_path), log_path,
+                   boot_timeout_s=max(1.0, min(spec.boot_timeout_s, budget.remaining())),
+                   cuda_visible_devices=slot.cuda_visible_devices),
+        spec.objective, model_vocab_size(model_path), log_path, slot.gpu_indices,
     )
 
     passing: list[float] = []
@@ -183,32 +242,36 @@ def _one_trial(spec: StudySpec, study: optuna.Study, budget: Budget, progress: P
         if level.verdict.passed:
             passing.append(level.stats.output_tok_s)
         trial.report(max(passing, default=0.0), step)  # best passing throughput so far, per load level
+        if stop.is_set():
+            return INTERRUPTED
         if budget.remaining() <= 0:
             return "stopped at the end of the time budget"
         if trial.should_prune():
             return outcome.PRUNED
         return None
 
-    try:
-        with _heartbeat(study, trial):
-            result = run_trial(plan, on_level=on_level, on_stage=progress.stage)
-    except KeyboardInterrupt:
-        outcome.tell_failed(study, trial, "interrupted by the user")
+    with _heartbeat(study, trial):
+        result = run_trial(plan, on_level=on_level, on_stage=lambda text: progress.stage(trial.number, text),
+                           cancel=stop)
+    if stop.is_set():  # whatever the trial saw after Ctrl-C says nothing about the configuration
+        outcome.tell_failed(study, trial, INTERRUPTED)
         progress.trial_ended(trial.number, TrialState.FAIL, "interrupted", best_trial(study))
-        raise
+        return result
     state = outcome.tell_result(study, trial, result)
     progress.trial_ended(trial.number, state, _summary(result), best_trial(study))
     return result
 
 
-def _check_gpu_free(study: optuna.Study, trial: optuna.Trial, progress: Progress, wait_s: float = 30.0) -> None:
+def _check_gpu_free(study: optuna.Study, trial: optuna.Trial, progress: Progress, slot: Slot,
+                    wait_s: float = 30.0) -> None:
     """Memory already in use on the GPU would be misread as this configuration's failure: wait for a previous
     server to let go, then refuse to boot and stop the run with a message naming what holds it."""
     import time
 
     deadline = time.monotonic() + wait_s
     while True:
-        busy = [g for g in detect_gpus() if g.used_bytes > HELD_GPU_BYTES]
+        busy = [g for g in detect_gpus() if g.used_bytes > HELD_GPU_BYTES
+                and (not slot.gpu_indices or g.index in slot.gpu_indices)]
         if not busy:
             return
         if time.monotonic() > deadline:
@@ -217,7 +280,7 @@ def _check_gpu_free(study: optuna.Study, trial: optuna.Trial, progress: Progress
             progress.trial_ended(trial.number, TrialState.FAIL, "GPU busy", best_trial(study))
             raise EngineError(f"GPU memory is held by another process before trial {trial.number} ({what}); "
                               "free the GPU and run the same command again to resume")
-        progress.stage("waiting for GPU memory to be released")
+        progress.stage(trial.number, "waiting for GPU memory to be released")
         time.sleep(2)
 
 

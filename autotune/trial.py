@@ -8,6 +8,7 @@ stop the server. Every way this can go wrong becomes a field of the result, neve
 from __future__ import annotations
 
 import json
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -87,6 +88,7 @@ def run_trial(
     *,
     on_level: Callable[[int, float, LevelOutcome], str | None] | None = None,
     on_stage: Stage | None = None,
+    cancel: threading.Event | None = None,
 ) -> TrialResult:
     stage = on_stage or (lambda _s: None)
     t0 = time.monotonic()
@@ -107,7 +109,7 @@ def run_trial(
         server.start()
         sampler = MemorySampler(root_pid=server.pid, gpu_indices=plan.gpu_indices or None).start()
         try:
-            boot = server.wait_ready()
+            boot = server.wait_ready(cancel)
         except BootFailed as e:
             status: Status = "infeasible" if e.failure.kind.is_memory else "failed"
             return done(status, failure=e.failure)

@@ -1,0 +1,140 @@
+"""Several trials at once, several workers on one PostgreSQL study, and kill -9 of the tuner, for real.
+
+Real vLLM CPU servers, a real PostgreSQL server (a private cluster started here from Debian's binaries) and
+real signals. Marked `engine`: several boots each.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import optuna
+import psutil
+import pytest
+from optuna.trial import TrialState
+
+from autotune.study import GRACE_S, open_storage
+
+pytestmark = pytest.mark.engine
+ROOT = Path(__file__).resolve().parents[1]
+QUICK = ROOT / "tests" / "data" / "quick"
+AUTOTUNE = [sys.executable, "-m", "autotune.cli"]
+
+
+def vllm_processes() -> list[psutil.Process]:
+    out = []
+    for p in psutil.process_iter(["cmdline", "name"]):
+        with_cmd = " ".join(p.info["cmdline"] or [])
+        if "vllm.entrypoints" in with_cmd or (p.info["name"] or "").startswith("VLLM::"):
+            out.append(p)
+    return out
+
+
+@pytest.fixture()
+def study_dir(tmp_path: Path) -> Path:
+    for f in QUICK.iterdir():
+        shutil.copy(f, tmp_path / f.name)
+    return tmp_path
+
+
+@pytest.fixture(scope="module")
+def postgres_url(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """A private PostgreSQL cluster on a free loopback port, owned by the `postgres` user, removed afterwards."""
+    bins = sorted(glob.glob("/usr/lib/postgresql/*/bin/initdb"))
+    assert bins, "PostgreSQL server binaries are missing: apt-get install postgresql (.ci/run does)"
+    bindir = Path(bins[-1]).parent
+    data = tmp_path_factory.mktemp("pg")
+    shutil.chown(data, "postgres", "postgres")
+    os.chmod(data, 0o700)
+    as_pg = ["runuser", "-u", "postgres", "--"]
+    subprocess.run([*as_pg, str(bindir / "initdb"), "-D", str(data / "db"), "--auth=trust", "-U", "postgres"],
+                   check=True, capture_output=True)
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    opts = f"-p {port} -k {data} -c listen_addresses=127.0.0.1"
+    subprocess.run([*as_pg, str(bindir / "pg_ctl"), "-D", str(data / "db"), "-o", opts, "-w", "-l",
+                    str(data / "log"), "start"], check=True, capture_output=True)
+    yield f"postgresql+psycopg2://postgres@127.0.0.1:{port}/postgres"
+    subprocess.run([*as_pg, str(bindir / "pg_ctl"), "-D", str(data / "db"), "-m", "immediate", "stop"],
+                   capture_output=True)
+
+
+def autotune(*args: str, cwd: Path, timeout: float = 900) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([*AUTOTUNE, *args], cwd=cwd, capture_output=True, text=True, timeout=timeout)
+
+
+def test_two_workers_on_one_postgresql_study_account_for_every_trial(study_dir: Path, postgres_url: str) -> None:
+    created = autotune("run", "quick.toml", "--storage", postgres_url, "--n-trials", "1", cwd=study_dir)
+    assert created.returncode == 0, created.stdout + created.stderr
+    hosts = [study_dir / "host-a", study_dir / "host-b"]  # each worker in a directory without the study file
+    for host in hosts:
+        host.mkdir()
+    workers = [
+        subprocess.Popen([*AUTOTUNE, "worker", "--study", "quick", "--storage", postgres_url, "--n-trials", "1"],
+                         cwd=host, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        for host in hosts
+    ]
+    outputs = [w.communicate(timeout=900)[0] for w in workers]
+    assert [w.returncode for w in workers] == [0, 0], outputs
+    study = optuna.load_study(study_name="quick", storage=open_storage(postgres_url))
+    trials = study.trials
+    booted = [t for t in trials if t.user_attrs.get("booted", True) and "duration_s" in t.user_attrs]
+    assert len(booted) == 3  # one from `run`, one from each worker
+    assert not [t for t in trials if t.state in (TrialState.RUNNING, TrialState.WAITING)]
+    for t in booted:
+        assert t.state in (TrialState.COMPLETE, TrialState.PRUNED), (t.number, t.state, t.user_attrs.get("reason"))
+        assert t.user_attrs["kv_cache_tokens"] == 524_288
+    # The workers ran their servers at the same time (each its own port), not one after the other.
+    starts = sorted(t.datetime_start for t in booted[1:])
+    ends = sorted(t.datetime_complete for t in booted[1:])
+    assert starts[1] < ends[0]
+
+
+def test_workers_option_runs_trials_side_by_side_on_sqlite(study_dir: Path) -> None:
+    out = autotune("run", "quick.toml", "--workers", "2", "--n-trials", "2", cwd=study_dir)
+    assert out.returncode == 0, out.stdout + out.stderr
+    study = optuna.load_study(study_name="quick", storage=f"sqlite:///{study_dir / 'quick.db'}")
+    booted = [t for t in study.trials if "duration_s" in t.user_attrs]
+    assert len(booted) == 2
+    assert booted[0].datetime_start < booted[1].datetime_complete and booted[1].datetime_start < booted[0].datetime_complete
+    assert vllm_processes() == []
+
+
+def test_kill_9_of_the_tuner_leaves_no_server_and_the_next_run_resumes(study_dir: Path) -> None:
+    storage = f"sqlite:///{study_dir / 'quick.db'}"
+    done = autotune("run", "quick.toml", "--n-trials", "1", cwd=study_dir)
+    assert done.returncode == 0, done.stdout + done.stderr
+    tuner = subprocess.Popen([*AUTOTUNE, "run", "quick.toml", "--n-trials", "1"], cwd=study_dir,
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    log = study_dir / "quick-artifacts" / "trial-0001.log"
+    deadline = time.monotonic() + 300
+    while not (log.exists() and "KV cache size" in log.read_text()):
+        assert time.monotonic() < deadline, "the second trial's server never booted"
+        assert tuner.poll() is None
+        time.sleep(1)
+    assert vllm_processes(), "the server should be running now"
+    os.kill(tuner.pid, signal.SIGKILL)
+    tuner.wait()
+    deadline = time.monotonic() + 20
+    while vllm_processes() and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert vllm_processes() == [], "the server outlived its tuner by 20 s"
+
+    time.sleep(GRACE_S + 1)  # the dead trial's heartbeat is now stale
+    resumed = autotune("run", "quick.toml", "--n-trials", "1", cwd=study_dir)
+    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    trials = optuna.load_study(study_name="quick", storage=storage).trials
+    assert trials[0].state == TrialState.COMPLETE and trials[0].user_attrs["kv_cache_tokens"] == 524_288
+    assert trials[1].state == TrialState.FAIL  # the trial in flight at the kill: marked, not left RUNNING
+    retried = [t for t in trials[2:] if t.system_attrs.get("failed_trial") == 1]
+    assert retried and retried[0].params == trials[1].params and retried[0].state.is_finished()
