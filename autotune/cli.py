@@ -88,8 +88,10 @@ def parse_env(values: tuple[str, ...]) -> dict[str, str]:
               help="Where the server log goes (default runs/trial-<time>.log).")
 @click.option("--boot-timeout", default="15m", show_default=True, help="Give up on a boot after this long.")
 @click.option("--gpu", "gpus", default="", help="GPU indices to use and sample, e.g. 0 (CUDA build only).")
+@click.option("--memory-cap", default=None, metavar="GIB|PROFILE",
+              help="Behave as a card with this much memory, e.g. 24 or rtx3090 (flags translated for the GPU present).")
 def trial(model: str, objective_path: Path, sets: tuple[str, ...], envs: tuple[str, ...], log_path: Path | None,
-          boot_timeout: str, gpus: str) -> None:
+          boot_timeout: str, gpus: str, memory_cap: str | None) -> None:
     """Boot one vLLM server with the given flags and find the highest load it sustains within the limits.
 
     \b
@@ -98,6 +100,7 @@ def trial(model: str, objective_path: Path, sets: tuple[str, ...], envs: tuple[s
     """
     import time
 
+    from autotune import vllm_flags
     from autotune.engine import EngineSpec
     from autotune.spec import load_objective, parse_duration
     from autotune.tinymodel import resolve_model
@@ -107,7 +110,15 @@ def trial(model: str, objective_path: Path, sets: tuple[str, ...], envs: tuple[s
     objective = load_objective(objective_path)
     path, defaults = resolve_model(model)
     flags = {**defaults, **parse_set(sets)}
+    vllm_flags.check(("--set", k) for k in flags)
     gpu_indices = tuple(int(g) for g in gpus.split(",") if g.strip())
+    if memory_cap is not None:
+        from autotune import memcap
+
+        cap, real = memcap.parse_cap(memory_cap), memcap.present_gpu(gpu_indices[0] if gpu_indices else 0)
+        util = float(flags.get("gpu_memory_utilization") or memcap.DEFAULT_UTILIZATION)  # type: ignore[arg-type]
+        console.print(memcap.describe(real, cap, util))
+        flags = memcap.engine_flags(flags, cap, real)
     spec = EngineSpec(
         model=path, flags=flags, env=parse_env(envs), boot_timeout_s=parse_duration(boot_timeout, "--boot-timeout"),
         cuda_visible_devices=",".join(map(str, gpu_indices)) if gpu_indices else None,
@@ -239,11 +250,14 @@ def run(study_file: Path, budget: str | None, n_trials: int | None, storage: str
       autotune run studies/qwen3.5-27b-rtx3090.toml --budget 4h --gpus 0,1
       autotune run studies/tiny-cpu.toml --storage postgresql://tuner@db/autotune --budget 1h
     """
+    from autotune import vllm_flags
     from autotune.spec import load_study
 
     spec = load_study(study_file)
     slots = _slots(workers, gpus)
-    _run(spec, _budget(budget, n_trials, spec), storage, slots)
+    plan = _budget(budget, n_trials, spec)
+    vllm_flags.check(vllm_flags.study_flag_names(spec))
+    _run(spec, plan, storage, slots)
 
 
 @main.command()
@@ -363,6 +377,50 @@ def estimate(study_file: Path | None, model: str | None, hardware: str | None, s
         flags = {**defaults, **parse_set(sets)}
         verdict = feasibility.judge(path, profile, flags, {})
         console.print(breakdown_table(verdict.estimate, title=f"{model} on {profile.name}"))
+
+
+@main.command()
+@study_option
+@storage_option
+@click.option("--out", "out_dir", type=click.Path(path_type=Path), default=Path("reports"), show_default=True,
+              help="Directory for the HTML report and the PNGs.")
+@click.option("--png/--no-png", default=True, show_default=True,
+              help="Also write PNGs of the two Pareto plots (rendered by a headless Chromium).")
+def report(study: str | None, storage: str | None, out_dir: Path, png: bool) -> None:
+    """Write one offline HTML report of a study (Pareto plots, history, importances, load curves, top trials
+    with their flags) and PNGs of the two Pareto plots.
+
+    \b
+      autotune report --study tiny-cpu --out reports/
+    """
+    from autotune.report import write_report
+
+    files = write_report(_load_study(study, storage), out_dir, png=png)
+    console.print(f"report: {files.html}", soft_wrap=True)
+    for path in files.pngs:
+        console.print(f"image:  {path}", soft_wrap=True)
+
+
+@main.command()
+@study_option
+@storage_option
+@click.option("--port", default=8080, show_default=True, help="Port on 127.0.0.1 (0: any free port).")
+def dashboard(study: str | None, storage: str | None, port: int) -> None:
+    """Serve optuna-dashboard on 127.0.0.1 for the study: its trials, their flags, the reasons of infeasible ones
+    and each trial's server log. Runs until Ctrl-C.
+
+    \b
+      autotune dashboard --study tiny-cpu --port 8080
+    """
+    from autotune.dashboard import serve
+
+    name, url = _study_ref(study, storage)
+
+    def announce(address: str) -> None:
+        click.echo(f"optuna-dashboard for study {name}: {address}  (Ctrl-C to stop)")
+        sys.stdout.flush()
+
+    serve(_load_study(study, storage), url, port, announce)
 
 
 if __name__ == "__main__":

@@ -25,7 +25,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
-from typing import Iterator, Mapping
+from typing import IO, Iterator, Mapping
 
 from autotune.errors import EngineError
 from autotune.export import to_argv
@@ -48,6 +48,7 @@ class FailureKind(str, Enum):
     MODEL_NOT_FOUND = "model_not_found"
     BOOT_TIMEOUT = "boot_timeout"
     CRASH = "crash"
+    UNRESPONSIVE = "unresponsive"
     CANCELLED = "cancelled"
 
     @property
@@ -193,6 +194,7 @@ class Server:
         self.lines: deque[str] = deque(maxlen=4000)
         self.failure: Failure | None = None  # set by the log reader the moment a failure line appears
         self.failure_seen_at: float | None = None  # time.monotonic() of that moment
+        self.log_error: str | None = None
         self._failure_event = threading.Event()
         self._proc: subprocess.Popen[str] | None = None
         self._reader: threading.Thread | None = None
@@ -209,13 +211,19 @@ class Server:
         env = {**os.environ, **self.spec.env, "PYTHONUNBUFFERED": "1"}
         if self.spec.cuda_visible_devices is not None:
             env["CUDA_VISIBLE_DEVICES"] = self.spec.cuda_visible_devices
-        self.log_path.parent.mkdir(parents=True, exist_ok=True)
         argv = server_argv(self.build, self.spec, self.port)
+        try:  # a log that cannot be written is the machine's problem, not the configuration's: say so first
+            self.log_path.parent.mkdir(parents=True, exist_ok=True)
+            log = open(self.log_path, "w", encoding="utf-8")
+            log.write("$ " + " ".join(argv) + "\n")
+            log.flush()
+        except OSError as e:
+            raise EngineError(f"cannot write the server log {self.log_path}: {e.strerror or e}") from e
         self._proc = subprocess.Popen(
             argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, text=True,
             errors="replace", env=env, start_new_session=True, preexec_fn=_die_with_parent,
         )
-        self._reader = threading.Thread(target=self._read_log, args=(argv,), daemon=True)
+        self._reader = threading.Thread(target=self._read_log, args=(log,), daemon=True)
         self._reader.start()
         _register(self._proc.pid)
 
@@ -276,14 +284,16 @@ class Server:
         if self._reader is not None:
             self._reader.join(timeout=5)
 
-    def _read_log(self, argv: list[str]) -> None:
+    def _read_log(self, log: IO[str]) -> None:
         assert self._proc is not None and self._proc.stdout is not None
-        with open(self.log_path, "w", encoding="utf-8") as log:
-            log.write("$ " + " ".join(argv) + "\n")
-            log.flush()
+        with log:
             for line in self._proc.stdout:
-                log.write(line)
-                log.flush()
+                if self.log_error is None:
+                    try:
+                        log.write(line)
+                        log.flush()
+                    except OSError as e:  # e.g. the disk filled up: keep watching the server, stop writing
+                        self.log_error = f"server log incomplete: {e.strerror or e}"
                 line = line.rstrip("\n")
                 self.lines.append(line)
                 if self.failure is None:

@@ -141,6 +141,8 @@ async def _send(
                             chunks += 1
                     if done or rec.error:
                         break
+    except aiohttp.ServerTimeoutError:  # sock_read: the server sent nothing for stall_timeout_s (hung)
+        rec.error = f"no data for {timeout.sock_read:g} s"
     except asyncio.TimeoutError:
         rec.error = f"timeout after {timeout.total:g} s"
     except aiohttp.ClientResponseError as e:
@@ -223,13 +225,16 @@ async def run_level(
     *,
     warmup: Sequence[RequestSpec] = (),
     request_timeout_s: float = 300,
+    stall_timeout_s: float | None = 60,
     seed: int = 0,
 ) -> LevelRun:
-    """Send `warmup` (not recorded), then `requests` at `level`; every request comes back as a record."""
+    """Send `warmup` (not recorded), then `requests` at `level`; every request comes back as a record.
+
+    A request that receives nothing for `stall_timeout_s` fails (a hung server costs a minute, not the total)."""
     url = base_url.rstrip("/") + "/v1/completions"
     limit = level.in_flight_limit
     connector = aiohttp.TCPConnector(limit=limit or 0, limit_per_host=limit or 0, keepalive_timeout=60)
-    timeout = aiohttp.ClientTimeout(total=request_timeout_s)
+    timeout = aiohttp.ClientTimeout(total=request_timeout_s, sock_read=stall_timeout_s)
     async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
         if warmup:
             await _closed_loop(session, url, model, warmup, limit or len(warmup), timeout)
@@ -250,11 +255,13 @@ def measure_level(
     *,
     warmup: Sequence[RequestSpec] = (),
     request_timeout_s: float = 300,
+    stall_timeout_s: float | None = 60,
     seed: int = 0,
 ) -> LevelRun:
     """Synchronous `run_level` (its own event loop) for callers that are not async."""
     return asyncio.run(
         run_level(
-            base_url, model, requests, level, warmup=warmup, request_timeout_s=request_timeout_s, seed=seed
+            base_url, model, requests, level, warmup=warmup, request_timeout_s=request_timeout_s,
+            stall_timeout_s=stall_timeout_s, seed=seed,
         )
     )

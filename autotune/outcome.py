@@ -70,6 +70,8 @@ def result_attrs(result: TrialResult) -> dict[str, object]:
     ]
     if result.log_path is not None:
         attrs["log_path"] = str(result.log_path)
+    if result.log_error:
+        attrs["log_error"] = result.log_error
     return attrs
 
 

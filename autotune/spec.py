@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from autotune.errors import SpecError
+from autotune.memcap import MemoryCap, parse_cap
 from autotune.metrics import Limits
 from autotune.sla import LoadSearch
 from autotune.space import (
@@ -94,6 +95,7 @@ class StudySpec:
     time_budget_s: float | None = None  # [budget] time: the default for `autotune run --budget`
     max_trials: int | None = None  # [budget] trials
     description: str = ""
+    memory_cap: MemoryCap | None = None  # memory_cap_gib: plan and boot as on a card of this size (memcap.py)
 
     def fixed_flags(self) -> dict[str, object]:
         """Flags every trial gets: the model's load_format/quantization/revision, then [engine]."""
@@ -314,7 +316,10 @@ def _resolve_model(t: _Table, key: str, value: str, base: Path) -> str:
             raise t.error(key, f"unknown tiny model '{value}'{_suggest(value, known)} (known: {', '.join(known)})")
         return value
     if value.startswith((".", "/", "~")):
-        return str((base / Path(value).expanduser()).resolve())
+        path = (base / Path(value).expanduser()).resolve()
+        if not (path / "config.json").is_file():
+            raise t.error(key, f"no model directory (with a config.json) at {path}")
+        return str(path)
     return value
 
 
@@ -544,7 +549,10 @@ def load_study(path: str | Path) -> StudySpec:
     baselines = _baselines(top, base, model_flags(model) | engine)
     sampler = _sampler(top)
     boot_timeout, time_budget, max_trials = _budget(top)
+    cap_raw = top.get("memory_cap_gib", None)
+    memory_cap = parse_cap(cap_raw, source, "memory_cap_gib") if cap_raw is not None else None
     top.done()
     return StudySpec(name=name, path=path, objective=objective, hardware=hardware, model=model, engine=engine,
                      env=env, space=space, baselines=baselines, sampler=sampler, boot_timeout_s=boot_timeout,
-                     storage=storage, time_budget_s=time_budget, max_trials=max_trials, description=description)
+                     storage=storage, time_budget_s=time_budget, max_trials=max_trials, description=description,
+                     memory_cap=memory_cap)

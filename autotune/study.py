@@ -18,8 +18,8 @@ from optuna.trial import FrozenTrial, TrialState
 
 from autotune import feasibility, outcome
 from autotune.budget import Budget
-from autotune.engine import Build, EngineSpec, detect_build, reap_leftover_servers
-from autotune.errors import EngineError, StorageError
+from autotune.engine import Build, EngineSpec, FailureKind, detect_build, reap_leftover_servers
+from autotune.errors import AutotuneError, EngineError, StorageError
 from autotune.hardware import GpuProfile, detect_gpus
 from autotune.space import EngineConfig, enqueue_baseline, engine_config, invalid_reason, suggest, trial_baseline
 from autotune.spec import StudySpec, load_study
@@ -154,7 +154,16 @@ def run_study(
     counts = {"run": 0}
     reasons: list[str] = []
 
+    errors: list[AutotuneError] = []
+
     def worker(slot: Slot) -> None:
+        try:
+            work(slot)
+        except AutotuneError as e:  # the machine or the setup, not a configuration: stop every slot cleanly
+            errors.append(e)
+            stop.set()
+
+    def work(slot: Slot) -> None:
         rejected_in_a_row = 0
         while not stop.is_set():
             fits, why = budget.claim()
@@ -185,6 +194,8 @@ def run_study(
         for t in threads:
             t.join()
         reasons.insert(0, "interrupted")
+    if errors:
+        raise errors[0]
     return RunSummary(counts["run"], reasons[0] if reasons else "", best_trial(study))
 
 
@@ -207,7 +218,7 @@ def _one_trial(spec: StudySpec, study: optuna.Study, budget: Budget, progress: P
     config = engine_config(spec, params, baseline=baseline)
     model_path, model_defaults = resolve_model(config.model)
     flags = {**model_defaults, **config.flags}
-    for key, value in outcome.config_attrs(config.model, flags).items():
+    for key, value in outcome.config_attrs(model_path, flags).items():
         trial.set_user_attr(key, value)
     label = (trial.user_attrs.get("baseline") or {}).get("name") or ", ".join(f"{k}={v}" for k, v in params.items())
     progress.trial_started(trial.number, label, slot.name)
@@ -250,15 +261,22 @@ def _one_trial(spec: StudySpec, study: optuna.Study, budget: Budget, progress: P
             return outcome.PRUNED
         return None
 
-    with _heartbeat(study, trial):
-        result = run_trial(plan, on_level=on_level, on_stage=lambda text: progress.stage(trial.number, text),
-                           cancel=stop)
+    try:
+        with _heartbeat(study, trial):
+            result = run_trial(plan, on_level=on_level, on_stage=lambda text: progress.stage(trial.number, text),
+                               cancel=stop)
+    except EngineError as e:
+        outcome.tell_failed(study, trial, str(e))
+        progress.trial_ended(trial.number, TrialState.FAIL, str(e), best_trial(study))
+        raise
     if stop.is_set():  # whatever the trial saw after Ctrl-C says nothing about the configuration
         outcome.tell_failed(study, trial, INTERRUPTED)
         progress.trial_ended(trial.number, TrialState.FAIL, "interrupted", best_trial(study))
         return result
     state = outcome.tell_result(study, trial, result)
     progress.trial_ended(trial.number, state, _summary(result), best_trial(study))
+    if result.failure is not None and result.failure.kind is FailureKind.MODEL_NOT_FOUND:
+        raise EngineError(f"model {config.model!r} not found: {result.failure.reason}")
     return result
 
 

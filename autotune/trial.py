@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Literal
 
-from autotune.engine import BootFailed, BootInfo, EngineSpec, Failure, Server
+from autotune.engine import BootFailed, BootInfo, EngineSpec, Failure, FailureKind, Server
 from autotune.hardware import MemoryPeak, MemorySampler
 from autotune.load import LoadLevel, measure_level
 from autotune.metrics import LevelStats, Verdict, judge, level_stats
@@ -57,6 +57,7 @@ class TrialResult:
     duration_s: float = 0.0
     log_path: Path | None = None
     stop_reason: str = ""
+    log_error: str | None = None
 
     @property
     def best(self) -> LevelOutcome | None:
@@ -102,17 +103,26 @@ def run_trial(
         if sampler is not None and memory is None:
             memory = sampler.stop()
         return TrialResult(status, levels=tuple(levels), duration_s=time.monotonic() - t0,
-                           log_path=plan.log_path, memory=memory, **kw)
+                           log_path=plan.log_path, memory=memory, log_error=server.log_error, **kw)
 
     stage("booting")
     try:
-        server.start()
-        sampler = MemorySampler(root_pid=server.pid, gpu_indices=plan.gpu_indices or None).start()
-        try:
-            boot = server.wait_ready(cancel)
-        except BootFailed as e:
-            status: Status = "infeasible" if e.failure.kind.is_memory else "failed"
-            return done(status, failure=e.failure)
+        for attempt in (1, 2):
+            server.start()
+            sampler = MemorySampler(root_pid=server.pid, gpu_indices=plan.gpu_indices or None).start()
+            try:
+                boot = server.wait_ready(cancel)
+                break
+            except BootFailed as e:
+                if e.failure.kind is FailureKind.PORT_IN_USE and attempt == 1:
+                    # Another program took the free port between our check and the server's bind: once more.
+                    sampler.stop()
+                    server.stop()
+                    server = Server(plan.engine, plan.log_path)
+                    stage("booting (the port was taken; on another one)")
+                    continue
+                status: Status = "infeasible" if e.failure.kind.is_memory else "failed"
+                return done(status, failure=e.failure)
 
         def measure(value: float) -> LevelOutcome:
             k = len(levels)
@@ -121,6 +131,10 @@ def run_trial(
             levels.append((value, outcome))
             if (failure := server.died()) is not None:
                 raise ServerDied(failure)
+            if outcome.stats.completed == 0 and outcome.stats.failed > 0:
+                top = next(iter(outcome.stats.errors), "")
+                raise ServerDied(Failure(FailureKind.UNRESPONSIVE,
+                                         f"no request completed at {plan.objective.load.mode} {value:g}: {top}"))
             if on_level is not None and (why := on_level(k, value, outcome)):
                 raise _Stop(why)
             return outcome

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import psutil
@@ -11,10 +12,10 @@ import pytest
 
 from autotune.engine import BootFailed, EngineSpec, FailureKind, Server, launch
 from autotune.load import LoadLevel, measure_level
-from autotune.metrics import level_stats
+from autotune.metrics import Limits, level_stats
 from autotune.spec import load_objective
 from autotune.tinymodel import resolve_model
-from autotune.trial import TrialPlan, model_vocab_size, run_trial
+from autotune.trial import LevelOutcome, TrialPlan, model_vocab_size, run_trial
 from autotune.workload import LengthDist, Workload
 
 pytestmark = pytest.mark.engine
@@ -34,11 +35,14 @@ def vllm_processes() -> list[psutil.Process]:
 
 def test_trial_boots_measures_two_levels_and_leaves_no_process(tmp_path: Path) -> None:
     model, defaults = resolve_model("tiny:dense")
-    objective = load_objective(ROOT / "objectives" / "tiny-cpu.toml")
+    shipped = load_objective(ROOT / "objectives" / "tiny-cpu.toml")
+    # Limits no level can miss, so the search is certain to measure two levels (the verdict logic is unit-tested).
+    objective = replace(shipped, limits=Limits(ttft_p95_ms=60_000),
+                        load=replace(shipped.load, max=4, min_requests=12, warmup_requests=2))
     spec = EngineSpec(model, {**defaults, **EAGER, "max_num_seqs": 8}, env=SMALL_KV, boot_timeout_s=300)
     seen_levels: list[float] = []
 
-    def stop_after_two(step: int, value: float, outcome) -> str | None:
+    def stop_after_two(step: int, value: float, outcome: LevelOutcome) -> str | None:
         seen_levels.append(value)
         return "two levels are enough" if step == 1 else None
 

@@ -131,7 +131,7 @@ def test_relative_paths_resolve_against_the_file(tmp_path: Path) -> None:
     _write(tmp_path, "objectives/o.toml",
            '[workload]\ninput_len = 8\noutput_len = 4\ndataset = "data/prompts.jsonl"\n'
            '[limits]\ne2e_p95_ms = 1000\n')
-    (tmp_path / "models" / "mine").mkdir(parents=True)
+    _write(tmp_path, "models/mine/config.json", "{}")
     study = _write(tmp_path, "studies/s.toml",
                    'objective = "../objectives/o.toml"\n[model]\npath = "../models/mine"\n'
                    '[engine.env]\nVLLM_CPU_KVCACHE_SPACE = 1\n'
@@ -172,3 +172,10 @@ def test_parse_duration_refuses(text: object) -> None:
     with pytest.raises(SpecError) as info:
         parse_duration(text, key="--budget")
     assert info.value.key == "--budget"
+
+
+def test_a_model_directory_that_does_not_exist_is_named(tmp_path: Path) -> None:
+    _write(tmp_path, "o.toml", '[workload]\ninput_len = 8\noutput_len = 4\n[limits]\nttft_p95_ms = 10\n')
+    study = _write(tmp_path, "s.toml", 'objective = "o.toml"\n[model]\npath = "./models/nope"\n')
+    with pytest.raises(SpecError, match=r"s\.toml: model\.path: no model directory .*models/nope"):
+        load_study(study)
