@@ -1,0 +1,192 @@
+"""Fault injection: each fault is made for real (signals to real processes, a real port conflict, real bad
+files, a log on a full device) inside real runs, and the outcome is asserted. The last test prints the count:
+faults injected, survived, trials lost (must be 0).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import optuna
+import psutil
+import pytest
+from click.testing import CliRunner
+from optuna.trial import TrialState
+
+from autotune import engine
+from autotune.budget import Budget
+from autotune.cli import main
+from autotune.spec import load_study
+from autotune.study import NoProgress, run_study
+
+ROOT = Path(__file__).resolve().parents[1]
+QUICK = ROOT / "tests" / "data" / "quick"
+LEDGER: list[tuple[str, bool, int]] = []  # (fault, survived, trials lost)
+
+
+def vllm_processes() -> list[psutil.Process]:
+    found = []
+    for p in psutil.process_iter(["cmdline", "name"]):
+        if "vllm.entrypoints" in " ".join(p.info["cmdline"] or []) or (p.info["name"] or "").startswith("VLLM::"):
+            found.append(p)
+    return found
+
+
+def engine_core() -> psutil.Process:
+    cores = [p for p in vllm_processes() if (p.info["name"] or "").startswith("VLLM::EngineCore")]
+    assert len(cores) == 1, cores
+    return cores[0]
+
+
+def lost(study: optuna.Study) -> int:
+    return sum(1 for t in study.trials if t.state in (TrialState.RUNNING,))
+
+
+@pytest.fixture()
+def quick(tmp_path: Path) -> Path:
+    for f in QUICK.iterdir():
+        shutil.copy(f, tmp_path / f.name)
+    return tmp_path / "quick.toml"
+
+
+class Inject(NoProgress):
+    """Does something to the server when a given trial reaches its first load level."""
+
+    def __init__(self, trial: int, action):
+        self.trial, self.action, self.done = trial, action, threading.Event()
+
+    def stage(self, number: int, text: str) -> None:
+        if number == self.trial and text.startswith("level 1") and not self.done.is_set():
+            self.done.set()
+            threading.Timer(1.0, self.action).start()  # once requests are in flight
+
+
+def run_with(quick: Path, progress, trials: int = 2) -> optuna.Study:
+    spec = load_study(quick)
+    run_study(spec, Budget(trials=trials), progress=progress)
+    return optuna.load_study(study_name=spec.name, storage=f"sqlite:///{quick.parent / 'quick.db'}")
+
+
+@pytest.mark.engine
+def test_engine_killed_during_load_is_recorded_and_the_study_goes_on(quick: Path) -> None:
+    inject = Inject(0, lambda: os.kill(engine_core().pid, signal.SIGKILL))
+    study = run_with(quick, inject)
+    first, second = study.trials[0], study.trials[1]
+    survived = (inject.done.is_set() and first.state == TrialState.COMPLETE and first.constraints["boots"] == 1.0
+                and second.user_attrs.get("kv_cache_tokens") == 524_288 and vllm_processes() == [])
+    LEDGER.append(("engine process killed during load", survived, lost(study)))
+    assert survived, (first.user_attrs.get("reason"), second.user_attrs.get("status"))
+    assert first.user_attrs["failure_kind"] in ("crash", "unresponsive")
+
+
+@pytest.mark.engine
+def test_a_hung_server_is_recorded_and_the_study_goes_on(quick: Path) -> None:
+    inject = Inject(0, lambda: os.kill(engine_core().pid, signal.SIGSTOP))  # alive, but no token ever again
+    study = run_with(quick, inject)
+    first, second = study.trials[0], study.trials[1]
+    survived = (first.user_attrs.get("failure_kind") == "unresponsive" and "no data for" in first.user_attrs["reason"]
+                and second.user_attrs.get("kv_cache_tokens") == 524_288 and vllm_processes() == [])
+    LEDGER.append(("server hung (engine stopped with SIGSTOP)", survived, lost(study)))
+    assert survived, first.user_attrs.get("reason")
+
+
+@pytest.mark.engine
+def test_a_server_answering_errors_is_recorded_with_the_reason(quick: Path) -> None:
+    # max_model_len 64 with 128-token prompts: the real server answers every request with HTTP 400.
+    text = quick.read_text().replace("enforce_eager = true", "enforce_eager = true\nmax_model_len = 64")
+    quick.write_text(text)
+    study = run_with(quick, NoProgress(), trials=1)
+    t = study.trials[0]
+    survived = t.state == TrialState.COMPLETE and "400" in t.user_attrs.get("reason", "") and vllm_processes() == []
+    LEDGER.append(("server answering errors (HTTP 400)", survived, lost(study)))
+    assert survived, t.user_attrs.get("reason")
+
+
+@pytest.mark.engine
+def test_a_taken_port_is_retried_on_another(quick: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    squatter = socket.socket()
+    squatter.bind(("127.0.0.1", 0))
+    squatter.listen()
+    taken = squatter.getsockname()[1]
+    ports = iter([taken])
+    real_free_port = engine.free_port
+    monkeypatch.setattr(engine, "free_port", lambda: next(ports, None) or real_free_port())
+    try:
+        study = run_with(quick, NoProgress(), trials=1)
+    finally:
+        squatter.close()
+    t = study.trials[0]
+    survived = t.user_attrs.get("kv_cache_tokens") == 524_288 and vllm_processes() == []
+    LEDGER.append(("port already taken", survived, lost(study)))
+    assert survived, t.user_attrs
+
+
+@pytest.mark.engine
+def test_a_full_disk_for_logs_stops_the_run_cleanly(quick: Path) -> None:
+    artifacts = quick.parent / "quick-artifacts"
+    artifacts.mkdir()
+    (artifacts / "trial-0000.log").symlink_to("/dev/full")  # every write: ENOSPC
+    out = subprocess.run([sys.executable, "-m", "autotune.cli", "run", str(quick), "--n-trials", "1"],
+                         capture_output=True, text=True, timeout=600)
+    study = optuna.load_study(study_name="quick", storage=f"sqlite:///{quick.parent / 'quick.db'}")
+    t = study.trials[0]
+    survived = (out.returncode == 1 and "No space left on device" in out.stderr and t.state == TrialState.FAIL
+                and vllm_processes() == [])
+    LEDGER.append(("disk full for server logs", survived, lost(study)))
+    assert survived, out.stderr[-2000:]
+    assert len([line for line in out.stderr.splitlines() if line.startswith("error:")]) == 1
+
+
+BAD_STUDIES = {
+    "malformed TOML": ("name = 'x'\n[model\n", "quick.toml"),
+    "unknown key": ("name = 'quick'\nobjective = 'quick-objective.toml'\nmodle = 1\n", "modle"),
+    "inverted range": ("name = 'quick'\nobjective = 'quick-objective.toml'\n[model]\npath = 'tiny:dense'\n"
+                       "[space.max_num_seqs]\ntype = 'int'\nlow = 64\nhigh = 8\n", "max_num_seqs"),
+    "flag vLLM does not know": ("name = 'quick'\nobjective = 'quick-objective.toml'\n[model]\npath = 'tiny:dense'\n"
+                                "[engine]\nmax_num_seqz = 4\n", "max_num_seqz"),
+    "missing model directory": ("name = 'quick'\nobjective = 'quick-objective.toml'\n[model]\npath = './models/none'\n",
+                                "model.path"),
+}
+
+
+@pytest.mark.parametrize("fault", sorted(BAD_STUDIES))
+def test_bad_study_files_fail_in_one_line_with_exit_2_and_nothing_written(quick: Path, fault: str) -> None:
+    text, named = BAD_STUDIES[fault]
+    quick.write_text(text)
+    out = CliRunner().invoke(main, ["run", str(quick), "--n-trials", "1"])
+    lines = [line for line in out.output.splitlines() if line.strip()]
+    survived = (out.exit_code == 2 and len(lines) == 1 and named in lines[0]
+                and not (quick.parent / "quick.db").exists())
+    LEDGER.append((f"bad input: {fault}", survived, 0))
+    assert survived, out.output
+
+
+@pytest.mark.parametrize(("args", "named"), [
+    (["--budget", "4x"], "--budget"),
+    (["--n-trials", "1", "--storage", "postgresql+psycopg2://nobody@127.0.0.1:9/none"], "--storage"),
+    (["--n-trials", "1", "--gpus", "0,0"], "--gpus"),
+])
+def test_bad_command_lines_fail_in_one_line_with_exit_2(quick: Path, args: list[str], named: str) -> None:
+    out = CliRunner().invoke(main, ["run", str(quick), *args])
+    lines = [line for line in out.output.splitlines() if line.strip()]
+    survived = out.exit_code == 2 and len(lines) == 1 and named in lines[0] and not (quick.parent / "quick.db").exists()
+    LEDGER.append((f"bad input: {' '.join(args)}", survived, 0))
+    assert survived, out.output
+
+
+def test_zz_fault_count(capsys: pytest.CaptureFixture[str]) -> None:
+    injected = len(LEDGER)
+    survived = sum(ok for _, ok, _ in LEDGER)
+    trials_lost = sum(n for _, _, n in LEDGER)
+    with capsys.disabled():
+        print(f"\nfault injection: {injected} faults injected, {survived} survived, {trials_lost} trials lost")
+        for fault, ok, n in LEDGER:
+            print(f"  {'ok  ' if ok else 'FAIL'} {fault}" + (f" ({n} trials lost)" if n else ""))
+    assert injected > 0 and survived == injected and trials_lost == 0
