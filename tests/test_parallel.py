@@ -12,6 +12,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -45,12 +46,12 @@ def study_dir(tmp_path: Path) -> Path:
 
 
 @pytest.fixture(scope="module")
-def postgres_url(tmp_path_factory: pytest.TempPathFactory) -> str:
+def postgres_url():
     """A private PostgreSQL cluster on a free loopback port, owned by the `postgres` user, removed afterwards."""
     bins = sorted(glob.glob("/usr/lib/postgresql/*/bin/initdb"))
     assert bins, "PostgreSQL server binaries are missing: apt-get install postgresql (.ci/run does)"
     bindir = Path(bins[-1]).parent
-    data = tmp_path_factory.mktemp("pg")
+    data = Path(tempfile.mkdtemp(prefix="autotune-pg-"))  # directly under /tmp: the postgres user can reach it
     shutil.chown(data, "postgres", "postgres")
     os.chmod(data, 0o700)
     as_pg = ["runuser", "-u", "postgres", "--"]
@@ -67,6 +68,7 @@ def postgres_url(tmp_path_factory: pytest.TempPathFactory) -> str:
     yield f"postgresql+psycopg2://postgres@127.0.0.1:{port}/postgres"
     subprocess.run([*as_pg, str(bindir / "pg_ctl"), "-D", str(data / "db"), "-m", "immediate", "stop"],
                    capture_output=True)
+    shutil.rmtree(data, ignore_errors=True)
 
 
 def autotune(*args: str, cwd: Path, timeout: float = 900) -> subprocess.CompletedProcess[str]:
