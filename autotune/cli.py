@@ -238,8 +238,11 @@ gpus_option = click.option("--gpus", default=None, help="One trial at a time on 
 @storage_option
 @workers_option
 @gpus_option
+@click.option("--from-study", default=None, metavar="NAME",
+              help="Begin with the best configurations of an earlier study (re-measured here, not copied).")
+@click.option("--from-storage", default=None, metavar="URL", help="Where --from-study lives (default: this study's storage).")
 def run(study_file: Path, budget: str | None, n_trials: int | None, storage: str | None, workers: int | None,
-        gpus: str | None) -> None:
+        gpus: str | None, from_study: str | None, from_storage: str | None) -> None:
     """Search the study's space: boot, measure and record trials until the budget is spent.
 
     Running the same command again resumes the same study.
@@ -249,6 +252,8 @@ def run(study_file: Path, budget: str | None, n_trials: int | None, storage: str
       autotune run studies/qwen3.5-27b-rtx3090.toml --budget 4h
       autotune run studies/qwen3.5-27b-rtx3090.toml --budget 4h --gpus 0,1
       autotune run studies/tiny-cpu.toml --storage postgresql://tuner@db/autotune --budget 1h
+      autotune run studies/tiny-hybrid-cpu.toml --budget 30m --from-study tiny-cpu \\
+          --from-storage sqlite:///studies/tiny-cpu.db
     """
     from autotune import vllm_flags
     from autotune.spec import load_study
@@ -257,7 +262,21 @@ def run(study_file: Path, budget: str | None, n_trials: int | None, storage: str
     slots = _slots(workers, gpus)
     plan = _budget(budget, n_trials, spec)
     vllm_flags.check(vllm_flags.study_flag_names(spec))
+    if from_study is not None:
+        _warm_start(spec, storage, from_study, from_storage)
     _run(spec, plan, storage, slots)
+
+
+def _warm_start(spec, storage: str | None, name: str, from_storage: str | None) -> None:
+    from autotune.samplers import warm_start
+    from autotune.study import default_storage, open_study
+
+    here = storage or spec.storage or default_storage(spec)
+    source = _load_study(name, from_storage or here)
+    if source.study_name == spec.name and (from_storage or here) == here:
+        raise SpecError("--from-study", name, "is this study itself; name an earlier one")
+    queued = warm_start(open_study(spec, storage), source, spec.space)
+    console.print(f"warm start: {len(queued)} configuration(s) of study {source.study_name} queued after the baselines")
 
 
 @main.command()

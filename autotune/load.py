@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -63,12 +63,35 @@ class RequestRecord:
 
 @dataclass(frozen=True)
 class LevelRun:
-    """The measured requests of one level (warm-up excluded) and the level's wall-clock span."""
+    """The measured requests of one level (warm-up excluded) and the level's wall-clock span.
+
+    `stop_reason`: what the `enough` callback answered when it ended the level early ("" when every request
+    given was sent)."""
 
     level: LoadLevel
     records: list[RequestRecord] = field(hash=False)
     started: float
     ended: float
+    stop_reason: str = ""
+
+
+# Called with the requests finished so far (in order of completion); a non-empty answer stops sending more:
+# requests in flight still finish and are recorded.
+Enough = Callable[[Sequence[RequestRecord]], str | None]
+
+
+class _Finished:
+    """Requests finished so far, and whether `enough` has said stop."""
+
+    def __init__(self, enough: Enough | None):
+        self.enough = enough
+        self.records: list[RequestRecord] = []
+        self.reason = ""
+
+    def add(self, rec: RequestRecord) -> None:
+        self.records.append(rec)
+        if self.enough is not None and not self.reason:
+            self.reason = self.enough(self.records) or ""
 
 
 _DATA = b"data:"
@@ -172,17 +195,23 @@ async def _closed_loop(
     specs: Sequence[RequestSpec],
     concurrency: int,
     timeout: aiohttp.ClientTimeout,
+    finished: _Finished | None = None,
 ) -> list[RequestRecord]:
-    """`concurrency` workers, each sending its next request as soon as its last one ends."""
+    """`concurrency` workers, each sending its next request as soon as its last one ends (until `finished`
+    says stop: then the requests not yet sent are left out)."""
     records: list[RequestRecord | None] = [None] * len(specs)
     it = iter(range(len(specs)))
+    done = finished or _Finished(None)
 
     async def worker() -> None:
         for i in it:
-            records[i] = await _send(session, url, model, specs[i], timeout)
+            rec = records[i] = await _send(session, url, model, specs[i], timeout)
+            done.add(rec)
+            if done.reason:
+                return
 
     await asyncio.gather(*(worker() for _ in range(min(concurrency, len(specs)))))
-    return records  # type: ignore[return-value]
+    return [r for r in records if r is not None]
 
 
 async def _poisson(
@@ -193,6 +222,7 @@ async def _poisson(
     level: LoadLevel,
     timeout: aiohttp.ClientTimeout,
     seed: int,
+    finished: _Finished | None = None,
 ) -> list[RequestRecord]:
     """Requests arrive at exponential intervals (mean 1/rate), optionally queued behind an in-flight cap.
 
@@ -200,21 +230,29 @@ async def _poisson(
     """
     gaps = np.random.default_rng(seed).exponential(1.0 / level.value, len(specs)).tolist()
     cap = asyncio.Semaphore(level.max_in_flight) if level.max_in_flight else None
+    done = finished or _Finished(None)
 
-    async def one(spec: RequestSpec) -> RequestRecord:
+    async def one(spec: RequestSpec) -> RequestRecord | None:
         if cap is None:
-            return await _send(session, url, model, spec, timeout)
-        async with cap:
-            return await _send(session, url, model, spec, timeout)
+            rec = await _send(session, url, model, spec, timeout)
+        else:
+            async with cap:
+                if done.reason:  # arrived, but still queued behind the cap when the level had enough
+                    return None
+                rec = await _send(session, url, model, spec, timeout)
+        done.add(rec)
+        return rec
 
     tasks = []
     due = time.perf_counter()
     for spec, gap in zip(specs, gaps):
+        if done.reason:
+            break
         tasks.append(asyncio.ensure_future(one(spec)))
         due += gap
         if (delay := due - time.perf_counter()) > 0:
             await asyncio.sleep(delay)
-    return list(await asyncio.gather(*tasks))
+    return [r for r in await asyncio.gather(*tasks) if r is not None]
 
 
 async def run_level(
@@ -227,8 +265,10 @@ async def run_level(
     request_timeout_s: float = 300,
     stall_timeout_s: float | None = 60,
     seed: int = 0,
+    enough: Enough | None = None,
 ) -> LevelRun:
-    """Send `warmup` (not recorded), then `requests` at `level`; every request comes back as a record.
+    """Send `warmup` (not recorded), then `requests` at `level`; every request sent comes back as a record.
+    With `enough`, sending stops once it answers (the rest of `requests` is a reserve, not a quota).
 
     A request that receives nothing for `stall_timeout_s` fails (a hung server costs a minute, not the total)."""
     url = base_url.rstrip("/") + "/v1/completions"
@@ -238,13 +278,14 @@ async def run_level(
     async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
         if warmup:
             await _closed_loop(session, url, model, warmup, limit or len(warmup), timeout)
+        finished = _Finished(enough)
         started = time.perf_counter()
         if level.mode == "concurrency":
-            records = await _closed_loop(session, url, model, requests, int(level.value), timeout)
+            records = await _closed_loop(session, url, model, requests, int(level.value), timeout, finished)
         else:
-            records = await _poisson(session, url, model, requests, level, timeout, seed)
+            records = await _poisson(session, url, model, requests, level, timeout, seed, finished)
         ended = time.perf_counter()
-    return LevelRun(level, records, started, ended)
+    return LevelRun(level, records, started, ended, finished.reason)
 
 
 def measure_level(
@@ -257,11 +298,12 @@ def measure_level(
     request_timeout_s: float = 300,
     stall_timeout_s: float | None = 60,
     seed: int = 0,
+    enough: Enough | None = None,
 ) -> LevelRun:
     """Synchronous `run_level` (its own event loop) for callers that are not async."""
     return asyncio.run(
         run_level(
             base_url, model, requests, level, warmup=warmup, request_timeout_s=request_timeout_s,
-            stall_timeout_s=stall_timeout_s, seed=seed,
+            stall_timeout_s=stall_timeout_s, seed=seed, enough=enough,
         )
     )

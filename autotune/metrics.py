@@ -2,13 +2,21 @@
 
 Same definitions as vLLM's `calculate_metrics`, so a figure here can be checked against vLLM's own client:
 numpy's (linear) percentiles; TPOT = (latency - TTFT) / (output_len - 1) over requests with more than one
-output token; ITL pooled over every gap of every request; throughputs over the level's wall-clock span.
+output token; ITL pooled over every gap of every request. One difference, on purpose: rates are measured over
+the level's steady window (`steady_window`: ramp-up and final drain excluded), not its whole wall-clock span;
+`span_output_tok_s` keeps vLLM's figure for comparison.
+
+How many requests a level needs is decided here too (`StopRule`): a distribution-free confidence interval of
+each limited p95, from order statistics, must be narrow enough or lie clear of its limit.
 """
 
 from __future__ import annotations
 
+import math
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass, field
+from functools import lru_cache
 
 import numpy as np
 
@@ -60,6 +68,8 @@ class LevelStats:
     errors: dict[str, int] = field(default_factory=dict, hash=False)  # message (first 80 chars) -> count
     input_tokens: int = 0  # over completed requests
     output_tokens: int = 0
+    window_s: float = 0.0  # the steady window the rates are measured over (== duration_s when there is none)
+    span_output_tok_s: float = 0.0  # output tokens / whole span, as `vllm bench serve` reports it
 
     @property
     def error_rate(self) -> float:
@@ -80,6 +90,8 @@ class LevelStats:
             "total_tok_s": self.total_tok_s,
             "req_s": self.req_s,
             "goodput_req_s": self.goodput_req_s,
+            "window_s": self.window_s,
+            "span_output_tok_s": self.span_output_tok_s,
         }
         for name in ("ttft", "tpot", "itl", "e2el"):
             p: Percentiles = getattr(self, name)
@@ -105,25 +117,76 @@ def _good(r: RequestRecord, limits: Limits) -> bool:
     return all(limit is None or (value is not None and value * 1000.0 <= limit) for limit, value in checks)
 
 
+def steady_window(run: LevelRun) -> tuple[float, float]:
+    """The steady part of a level: from the moment the in-flight count first reaches its target (concurrency
+    mode: the level's concurrency, or the number of requests if fewer; rate mode: the first request's start)
+    to the first completion after the last request started (the final drain begins there).
+
+    Requests that failed count as in flight. Falls back to the whole span [started, ended] when the target is
+    never reached or fewer than one round (target requests, 1 in rate mode) ends inside the window.
+    """
+    span = (run.started, run.ended)
+    records = run.records
+    if not records:
+        return span
+    if run.level.mode == "concurrency":
+        target = min(int(run.level.value), len(records))
+        events = sorted([(r.start, 1) for r in records] + [(r.end, -1) for r in records], key=lambda e: (e[0], e[1]))
+        in_flight, t0 = 0, None
+        for t, step in events:  # at equal times, ends first: reaching the target must not be an artefact
+            in_flight += step
+            if in_flight >= target:
+                t0 = t
+                break
+        if t0 is None:
+            return span
+    else:
+        target, t0 = 1, min(r.start for r in records)
+    last_start = max(r.start for r in records)
+    t1 = min((r.end for r in records if r.end > last_start), default=None)
+    if t1 is None or t1 <= t0 or sum(t0 <= r.end <= t1 for r in records) < target:
+        return span
+    return t0, t1
+
+
+def _tokens_between(r: RequestRecord, t0: float, t1: float) -> float:
+    """Output tokens of a completed request that arrived in [t0, t1] (chunk times; tokens shared evenly
+    among chunks when the server packed several into one)."""
+    if r.ttft is None:
+        return 0.0
+    times = np.cumsum([r.start + r.ttft, *r.itl])
+    inside = int(np.count_nonzero((times >= t0) & (times <= t1)))
+    return inside * r.output_tokens / len(times) if inside < len(times) else float(r.output_tokens)
+
+
 def level_stats(run: LevelRun, limits: Limits) -> LevelStats:
-    """Throughput, latency percentiles, goodput and error counts of one measured level."""
+    """Throughput over the steady window, latency percentiles over every completed request, goodput, errors."""
     ok = [r for r in run.records if r.error is None]
     failed = [r for r in run.records if r.error is not None]
     duration = run.ended - run.started
+    t0, t1 = steady_window(run)
+    window = t1 - t0
+    whole = (t0, t1) == (run.started, run.ended)
     out_tokens = sum(r.output_tokens for r in ok)
     in_tokens = sum(r.prompt_tokens for r in ok)
+    if whole:
+        out_win, in_win, ended = float(out_tokens), float(in_tokens), ok
+    else:
+        out_win = sum(_tokens_between(r, t0, t1) for r in ok)
+        in_win = float(sum(r.prompt_tokens for r in ok if r.ttft is not None and t0 <= r.start + r.ttft <= t1))
+        ended = [r for r in ok if t0 <= r.end <= t1]
     tpots = [t for r in ok if (t := _tpot(r)) is not None]
     itls = [gap for r in ok for gap in r.itl]
-    per_s = (lambda x: x / duration) if duration > 0 else (lambda x: 0.0)
+    per_s = (lambda x: x / window) if window > 0 else (lambda x: 0.0)
     return LevelStats(
         level=run.level,
         completed=len(ok),
         failed=len(failed),
         duration_s=duration,
-        output_tok_s=per_s(out_tokens),
-        total_tok_s=per_s(in_tokens + out_tokens),
-        req_s=per_s(len(ok)),
-        goodput_req_s=per_s(sum(_good(r, limits) for r in ok)),
+        output_tok_s=per_s(out_win),
+        total_tok_s=per_s(in_win + out_win),
+        req_s=per_s(len(ended)),
+        goodput_req_s=per_s(sum(_good(r, limits) for r in ended)),
         ttft=Percentiles.of([r.ttft for r in ok if r.ttft is not None]),
         tpot=Percentiles.of(tpots),
         itl=Percentiles.of(itls),
@@ -131,7 +194,102 @@ def level_stats(run: LevelRun, limits: Limits) -> LevelStats:
         errors=dict(Counter((r.error or "")[:80] for r in failed).most_common()),
         input_tokens=in_tokens,
         output_tokens=out_tokens,
+        window_s=window,
+        span_output_tok_s=out_tokens / duration if duration > 0 else 0.0,
     )
+
+
+# --- how many requests a level needs ------------------------------------------------------------------------
+
+
+@lru_cache(maxsize=4096)
+def order_stat_ranks(n: int, q: float, confidence: float) -> tuple[int | None, int | None]:
+    """1-based ranks (l, u) such that [x(l), x(u)] covers the q-quantile with probability >= confidence,
+    whatever the distribution: B = #samples below the quantile is Binomial(n, q), and
+    P(x(l) <= quantile <= x(u)) = P(l <= B <= u - 1). Equal tails; None where no sample is extreme enough
+    (e.g. an upper bound for the p95 at 90% needs n >= 59, since 0.95^59 < 0.05)."""
+    alpha = (1.0 - confidence) / 2.0
+    k = np.arange(n + 1)
+    logfact = np.concatenate(([0.0], np.cumsum(np.log(np.arange(1, n + 1)))))
+    logpmf = logfact[n] - logfact[k] - logfact[n - k] + k * math.log(q) + (n - k) * math.log1p(-q)
+    cdf = np.cumsum(np.exp(logpmf))[:n]  # cdf[r - 1] = P(B <= r - 1) for ranks r = 1..n
+    lows = np.nonzero(cdf <= alpha)[0]  # P(B <= l - 1) <= alpha
+    highs = np.nonzero(cdf >= 1.0 - alpha - 1e-12)[0]  # P(B <= u - 1) >= 1 - alpha
+    return (int(lows[-1]) + 1 if lows.size else None, int(highs[0]) + 1 if highs.size else None)
+
+
+def percentile_interval(values: Sequence[float], q: float = 0.95, confidence: float = 0.90) -> tuple[float, float]:
+    """A distribution-free confidence interval of the q-quantile: (-inf / inf where the sample is too small)."""
+    x = np.sort(np.asarray(values, dtype=np.float64))
+    if x.size == 0:
+        return (-math.inf, math.inf)
+    lo, hi = order_stat_ranks(int(x.size), q, confidence)
+    return (float(x[lo - 1]) if lo else -math.inf, float(x[hi - 1]) if hi else math.inf)
+
+
+@lru_cache(maxsize=256)
+def _looks(low: int, high: int) -> frozenset[int]:
+    out, k = set(), 0
+    while (n := math.ceil(low * 1.25**k - 1e-9)) < high:
+        out.add(n)
+        k += 1
+    return frozenset(out)
+
+
+_SAMPLES = {
+    "ttft_p95_ms": lambda rs: [r.ttft for r in rs if r.ttft is not None],
+    "tpot_p95_ms": lambda rs: [t for r in rs if (t := _tpot(r)) is not None],
+    "itl_p95_ms": lambda rs: [g for r in rs for g in r.itl],
+    "e2e_p95_ms": lambda rs: [r.end - r.start for r in rs],
+}
+
+
+@dataclass(frozen=True)
+class StopRule:
+    """When a level has measured enough requests.
+
+    Not before `min_requests` have finished; then as soon as, for every limited p95, the `confidence` interval
+    from order statistics is within +-`margin` of the estimate (relative), or lies wholly on one side of the
+    limit (the verdict is known: more requests would not change it). A level that is known to fail one limit
+    stops at once. Never more than `max_requests`. margin None: exactly `min_requests` (a fixed count).
+
+    The rule looks only at min_requests x 1.25^k requests: every extra look at a growing sample is another
+    chance for an interval to miss by luck, and a dozen looks keep that in bounds where hundreds would not.
+    """
+
+    min_requests: int
+    max_requests: int
+    margin: float | None = 0.1
+    confidence: float = 0.90
+
+    def reason(self, records: Sequence[RequestRecord], limits: Limits) -> str | None:
+        """Why the level may stop now, or None to go on."""
+        n = len(records)
+        if n >= self.max_requests:
+            return "max_requests"
+        if n < self.min_requests:
+            return None
+        if self.margin is None:
+            return "min_requests"
+        if n not in _looks(self.min_requests, self.max_requests):
+            return None
+        ok = [r for r in records if r.error is None]
+        settled = True
+        for key, samples in _SAMPLES.items():
+            limit = getattr(limits, key)
+            if limit is None:
+                continue
+            values = samples(ok)
+            if not values:
+                return None
+            lo, hi = percentile_interval(values, 0.95, self.confidence)
+            lo, hi = lo * 1000.0, hi * 1000.0
+            if lo > limit:
+                return "fails"  # this limit is missed whatever more requests say
+            p95 = float(np.percentile(values, 95)) * 1000.0
+            narrow = p95 > 0 and max(hi - p95, p95 - lo) <= self.margin * p95
+            settled = settled and (narrow or hi <= limit)
+        return "settled" if settled else None
 
 
 _NAMES = {"ttft_p95_ms": "TTFT", "tpot_p95_ms": "TPOT", "itl_p95_ms": "ITL", "e2e_p95_ms": "E2E latency"}

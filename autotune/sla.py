@@ -12,6 +12,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Generic, Literal, TypeVar
 
+from autotune.metrics import StopRule
+
 T = TypeVar("T")
 
 
@@ -24,8 +26,20 @@ class LoadSearch:
     max: float = 256
     factor: float = 2.0
     tolerance: float = 0.25  # stop bisecting when (fail - pass) <= tolerance * pass (and >= 1 for concurrency)
-    min_requests: int = 72  # successful requests per level, enough for a meaningful p95
+    min_requests: int = 72  # requests per level at least (concurrency mode: at least 3 x concurrency too)
     warmup_requests: int = 4  # per level, not counted
+    # A level goes on until each limited p95 is known to +-p95_margin (relative, at p95_confidence, from order
+    # statistics) or is clearly on one side of its limit; 0 = exactly min_requests, as a fixed count.
+    p95_margin: float = 0.1
+    p95_confidence: float = 0.9
+    max_requests: int = 400  # per level at most (raised to the level's minimum when that is more)
+
+    def stop_rule(self, level: float) -> StopRule:
+        """How many requests the level at `level` measures (see metrics.StopRule)."""
+        low = max(self.min_requests, int(3 * level)) if self.mode == "concurrency" else self.min_requests
+        if self.p95_margin <= 0:
+            return StopRule(low, low, None, self.p95_confidence)
+        return StopRule(low, max(low, self.max_requests), self.p95_margin, self.p95_confidence)
 
 
 @dataclass(frozen=True)

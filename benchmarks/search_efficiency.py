@@ -1,0 +1,369 @@
+"""How many trials each search method needs on a real, recorded response surface (replayed, no engine).
+
+The surface (benchmarks/data/surface-tiny-cpu.json, recorded by benchmarks/record_surface.py) holds, for a
+grid of max_num_seqs x max_num_batched_tokens of the tiny dense model on the vLLM CPU build, what each
+configuration did at each rung of a load ladder. Replaying it, a trial's outcome is looked up instead of
+measured, with the constraint semantics of autotune/outcome.py, so methods compare over many seeds in seconds:
+
+    .venv/bin/python benchmarks/search_efficiency.py [--seeds 50] [--tuning]
+
+Reported per method: the median number of booted trials (and engine minutes) until a configuration within 5% of
+the surface's best feasible throughput has been measured, and the share of that effort spent on infeasible
+configurations. Replay rules: a sampled value is snapped to the nearest recorded grid value (in log2; ties go
+up); a trial ends at the first ladder rung that misses a limit (the real search would then bisect; not
+recorded); a configuration vLLM rejects is refused before boot (free, not a trial) except by the grid, which,
+like vLLM's auto_tune script, boots everything in order.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import random
+import statistics
+import sys
+import time
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import optuna
+from optuna.trial import TrialState
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from autotune import outcome  # noqa: E402
+from autotune.samplers import sampler_for  # noqa: E402
+
+SURFACE = REPO / "benchmarks" / "data" / "surface-tiny-cpu.json"
+WITHIN = 0.05
+MAX_BOOTED = 64
+
+
+# --- the surface ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Rung:
+    concurrency: int
+    passed: bool
+    output_tok_s: float
+    misses: dict[str, float]
+    duration_s: float
+
+
+@dataclass(frozen=True)
+class Point:
+    """One configuration as recorded: rejected by vLLM, failed to boot, or measured rung by rung."""
+
+    max_num_seqs: int
+    max_num_batched_tokens: int
+    status: str  # "measured" | "boot_failed" | "died"
+    precheck: str | None  # why autotune refuses it before boot (vLLM would), else None
+    rungs: tuple[Rung, ...]
+    boot_s: float
+    wall_s: float
+
+    @property
+    def value(self) -> float:
+        """Throughput of the highest passing rung (rungs stop at the first miss); 0 when none passed."""
+        passing = [r.output_tok_s for r in self.rungs if r.passed]
+        return passing[-1] if passing and self.status == "measured" else 0.0
+
+    @property
+    def feasible(self) -> bool:
+        return self.precheck is None and self.value > 0
+
+    def cost_s(self, rungs: int | None = None) -> float:
+        """Engine seconds to boot it and measure its first `rungs` rungs (all by default); the rest of its
+        recorded wall time (warm-ups, stop) is spread evenly over the rungs."""
+        if not self.rungs:
+            return self.wall_s
+        k = len(self.rungs) if rungs is None else rungs
+        overhead = max(0.0, self.wall_s - self.boot_s - sum(r.duration_s for r in self.rungs)) / len(self.rungs)
+        return self.boot_s + sum(r.duration_s + overhead for r in self.rungs[:k])
+
+
+@dataclass(frozen=True)
+class Surface:
+    points: dict[tuple[int, int], Point]
+    provenance: dict[str, object] = field(hash=False)
+
+    @property
+    def seqs_axis(self) -> list[int]:
+        return sorted({s for s, _ in self.points})
+
+    @property
+    def tokens_axis(self) -> list[int]:
+        return sorted({b for _, b in self.points})
+
+    @property
+    def best(self) -> float:
+        return max(p.value for p in self.points.values() if p.feasible)
+
+    def snap(self, seqs: float, tokens: float) -> Point:
+        return self.points[(_nearest(self.seqs_axis, seqs), _nearest(self.tokens_axis, tokens))]
+
+    def baselines(self) -> list[dict[str, int]]:
+        """studies/tiny-cpu.toml's baselines on this grid: vLLM's CPU defaults (128 seqs, 2048 tokens) and the
+        recipe (16 seqs, 1024 tokens), snapped."""
+        return [{"max_num_seqs": _nearest(self.seqs_axis, s), "max_num_batched_tokens": _nearest(self.tokens_axis, b)}
+                for s, b in ((128, 2048), (16, 1024))]
+
+
+def _nearest(axis: list[int], v: float) -> int:
+    return min(axis, key=lambda a: (abs(math.log2(a) - math.log2(v)), -a))
+
+
+def load_surface(path: Path = SURFACE) -> Surface:
+    doc = json.loads(path.read_text())
+    points = {}
+    for c in doc["configs"]:
+        rungs = tuple(Rung(lv["concurrency"], lv["passed"], lv["output_tok_s"], lv.get("misses", {}),
+                           lv["duration_s"]) for lv in c.get("levels", []))
+        p = Point(c["max_num_seqs"], c["max_num_batched_tokens"], c["status"], c.get("precheck"), rungs,
+                  c.get("boot_s", 0.0), c["wall_s"])
+        points[(p.max_num_seqs, p.max_num_batched_tokens)] = p
+    return Surface(points, doc.get("provenance", {}))
+
+
+# --- one replayed study -------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Step:
+    """One booted trial of a replayed run."""
+
+    point: Point
+    cost_s: float
+    found: float  # the throughput the study learned for it (0: infeasible or pruned)
+    pruned: bool
+
+
+@dataclass(frozen=True)
+class Method:
+    name: str
+    sampler: Callable[[int], optuna.samplers.BaseSampler]
+    baselines: bool = True
+    constraints: bool = True  # False: infeasible trials are FAIL (what a plain Optuna objective that raises does)
+    pruner: Callable[[], optuna.pruners.BasePruner] | None = None
+
+
+def tell(study: optuna.Study, trial: optuna.Trial, point: Point, method: Method) -> Step | None:
+    """Replay one trial: the same outcomes outcome.py gives a real one. None when refused before boot."""
+    if point.precheck is not None:  # outcome.tell_rejected: COMPLETE, value 0, boots violated; no boot
+        if method.constraints:
+            outcome.set_constraints(trial, boots=1.0)
+            study.tell(trial, 0.0)
+        else:
+            study.tell(trial, state=TrialState.FAIL)
+        return None
+    if point.status != "measured" or not point.rungs:  # did not boot, or died: boots violated
+        if method.constraints:
+            outcome.set_constraints(trial, boots=1.0)
+            study.tell(trial, 0.0)
+        else:
+            study.tell(trial, state=TrialState.FAIL)
+        return Step(point, point.cost_s(), 0.0, False)
+    best = 0.0
+    for k, rung in enumerate(point.rungs):
+        if rung.passed:
+            best = rung.output_tok_s
+        trial.report(best, k)  # as study._one_trial does: the best passing throughput so far, per level
+        last = k == len(point.rungs) - 1
+        if not last and method.pruner is not None and trial.should_prune():
+            if method.constraints:
+                outcome.set_constraints(trial, latency=0.0 if best > 0 else 1.0)
+            study.tell(trial, state=TrialState.PRUNED)
+            return Step(point, point.cost_s(k + 1), 0.0, True)
+    if point.value > 0:
+        if method.constraints:
+            outcome.set_constraints(trial)
+        study.tell(trial, point.value)
+        return Step(point, point.cost_s(), point.value, False)
+    first = point.rungs[0]
+    if method.constraints:  # no rung passed: latency violated by the worst miss at the lowest rung
+        outcome.set_constraints(trial, latency=max(max(first.misses.values(), default=2.0) - 1.0, 1e-3))
+        study.tell(trial, 0.0)
+    else:
+        study.tell(trial, state=TrialState.FAIL)
+    return Step(point, point.cost_s(), 0.0, False)
+
+
+def replay(surface: Surface, method: Method, seed: int, target: float, max_booted: int = MAX_BOOTED) -> list[Step]:
+    """Booted trials of one study, until one measures at least `target` or `max_booted` have run."""
+    study = optuna.create_study(direction="maximize", sampler=method.sampler(seed),
+                                pruner=method.pruner() if method.pruner else optuna.pruners.NopPruner())
+    if method.baselines:
+        for params in surface.baselines():
+            study.enqueue_trial(params)
+    seqs, tokens = surface.seqs_axis, surface.tokens_axis
+    steps: list[Step] = []
+    for _ in range(20 * max_booted):  # proposals; refusals before boot cost nothing but are bounded
+        trial = study.ask()
+        s = trial.suggest_int("max_num_seqs", seqs[0], seqs[-1], log=True)
+        b = trial.suggest_int("max_num_batched_tokens", tokens[0], tokens[-1], log=True)
+        step = tell(study, trial, surface.snap(s, b), method)
+        if step is not None:
+            steps.append(step)
+            if step.found >= target or len(steps) >= max_booted:
+                break
+    return steps
+
+
+def grid(surface: Surface, order: list[tuple[int, int]], target: float) -> list[Step]:
+    """vLLM's auto_tune: every configuration booted in turn (no pre-boot check), until the target is met."""
+    steps = []
+    for key in order:
+        p = surface.points[key]
+        steps.append(Step(p, p.cost_s(), p.value if p.precheck is None else 0.0, False))
+        if steps[-1].found >= target:
+            break
+    return steps
+
+
+# --- figures -------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Figures:
+    trials: float  # booted trials until the target was met (inf: not within MAX_BOOTED)
+    minutes: float  # engine minutes until then
+    infeasible_share: float  # of those minutes, spent on configurations that met no limit or did not boot
+    pruned: int
+    lost_best: bool  # a configuration within WITHIN of the best was pruned
+
+
+def figures(steps: list[Step], target: float) -> Figures:
+    reached = bool(steps) and steps[-1].found >= target
+    minutes = sum(s.cost_s for s in steps) / 60
+    waste = sum(s.cost_s for s in steps if not s.point.feasible) / 60
+    return Figures(len(steps) if reached else math.inf, minutes if reached else math.inf,
+                   waste / minutes if minutes else 0.0, sum(s.pruned for s in steps),
+                   any(s.pruned and s.point.value >= target for s in steps))
+
+
+def _median(xs: list[float]) -> float:
+    return statistics.median(xs)
+
+
+def _fmt(x: float, digits: int = 1) -> str:
+    return f">{MAX_BOOTED}" if math.isinf(x) else f"{x:.{digits}f}"
+
+
+def evaluate(surface: Surface, methods: list[Method], seeds: int) -> dict[str, list[Figures]]:
+    target = (1 - WITHIN) * surface.best
+    out: dict[str, list[Figures]] = {}
+    for m in methods:
+        t0 = time.perf_counter()
+        out[m.name] = [figures(replay(surface, m, seed, target), target) for seed in range(seeds)]
+        print(f"  {m.name}: {time.perf_counter() - t0:.1f} s", file=sys.stderr, flush=True)
+    keys = sorted(surface.points)  # max_num_seqs outer, max_num_batched_tokens inner, ascending
+    out["grid (vLLM auto_tune order)"] = [figures(grid(surface, keys, target), target)]
+    shuffled = []
+    for seed in range(seeds):
+        order = keys[:]
+        random.Random(seed).shuffle(order)
+        shuffled.append(figures(grid(surface, order, target), target))
+    out["grid, shuffled"] = shuffled
+    return out
+
+
+def table(results: dict[str, list[Figures]], reference: str) -> str:
+    ref = _median([f.trials for f in results[reference]])
+    head = (f"{'method':<44}{'runs':>5}{'trials':>8}{'x default':>10}{'minutes':>9}{'infeasible':>11}"
+            f"{'pruned':>8}{'lost best':>10}")
+    lines = [head, "-" * len(head)]
+    for name, figs in results.items():
+        trials = _median([f.trials for f in figs])
+        lines.append(
+            f"{name:<44}{len(figs):>5}{_fmt(trials):>8}{_fmt(trials / ref, 2):>10}"
+            f"{_fmt(_median([f.minutes for f in figs])):>9}{_median([f.infeasible_share for f in figs]):>10.0%}"
+            f"{_median([f.pruned for f in figs]):>8.1f}{sum(f.lost_best for f in figs) / len(figs):>10.0%}")
+    return "\n".join(lines)
+
+
+def default_methods() -> list[Method]:
+    from autotune.samplers import make_pruner
+
+    tpe = lambda seed: sampler_for("tpe", seed)  # noqa: E731
+    return [
+        Method("autotune default (TPE+constraints, baselines)", tpe, pruner=make_pruner),
+        Method("same, no pruner", tpe),
+        Method("same, no baselines", tpe, baselines=False, pruner=make_pruner),
+        Method("random search", lambda seed: sampler_for("random", seed), baselines=False),
+        Method("TPE without constraints (infeasible = FAIL)", tpe, baselines=False, constraints=False),
+        Method("GP with constraints, no baselines", lambda seed: sampler_for("gp", seed), baselines=False),
+        Method("GP with constraints, baselines", lambda seed: sampler_for("gp", seed)),
+    ]
+
+
+def tuning_methods() -> list[Method]:
+    """The settings the defaults were chosen among."""
+    P = optuna.pruners.PercentilePruner
+    out = [Method(f"TPE startup {n}", (lambda n: lambda seed: sampler_for("tpe", seed, startup_trials=n))(n))
+           for n in (2, 3, 5, 10)]
+    out += [Method(f"GP startup {n}", (lambda n: lambda seed: sampler_for("gp", seed, startup_trials=n))(n))
+            for n in (3, 5)]
+    tpe = lambda seed: sampler_for("tpe", seed)  # noqa: E731
+    for label, pruner in [
+        ("Percentile(25) = keep top quarter, warmup 1", lambda: P(25.0, n_startup_trials=5, n_warmup_steps=1)),
+        ("Percentile(75) = prune bottom quarter, warmup 1", lambda: P(75.0, n_startup_trials=5, n_warmup_steps=1)),
+        ("Percentile(75), warmup 2", lambda: P(75.0, n_startup_trials=5, n_warmup_steps=2)),
+        ("Median, warmup 1", lambda: optuna.pruners.MedianPruner(n_startup_trials=5, n_warmup_steps=1)),
+        ("Median, warmup 2", lambda: optuna.pruners.MedianPruner(n_startup_trials=5, n_warmup_steps=2)),
+    ]:
+        out.append(Method(f"TPE + {label}", tpe, pruner=pruner))
+    return out
+
+
+def describe(surface: Surface) -> str:
+    prov = surface.provenance
+    feasible = [p for p in surface.points.values() if p.feasible]
+    rejected = [p for p in surface.points.values() if p.precheck is not None]
+    target = (1 - WITHIN) * surface.best
+    near = [p for p in feasible if p.value >= target]
+    best = max(feasible, key=lambda p: p.value)
+    rows = [f"surface: {len(surface.points)} configurations, {len(feasible)} feasible, {len(rejected)} rejected by "
+            f"vLLM, {len(surface.points) - len(feasible) - len(rejected)} meeting no limit; best "
+            f"{best.value:,.0f} output tok/s (max_num_seqs={best.max_num_seqs}, "
+            f"max_num_batched_tokens={best.max_num_batched_tokens}); {len(near)} within {WITHIN:.0%} of it",
+            f"recorded {prov.get('started')} .. {prov.get('finished')} with {prov.get('vllm')} "
+            f"(torch {prov.get('torch')}) on {prov.get('machine')}",
+            f"workload {prov.get('workload')}, limits {prov.get('limits')}, ladder {prov.get('ladder')}",
+            "throughput (output tok/s) per configuration; '-' met no limit, 'x' rejected by vLLM:"]
+    rows.append("  seqs\\tokens " + "".join(f"{b:>8}" for b in surface.tokens_axis))
+    for s in surface.seqs_axis:
+        cells = []
+        for b in surface.tokens_axis:
+            p = surface.points[(s, b)]
+            cells.append("x" if p.precheck else "-" if not p.feasible else f"{p.value:,.0f}")
+        rows.append(f"  {s:>11} " + "".join(f"{c:>8}" for c in cells))
+    return "\n".join(rows)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--seeds", type=int, default=50)
+    ap.add_argument("--surface", type=Path, default=SURFACE)
+    ap.add_argument("--tuning", action="store_true", help="Also compare the settings the defaults came from.")
+    opts = ap.parse_args()
+    optuna.logging.set_verbosity(optuna.logging.ERROR)
+    warnings.filterwarnings("ignore")
+    surface = load_surface(opts.surface)
+    print(describe(surface))
+    results = evaluate(surface, default_methods(), opts.seeds)
+    print(f"\nmedian over seeds of: booted trials (and engine minutes) until a configuration within {WITHIN:.0%} of "
+          f"the best was measured; share of those minutes on infeasible configurations; pruned trials; share of "
+          f"runs in which a configuration within {WITHIN:.0%} of the best was pruned")
+    print(table(results, next(iter(results))))
+    if opts.tuning:
+        print()
+        print(table(evaluate(surface, tuning_methods(), opts.seeds), "TPE startup 5"))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,202 @@
+"""How long a level runs and what its throughput is measured over: the p95 confidence interval from order
+statistics, the stopping rule on synthetic latencies with known percentiles, and the steady window."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from autotune.load import LevelRun, LoadLevel, RequestRecord
+from autotune.metrics import (Limits, StopRule, _looks, level_stats, order_stat_ranks, percentile_interval,
+                              steady_window)
+from autotune.sla import LoadSearch
+
+
+def binom_cdf(k: int, n: int, q: float) -> float:
+    return sum(math.comb(n, i) * q**i * (1 - q) ** (n - i) for i in range(k + 1))
+
+
+# --- the interval ---------------------------------------------------------------------------------------------
+
+
+def test_an_upper_bound_for_the_p95_needs_59_samples_at_90_percent():
+    # x(n) >= p95 fails only if all n samples fall below it: 0.95^n; that must be <= 5% (one tail of 90%).
+    assert 0.95**58 > 0.05 > 0.95**59
+    assert order_stat_ranks(58, 0.95, 0.90)[1] is None
+    assert order_stat_ranks(59, 0.95, 0.90)[1] == 59
+
+
+@pytest.mark.parametrize("n", [59, 100, 200, 1000])
+def test_ranks_are_the_tightest_with_the_promised_tails(n):
+    lo, hi = order_stat_ranks(n, 0.95, 0.90)
+    assert binom_cdf(lo - 1, n, 0.95) <= 0.05 < binom_cdf(lo, n, 0.95)  # P(x(l) > p95) <= 5%, l the largest
+    assert binom_cdf(hi - 1, n, 0.95) >= 0.95 > binom_cdf(hi - 2, n, 0.95)  # P(x(u) < p95) <= 5%, u the least
+
+
+def test_the_interval_covers_the_true_p95_about_as_often_as_promised():
+    rng = np.random.default_rng(7)
+    true_p95 = math.log(20.0)  # exponential(1): P(X > x) = e^-x = 0.05
+    covered = 0
+    for _ in range(1000):
+        lo, hi = percentile_interval(rng.exponential(1.0, 200), 0.95, 0.90)
+        covered += lo <= true_p95 <= hi
+    assert 0.88 <= covered / 1000 <= 0.97  # at least the promised 90% (order statistics are conservative)
+
+
+def test_too_few_samples_give_open_bounds():
+    assert percentile_interval([]) == (-math.inf, math.inf)
+    lo, hi = percentile_interval([0.1] * 20)
+    assert lo == 0.1 and hi == math.inf
+
+
+# --- the stopping rule --------------------------------------------------------------------------------------
+
+
+def records(ttfts) -> list[RequestRecord]:
+    return [RequestRecord(float(i), float(t), [], float(i) + float(t), 10, 1, None) for i, t in enumerate(ttfts)]
+
+
+def stop_count(rule: StopRule, ttfts, limits: Limits) -> tuple[int, str]:
+    """The rule asked after every finished request, as the load client asks it."""
+    recs = records(ttfts)
+    for n in range(1, len(recs) + 1):
+        if why := rule.reason(recs[:n], limits):
+            return n, why
+    return len(recs), ""
+
+
+def test_the_rule_looks_at_geometric_counts_only():
+    assert sorted(_looks(32, 200)) == [32, 40, 50, 63, 79, 98, 123, 153, 191]  # ceil(32 * 1.25^k)
+
+
+def test_a_level_far_below_its_limit_stops_at_the_first_look_with_an_upper_bound():
+    ttft = np.random.default_rng(1).exponential(0.05, 2000)  # p95 = 0.05 * ln 20 = 150 ms; limit 2 s
+    n, why = stop_count(StopRule(32, 1000, margin=0.1), ttft, Limits(ttft_p95_ms=2000))
+    assert (n, why) == (63, "settled")  # 50 < 59 <= 63
+
+
+def test_a_level_clearly_over_its_limit_stops_early():
+    ttft = np.random.default_rng(2).exponential(0.5, 2000)  # p95 = 1.5 s; limit 300 ms
+    n, why = stop_count(StopRule(32, 1000, margin=0.1), ttft, Limits(ttft_p95_ms=300))
+    assert why == "fails" and n == 32
+
+
+def van_der_corput_exponential(n: int, scale: float) -> list[float]:
+    """Exponential samples at low-discrepancy quantiles: every prefix is spread like the distribution, so the
+    limit (set at the true p95) stays inside the interval and only the margin can end the level."""
+    def vdc(i: int) -> float:
+        x, d = 0.0, 1.0
+        while i:
+            d /= 2
+            x, i = x + d * (i % 2), i // 2
+        return x
+    return [-math.log(1 - vdc(i + 1)) * scale for i in range(n)]
+
+
+def test_a_level_at_its_limit_runs_until_the_margin_is_met_and_the_interval_covers_the_truth():
+    scale = 0.1
+    true_p95_ms = scale * math.log(20.0) * 1000
+    ttft = np.array(van_der_corput_exponential(5000, scale))
+    rule = StopRule(32, 5000, margin=0.1)
+    n, why = stop_count(rule, ttft, Limits(ttft_p95_ms=true_p95_ms))
+    # Normal approximation: a 90% half-width of 1.645 * sqrt(.95 * .05 / n) / (f(p95) * p95) = 2.39 / sqrt(n)
+    # relative, so about 570 requests for +-10%, more for the wider upper side of a skewed distribution: the
+    # looks at 728 and 910 requests bracket it.
+    assert (n, why) == (910, "settled")
+    lo, hi = percentile_interval(ttft[:n], 0.95, 0.90)
+    p95 = float(np.percentile(ttft[:n], 95))
+    assert lo * 1000 <= true_p95_ms <= hi * 1000
+    assert max(hi - p95, p95 - lo) <= 0.1 * p95
+
+
+def test_max_requests_caps_and_a_zero_margin_is_a_fixed_count():
+    ttft = van_der_corput_exponential(2000, 0.1)  # p95 300 ms, at the limit: not settled by 300 requests
+    limits = Limits(ttft_p95_ms=0.1 * math.log(20.0) * 1000)
+    assert stop_count(StopRule(32, 300, margin=0.1), ttft, limits) == (300, "max_requests")
+    rule = LoadSearch(min_requests=40, p95_margin=0).stop_rule(4)
+    assert (rule.min_requests, rule.max_requests, rule.margin) == (40, 40, None)
+    assert stop_count(rule, ttft, limits) == (40, "max_requests")
+
+
+def test_stop_rule_from_load_search_keeps_three_rounds_of_a_closed_loop():
+    rule = LoadSearch(min_requests=32, max_requests=100).stop_rule(64)
+    assert (rule.min_requests, rule.max_requests) == (192, 192)
+    assert LoadSearch(mode="rate", min_requests=32).stop_rule(64).min_requests == 32
+
+
+def test_every_limited_metric_must_be_known():
+    # TTFT is far below its limit, TPOT (= (end - start - ttft) / (out - 1)) sits at it: the level goes on.
+    rng = np.random.default_rng(5)
+    recs = [RequestRecord(0.0, 0.01, [], 0.01 + 9 * t, 10, 10, None) for t in rng.exponential(0.02, 400)]
+    limits = Limits(ttft_p95_ms=1000, tpot_p95_ms=0.02 * math.log(20) * 1000)
+    assert StopRule(32, 1000, margin=0.1).reason(recs[:98], limits) is None  # 98 is a look
+    assert StopRule(32, 1000, margin=0.1).reason(recs[:98], Limits(ttft_p95_ms=1000)) == "settled"
+    assert StopRule(32, 1000, margin=0.1).reason(recs[:99], Limits(ttft_p95_ms=1000)) is None  # 99 is not
+
+
+# --- the steady window --------------------------------------------------------------------------------------
+
+
+def rec(start, ttft, end, tokens=2):
+    """A request whose `tokens` tokens arrive evenly from start + ttft to end."""
+    gaps = [(end - start - ttft) / (tokens - 1)] * (tokens - 1) if tokens > 1 else []
+    return RequestRecord(start, ttft, gaps, end, 5, tokens, None)
+
+
+# Closed loop, 2 in flight: r1 and r2 start the level (in flight reaches 2 at 0.1), the last request starts at
+# 2.0, and the first completion after that (the drain begins) is r4's at 2.6.
+CLOSED = LevelRun(LoadLevel("concurrency", 2), [
+    rec(0.0, 0.5, 1.0), rec(0.1, 0.5, 1.5), rec(1.0, 0.5, 2.0), rec(1.5, 0.5, 2.6), rec(2.0, 0.5, 3.0),
+], started=0.0, ended=3.0)
+
+
+def test_steady_window_of_a_closed_loop():
+    assert steady_window(CLOSED) == (0.1, 2.6)
+
+
+def test_rates_are_measured_over_the_steady_window():
+    s = level_stats(CLOSED, Limits())
+    # Tokens arriving in [0.1, 2.6]: r1 (0.5, 1.0), r2 (0.6, 1.5), r3 (1.5, 2.0), r4 (2.0, 2.6), r5 (2.5) = 9.
+    assert s.window_s == pytest.approx(2.5)
+    assert s.output_tok_s == pytest.approx(9 / 2.5)
+    assert s.req_s == pytest.approx(4 / 2.5)  # r1..r4 end inside the window
+    assert s.total_tok_s == pytest.approx((9 + 5 * 5) / 2.5)  # prompts whose first token is inside: all five
+    assert s.span_output_tok_s == pytest.approx(10 / 3.0)  # vLLM's figure: all tokens over the whole span
+    assert s.duration_s == 3.0 and s.output_tokens == 10
+
+
+def test_no_steady_part_falls_back_to_the_whole_span():
+    never_full = LevelRun(LoadLevel("concurrency", 4), CLOSED.records, 0.0, 3.0)  # at most 2 in flight
+    assert steady_window(never_full) == (0.0, 3.0)
+    one_round = LevelRun(LoadLevel("concurrency", 2), [rec(0.0, 0.5, 1.0), rec(0.0, 0.5, 1.2)], 0.0, 1.2)
+    assert steady_window(one_round) == (0.0, 1.2)
+    assert level_stats(never_full, Limits()).output_tok_s == pytest.approx(10 / 3.0)
+
+
+def test_steady_window_in_rate_mode_excludes_the_drain():
+    run = LevelRun(LoadLevel("rate", 2.0), CLOSED.records, 0.0, 3.0)
+    assert steady_window(run) == (0.0, 2.6)
+
+
+# --- the client stops sending when told -----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("mode", ["concurrency", "rate"])
+def test_the_client_stops_sending_once_enough_and_keeps_what_was_in_flight(mode):
+    from test_load import Server, drive  # the protocol tests' small OpenAI-format server
+
+    from autotune.workload import RequestSpec
+
+    server = Server(gap=0.002)
+    specs = [RequestSpec((20 + i,), 3) for i in range(40)]
+    level = LoadLevel("concurrency", 3) if mode == "concurrency" else LoadLevel("rate", 200.0, max_in_flight=3)
+    run = drive(server, specs, level, enough=lambda done: "enough" if len(done) >= 5 else None)
+    assert run.stop_reason == "enough"
+    assert 5 <= len(run.records) <= 7 and len(server.bodies) == len(run.records)  # 5, plus at most 2 in flight
+    if mode == "concurrency":
+        assert len(run.records) == 7  # a closed loop always has the other 2 in flight when the 5th ends
+    assert all(r.error is None for r in run.records)
+    full = drive(Server(), specs[:6], LoadLevel("concurrency", 3))
+    assert full.stop_reason == "" and len(full.records) == 6

@@ -1,0 +1,156 @@
+"""The reserve taken out of the budget, and the re-measurement of the top configurations in it, on a real
+(in-memory) Optuna study with a fake clock: every trial "takes" 100 s."""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+
+import optuna
+import pytest
+
+from autotune import outcome
+from autotune.budget import Budget
+from autotune.remeasure import (REMEASURE_ATTR, SUMMARY_ATTR, Reserve, best, remeasure_top, remeasured, reserve,
+                                score, top_configs)
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = 0.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+@dataclass
+class Ran:
+    duration_s: float
+
+
+class Lab:
+    """A study whose trials measure config `c` as the next figure in `figures[c]` (or the last one again)."""
+
+    def __init__(self, figures: dict[str, list[float]], clock: Clock, infeasible: frozenset[str] = frozenset()):
+        self.figures = {k: list(v) for k, v in figures.items()}
+        self.clock, self.infeasible = clock, infeasible
+        self.study = optuna.create_study(direction="maximize", sampler=optuna.samplers.RandomSampler(seed=0))
+        self.order = list(figures)  # the search proposes configs in this order, then repeats the last one
+
+    def run_one(self) -> Ran:
+        """Run the queued trial (a re-measurement), else the search's next proposal."""
+        if not self.study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.WAITING,)):
+            self.study.enqueue_trial({"c": self.order.pop(0) if self.order else "z"})
+        trial = self.study.ask()
+        c = trial.suggest_categorical("c", [*self.figures, "z"])
+        trial.set_user_attr("flags", f'{{"c": "{c}"}}')
+        self.clock.t += 100.0
+        figures = self.figures.get(c, [10.0])
+        value = figures.pop(0) if len(figures) > 1 else figures[0]
+        if c in self.infeasible:
+            outcome.set_constraints(trial, latency=0.5)
+            self.study.tell(trial, 0.0)
+        else:
+            outcome.set_constraints(trial)
+            self.study.tell(trial, value)
+        return Ran(100.0)
+
+    def search(self, budget: Budget) -> int:
+        """The study loop's share: trials while one more fits."""
+        n = 0
+        while budget.claim()[0]:
+            budget.record(self.run_one().duration_s)
+            n += 1
+        return n
+
+
+def test_reserve_takes_a_share_of_time_and_trials_and_gives_it_back():
+    clock = Clock()
+    budget = Budget(seconds=1000, trials=10, clock=clock)
+    r = reserve(budget, top=3)
+    assert r == Reserve(top=3, seconds=150.0, trials=2)  # 15% of the time; 2 = min(3, 10 // 5) trials
+    assert (budget.seconds, budget.trials) == (850.0, 8)
+    lab = Lab({"a": [5.0]}, clock)
+    remeasure_top(lab.study, budget, r, lab.run_one, stop=threading.Event())  # nothing measured yet: gives back
+    assert (budget.seconds, budget.trials) == (1000.0, 10)
+    assert reserve(Budget(trials=4), top=3) == Reserve(top=3, trials=0)  # a small budget is all search
+    assert reserve(Budget(seconds=100), top=0) == Reserve()
+
+
+def test_the_top_configurations_are_re_measured_in_the_reserved_time():
+    clock = Clock()
+    budget = Budget(seconds=1000, clock=clock)
+    lab = Lab({"a": [1000.0, 800.0, 790.0], "b": [950.0, 940.0, 945.0], "c": [900.0, 905.0], "d": [100.0],
+               "e": [200.0], "f": [300.0], "g": [400.0], "h": [500.0]}, clock)
+    r = reserve(budget, top=3)
+    assert lab.search(budget) == 8  # 850 s: at t = 800 only 50 s are left for a 100 s trial
+    done = remeasure_top(lab.study, budget, r, lab.run_one)
+    # 150 s given back: 200 s left, two more trials: the best (a, trial 0) and the second (b, trial 1).
+    assert done == [0, 1] and clock.t == 1000.0
+    trials = lab.study.get_trials()
+    assert [t.user_attrs.get(REMEASURE_ATTR) for t in trials[8:]] == [0, 1]
+    assert [t.params["c"] for t in trials[8:]] == ["a", "b"]
+    assert remeasured(trials) == {0: [800.0], 1: [940.0]}
+    # a's first figure was luck: on re-measured figures b wins, though a's single figure is the highest.
+    assert best(trials).params["c"] == "b"
+    assert score(trials[0], trials) == 800.0 and score(trials[2], trials) == 900.0
+    assert lab.study.user_attrs[SUMMARY_ATTR] == {
+        "0": {"output_tok_s": [1000.0, 800.0], "remeasured_output_tok_s": [800.0], "median": 800.0,
+              "min": 800.0, "max": 1000.0},
+        "1": {"output_tok_s": [950.0, 940.0], "remeasured_output_tok_s": [940.0], "median": 940.0,
+              "min": 940.0, "max": 950.0},
+    }
+
+
+def test_more_time_means_more_rounds_and_the_median_decides():
+    clock = Clock()
+    budget = Budget(trials=12, clock=clock)
+    lab = Lab({"a": [1000.0, 800.0, 990.0, 995.0], "b": [950.0, 940.0, 930.0, 900.0], "c": [10.0]}, clock)
+    lab.order = ["a", "b", "c", "c", "c", "c", "c"]
+    r = reserve(budget, top=2)  # a trial budget: 2 = min(2, 12 // 5) of 12 set aside
+    budget.trials -= 3  # leave the search 7
+    assert lab.search(budget) == 7
+    budget.trials += 3  # 5 for re-measuring
+    done = remeasure_top(lab.study, budget, r, lab.run_one)
+    assert done == [0, 1, 0, 1, 0]  # rounds: each top config once, best first, then again
+    trials = lab.study.get_trials()
+    assert remeasured(trials) == {0: [800.0, 990.0, 995.0], 1: [940.0, 930.0]}
+    assert best(trials).params["c"] == "a"  # median 990 > 935
+
+
+def test_an_infeasible_re_measurement_counts_as_zero_and_top_configs_are_distinct():
+    clock = Clock()
+    lab = Lab({"a": [1000.0], "b": [900.0]}, clock, infeasible=frozenset())
+    lab.order = ["a", "a", "b"]
+    for _ in range(3):
+        lab.run_one()
+    assert [t.params["c"] for t in top_configs(lab.study.get_trials(), 3)] == ["a", "b"]  # a twice: one config
+    lab.infeasible = frozenset({"a"})
+    lab.study.enqueue_trial({"c": "a"}, user_attrs={REMEASURE_ATTR: 0})
+    lab.run_one()
+    trials = lab.study.get_trials()
+    assert remeasured(trials) == {0: [0.0]}
+    assert best(trials).params["c"] == "a" and best(trials).number == 1  # no re-measured config held: originals
+
+
+def test_nothing_is_re_measured_after_a_stop_or_with_trials_still_queued():
+    clock = Clock()
+    budget = Budget(seconds=1000, clock=clock)
+    lab = Lab({"a": [1000.0], "b": [900.0]}, clock)
+    r = reserve(budget)
+    lab.search(Budget(trials=2))
+    stop = threading.Event()
+    stop.set()
+    assert remeasure_top(lab.study, budget, r, lab.run_one, stop) == []
+    assert budget.seconds == 1000.0  # the reserve came back all the same
+    lab.study.enqueue_trial({"c": "b"})
+    assert remeasure_top(lab.study, budget, Reserve(top=3), lab.run_one) == []
+
+
+@pytest.mark.parametrize("kept", [True, False])
+def test_best_respects_the_caller_filter(kept):
+    clock = Clock()
+    lab = Lab({"a": [1000.0], "b": [900.0]}, clock)
+    lab.run_one(), lab.run_one()
+    pick = best(lab.study.get_trials(), keep=lambda t: kept or t.params["c"] != "a")
+    assert pick.params["c"] == ("a" if kept else "b")
