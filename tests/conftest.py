@@ -1,0 +1,118 @@
+"""Shared fixtures. Each is self-contained; add new ones below, each with its own helpers."""
+
+from __future__ import annotations
+
+import dataclasses
+import fcntl
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+ENGINE_LOCK = Path("/tmp/autotune-engine.lock")
+
+
+# --- cpu_study_db: a study database made by a real `autotune run` on the vLLM CPU build (engine tests) ---------
+
+def _study_copy(dest: Path, name: str = "tiny-cpu") -> Path:
+    """The shipped study file, copied to dest with its objective path made absolute."""
+    dest.mkdir(parents=True, exist_ok=True)
+    text = (ROOT / "studies" / f"{name}.toml").read_text().replace("../objectives/", f"{ROOT}/objectives/")
+    path = dest / f"{name}.toml"
+    path.write_text(text)
+    return path
+
+
+@pytest.fixture(scope="session")
+def cpu_study_db(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
+    """(database path, study name) of `autotune run studies/tiny-cpu.toml --n-trials 3`, run for real once per
+    session (it boots vLLM three times: about 3-5 minutes on 2 cores), holding the machine's engine lock."""
+    work = tmp_path_factory.mktemp("cpu-study")
+    study_file = _study_copy(work)
+    db = work / "tiny-cpu.db"
+    autotune = Path(sys.executable).parent / "autotune"
+    argv = [str(autotune), "run", str(study_file), "--n-trials", "3", "--storage", f"sqlite:///{db}"]
+    with ENGINE_LOCK.open("a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            proc = subprocess.run(argv, cwd=work, capture_output=True, text=True, timeout=1800,
+                                  env={**os.environ, "COLUMNS": "160"})
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+    (work / "run.log").write_text(proc.stdout + proc.stderr)
+    assert proc.returncode == 0, f"autotune run failed ({proc.returncode}):\n{proc.stdout[-3000:]}{proc.stderr[-3000:]}"
+    return db, "tiny-cpu"
+
+
+# --- demo_study_db: a study recorded through the real study/outcome code with hand-made results (no engine) ---
+
+def build_demo_study(dest: Path) -> tuple[Path, str]:
+    """Eight trials through open_study and outcome.tell_*, as the run loop records them, with their logs
+    attached: trials 0 and 1 are the baselines (900 and 1,100 tok/s), 2, 3 and 7 sampled and feasible (1,500,
+    700 and 1,300 tok/s), 4 misses the latency limit, 5 runs out of memory, 6 is rejected before boot."""
+    from autotune import outcome
+    from autotune.dashboard import attach_log, open_artifact_store
+    from autotune.engine import BootInfo, Failure, FailureKind
+    from autotune.hardware import MemoryPeak
+    from autotune.load import LoadLevel
+    from autotune.metrics import LevelStats, Limits, Percentiles, Verdict
+    from autotune.space import engine_config, suggest, trial_baseline
+    from autotune.spec import load_study
+    from autotune.study import open_study
+    from autotune.trial import LevelOutcome, TrialResult
+
+    spec = load_study(_study_copy(dest))
+    db = dest / f"{spec.name}.db"
+    study = open_study(spec, f"sqlite:///{db}")
+    store = open_artifact_store(dest / f"{spec.name}-artifacts")
+    limits = Limits(ttft_p95_ms=500, tpot_p95_ms=50)
+
+    def level(conc: float, tok_s: float, ttft: float) -> tuple[float, LevelOutcome]:
+        p, tpot = Percentiles(ttft / 2, ttft / 2, ttft, ttft), Percentiles(10, 10, 20, 25)
+        stats = LevelStats(LoadLevel("concurrency", conc), 32, 0, 10.0, tok_s, tok_s * 5, tok_s / 64, tok_s / 64,
+                           p, tpot, tpot, p, input_tokens=8192, output_tokens=2048)
+        passed = ttft <= 500
+        return conc, LevelOutcome(stats, Verdict(passed, {} if passed else {"ttft_p95_ms": ttft / 500}, limits))
+
+    def ok(curve: list[tuple[float, float, float]], peak_gib: float) -> TrialResult:
+        lv = tuple(level(*c) for c in curve)
+        best = max((lvl for lvl in lv if lvl[1].verdict.passed), key=lambda lvl: lvl[1].stats.output_tok_s)
+        return TrialResult("ok", best[1].stats.output_tok_s, best[0], lv, BootInfo(40.0, 524_288),
+                           memory=MemoryPeak(int(peak_gib * 2**30), "rss", 0, 50), duration_s=90.0)
+
+    results: list[TrialResult | str] = [
+        ok([(1, 300, 80), (4, 900, 300), (16, 1400, 900)], 3.2),  # vllm-defaults
+        ok([(1, 310, 70), (4, 1100, 350), (16, 1500, 800)], 3.0),  # recipe
+        ok([(1, 320, 60), (4, 1200, 250), (16, 1500, 420), (64, 1900, 1500)], 3.6),
+        ok([(1, 350, 40), (2, 700, 120), (4, 1000, 600)], 2.9),
+        TrialResult("infeasible", levels=(level(1, 150, 900),), boot=BootInfo(38.0, 524_288), miss_ratio=1.8,
+                    memory=MemoryPeak(int(2.5 * 2**30), "rss", 0, 20), duration_s=60.0),
+        TrialResult("infeasible", failure=Failure(FailureKind.KV_CACHE_TOO_SMALL, "KV cache too small",
+                                                  "ValueError: ... larger than the available KV cache memory")),
+        "rejected",
+        ok([(1, 330, 70), (4, 1300, 450), (16, 1600, 700)], 3.4),
+    ]
+    for i, result in enumerate(results):
+        trial = study.ask()
+        config = engine_config(spec, suggest(trial, spec.space), baseline=trial_baseline(trial))
+        for key, value in outcome.config_attrs(config.model, config.flags).items():
+            trial.set_user_attr(key, value)
+        if result == "rejected":
+            outcome.tell_rejected(study, trial, "predicted not to fit: KV cache needs 9.1 GiB, 1.0 GiB available",
+                                  memory_excess=8.1)
+            continue
+        assert isinstance(result, TrialResult)
+        log = dest / f"{spec.name}-artifacts" / f"trial-{trial.number:04d}.log"
+        log.write_text(f"INFO trial {trial.number} server log\nINFO CPU KV cache size: 524,288 tokens\n")
+        attach_log(study, trial, log, store)
+        outcome.tell_result(study, trial, dataclasses.replace(result, log_path=log))
+    return db, spec.name
+
+
+@pytest.fixture()
+def demo_study_db(tmp_path: Path) -> tuple[Path, str]:
+    return build_demo_study(tmp_path / "demo")
