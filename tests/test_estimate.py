@@ -255,10 +255,14 @@ def test_qwen35_does_not_fit_a_3090_above_4_bit(name):
 @pytest.mark.parametrize("max_model_len,max_num_seqs", [(4096, 16), (4096, 32), (8192, 16), (8192, 32)])
 def test_qwen35_4bit_fits_a_3090(checkpoint, max_model_len, max_num_seqs):
     shape = ModelShape.from_config(load(checkpoint))
-    cfg = {"max_model_len": max_model_len, "max_num_seqs": max_num_seqs, "max_num_batched_tokens": 8192}
+    # Text-only, as the 3090 study serves it: with the vision tower (0.86 GiB) and CUDA graphs, whose compiled profile
+    # run took ~3 GiB beside the weights on the H200 (vLLM 0.25, benchmarks/gpu/results-h200.json), less than 1.5 GiB
+    # of KV cache would be left.
+    cfg = {"max_model_len": max_model_len, "max_num_seqs": max_num_seqs, "max_num_batched_tokens": 8192,
+           "language_model_only": True}
     est = estimate(shape, RTX3090, cfg)
     assert est.fits, est.reasons
-    assert 15e9 < est.weights_bytes < 19.5e9  # 4-bit ~14-18 GB of weights plus bf16 embeddings and vision tower
+    assert 15e9 < est.weights_bytes < 19.5e9  # 4-bit ~14-18 GB of weights plus bf16 embeddings and lm_head
     assert 1.5 * GiB < est.kv_cache_bytes < 6 * GiB
     assert 2 <= est.max_concurrency_at_max_len < 15
     assert 10_000 < est.kv_tokens < 80_000

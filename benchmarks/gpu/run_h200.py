@@ -1,0 +1,202 @@
+"""The device run of issue 8: autotune against CUDA vLLM on one H200 capped to behave as a 24 GiB card.
+
+Run on the device by run_h200.sh (after vLLM 0.25.0 is installed into /tmp/site, see ../shared/gpu/README.md):
+
+    python3 benchmarks/gpu/run_h200.py idle            # NVML, nvidia-smi and CUDA's view of the idle card
+    python3 benchmarks/gpu/run_h200.py trials          # `autotune trial` of vLLM's defaults (must fail), two eager trials
+    python3 benchmarks/gpu/run_h200.py study           # `autotune run` of smoke-study.toml (2 booted trials), export
+
+Every phase samples NVML (its own raw series, beside the trial's MemorySampler) and nvidia-smi in the background,
+and appends what it measured to WORK/results-raw.json, so a phase killed at the device's time limit still leaves
+its finished steps. collect_h200.py (on the workstation) turns the raw files into results-h200.json.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+HERE = Path(__file__).resolve().parent
+WORK = Path(os.environ.get("GPURUN", "/tmp/gpurun"))
+MODEL = HERE / "qwen3.5-27b-awq-dummy"
+OBJECTIVE = HERE / "smoke-objective.toml"
+STUDY = HERE / "smoke-study.toml"
+PY = sys.executable
+FIXED = {"load_format": "dummy", "language_model_only": True, "skip_tokenizer_init": True,
+         "gdn_prefill_backend": "triton", "max_model_len": 4096}
+ENV = {"VLLM_USE_FLASHINFER_SAMPLER": "0"}
+TRIALS = {  # booted by the library (the same path `autotune trial` takes), each capped to 24 GiB
+    "eager-s16-b2048": {**FIXED, "enforce_eager": True, "max_num_seqs": 16, "max_num_batched_tokens": 2048},
+    "eager-s32-b8192": {**FIXED, "enforce_eager": True, "max_num_seqs": 32, "max_num_batched_tokens": 8192,
+                        "max_model_len": 8192},
+}
+
+
+def record(key: str, value: object) -> None:
+    path = WORK / "results-raw.json"
+    data = json.loads(path.read_text()) if path.exists() else {}
+    data[key] = value
+    path.write_text(json.dumps(data, indent=1, default=str))
+
+
+class Samplers:
+    """NVML every 0.2 s (v1 used, v2 used/reserved, per-process) and nvidia-smi every 0.2 s, to files."""
+
+    def __init__(self, tag: str):
+        import pynvml
+
+        self.pynvml, self.tag, self.stop_event = pynvml, tag, threading.Event()
+        self.nvml_path = WORK / f"nvml-{tag}.jsonl"
+        self.smi_path = WORK / f"smi-{tag}.csv"
+        self.smi = subprocess.Popen(
+            ["nvidia-smi", "--query-gpu=timestamp,memory.total,memory.used,memory.free", "--format=csv,noheader,nounits",
+             "-lms", "200"], stdout=open(self.smi_path, "w"), stderr=subprocess.STDOUT)
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        nv = self.pynvml
+        nv.nvmlInit()
+        h = nv.nvmlDeviceGetHandleByIndex(0)
+        with open(self.nvml_path, "w") as f:
+            while not self.stop_event.wait(0.2):
+                v1 = nv.nvmlDeviceGetMemoryInfo(h)
+                row = {"t": time.time(), "v1_used": int(v1.used), "v1_total": int(v1.total)}
+                try:
+                    v2 = nv.nvmlDeviceGetMemoryInfo(h, version=nv.nvmlMemory_v2)
+                    row.update(v2_used=int(v2.used), v2_reserved=int(v2.reserved), v2_free=int(v2.free))
+                except nv.NVMLError as e:
+                    row["v2_error"] = str(e)
+                try:
+                    row["procs"] = [[p.pid, p.usedGpuMemory] for p in nv.nvmlDeviceGetComputeRunningProcesses(h)]
+                except nv.NVMLError as e:
+                    row["procs_error"] = str(e)
+                f.write(json.dumps(row) + "\n")
+                f.flush()
+        nv.nvmlShutdown()
+
+    def stop(self) -> None:
+        self.stop_event.set()
+        self.thread.join(timeout=5)
+        self.smi.terminate()
+        self.smi.wait(timeout=5)
+
+
+def idle() -> None:
+    """The idle card as NVML, nvidia-smi and CUDA (torch) see it: the facts a memory cap is computed from."""
+    from autotune.hardware import detect_gpus, profile_for
+
+    gpus = detect_gpus()
+    smi = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version,memory.total,memory.reserved,memory.used,"
+                          "memory.free", "--format=csv"], capture_output=True, text=True).stdout
+    cuda = subprocess.run([PY, "-c", "import torch; f, t = torch.cuda.mem_get_info(); "
+                           "p = torch.cuda.get_device_properties(0); print(f, t, p.total_memory, p.name)"],
+                          capture_output=True, text=True)
+    import vllm
+
+    record("idle", {"nvml": [vars(g) for g in gpus], "profile": vars(profile_for(gpus[0])) if gpus else None,
+                    "nvidia_smi": smi, "cuda_mem_get_info": cuda.stdout.strip() or cuda.stderr[-2000:],
+                    "vllm_version": vllm.__version__, "python": sys.version.split()[0],
+                    "nvidia_smi_full": subprocess.run(["nvidia-smi"], capture_output=True, text=True).stdout})
+    print(smi, cuda.stdout)
+
+
+def cli_defaults_trial() -> None:
+    """`autotune trial --memory-cap 24` with vLLM's defaults (eager to spare the compile): must fail, classified."""
+    log = WORK / "cuda-defaults-capped.log"
+    argv = [PY, "-m", "autotune.cli", "trial", "--model", str(MODEL), "--objective", str(OBJECTIVE), "--gpu", "0",
+            "--memory-cap", "24", "--log", str(log), "--boot-timeout", "5m",
+            *[a for k, v in {"load_format": "dummy", "language_model_only": "true", "skip_tokenizer_init": "true",
+                             "gdn_prefill_backend": "triton", "enforce_eager": "true"}.items()
+              for a in ("--set", f"{k}={v}")], "--env", "VLLM_USE_FLASHINFER_SAMPLER=0"]
+    t0 = time.time()
+    out = subprocess.run(argv, capture_output=True, text=True, cwd=ROOT, timeout=330)
+    record("cli_defaults", {"argv": argv, "rc": out.returncode, "stdout": out.stdout[-6000:],
+                            "stderr": out.stderr[-3000:], "t0": t0, "t1": time.time(), "log": str(log)})
+    print(out.stdout[-3000:], out.stderr[-2000:])
+
+
+def library_trial(name: str, flags: dict[str, object]) -> None:
+    from autotune import memcap
+    from autotune.engine import EngineSpec
+    from autotune.spec import load_objective
+    from autotune.trial import TrialPlan, model_vocab_size, run_trial
+
+    real = memcap.present_gpu(0)
+    cap = memcap.parse_cap(24)
+    engine_flags = memcap.engine_flags(flags, cap, real)
+    objective = load_objective(OBJECTIVE)
+    log = WORK / f"cuda-{name}.log"
+    plan = TrialPlan(EngineSpec(str(MODEL), engine_flags, ENV, boot_timeout_s=360), objective,
+                     model_vocab_size(str(MODEL)), log, (0,))
+    t0 = time.time()
+    result = run_trial(plan, on_stage=lambda s: print(f"[{time.time() - t0:6.1f}s] {name}: {s}", flush=True))
+    from autotune.outcome import result_attrs
+
+    attrs = result_attrs(result)
+    attrs["memory"] = vars(result.memory) if result.memory else None
+    attrs["boot"] = vars(result.boot) if result.boot else None
+    record(f"trial:{name}", {"flags": flags, "engine_flags": engine_flags, "t0": t0, "t1": time.time(),
+                             "result": attrs})
+    print(json.dumps({k: attrs.get(k) for k in ("status", "output_tok_s", "best_level", "ttft_p95_ms",
+                                                 "tpot_p95_ms", "kv_cache_tokens", "weights_gib", "boot_s",
+                                                 "peak_memory_gib", "reason")}), flush=True)
+
+
+def study() -> None:
+    db = WORK / "smoke-study.db"
+    url = f"sqlite:///{db}"
+    t0 = time.time()
+    run = subprocess.run([PY, "-m", "autotune.cli", "run", str(STUDY), "--n-trials", "2", "--budget", "9m",
+                          "--gpus", "0", "--storage", url], capture_output=True, text=True, cwd=ROOT, timeout=560)
+    t1 = time.time()
+    steps = {"run": {"rc": run.returncode, "stdout": run.stdout[-8000:], "stderr": run.stderr[-4000:]}}
+    for name, args in (("status", ["status"]), ("export", ["export", "--format", "flags"]),
+                       ("export_yaml", ["export", "--format", "yaml"])):
+        out = subprocess.run([PY, "-m", "autotune.cli", *args, "--study", "h200-as-24gib-smoke", "--storage", url],
+                             capture_output=True, text=True, cwd=ROOT, timeout=60)
+        steps[name] = {"rc": out.returncode, "stdout": out.stdout[-6000:], "stderr": out.stderr[-2000:]}
+    import optuna
+
+    s = optuna.load_study(study_name="h200-as-24gib-smoke", storage=url)
+    trials = [{"number": t.number, "state": t.state.name, "value": t.value, "params": t.params,
+               "constraints": getattr(t, "constraints", None), "user_attrs": t.user_attrs,
+               "start": t.datetime_start.timestamp() if t.datetime_start else None,
+               "end": t.datetime_complete.timestamp() if t.datetime_complete else None} for t in s.trials]
+    record("study", {"t0": t0, "t1": t1, "steps": steps, "trials": trials})
+    print(run.stdout[-4000:], run.stderr[-2000:], steps["export"]["stdout"])
+
+
+def main() -> None:
+    WORK.mkdir(parents=True, exist_ok=True)
+    phase = sys.argv[1]
+    if phase == "idle":
+        idle()
+        return
+    samplers = Samplers(phase)
+    try:
+        if phase == "trials":
+            first, *rest = [lambda n=n, f=f: library_trial(n, f) for n, f in TRIALS.items()]
+            for step in (first, cli_defaults_trial, *rest):  # the success path first, then the failure
+                try:
+                    step()
+                except Exception as e:  # one step's failure must not cost the others
+                    record(f"error:{time.time():.0f}", repr(e))
+                    print("step failed:", repr(e), flush=True)
+        elif phase == "study":
+            study()
+        else:
+            raise SystemExit(f"unknown phase {phase!r}")
+    finally:
+        samplers.stop()
+
+
+if __name__ == "__main__":
+    main()
