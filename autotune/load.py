@@ -80,6 +80,10 @@ class LevelRun:
 Enough = Callable[[Sequence[RequestRecord]], str | None]
 
 
+GIVE_UP_AFTER = 4
+_STALLED = "no data for"
+
+
 class _Finished:
     """Requests finished so far, and whether `enough` has said stop."""
 
@@ -90,7 +94,14 @@ class _Finished:
 
     def add(self, rec: RequestRecord) -> None:
         self.records.append(rec)
-        if self.enough is not None and not self.reason:
+        if self.reason:
+            return
+        stalled = (rec.error or "").startswith(_STALLED)
+        if all(r.error is not None for r in self.records) and (stalled or len(self.records) >= GIVE_UP_AFTER):
+            # A server that fails every request (hung, or answering errors) has said all a level can say:
+            # sending the rest would only cost a stall timeout each.
+            self.reason = f"the first {len(self.records)} request(s) all failed"
+        elif self.enough is not None:
             self.reason = self.enough(self.records) or ""
 
 
@@ -165,7 +176,7 @@ async def _send(
                     if done or rec.error:
                         break
     except aiohttp.ServerTimeoutError:  # sock_read: the server sent nothing for stall_timeout_s (hung)
-        rec.error = f"no data for {timeout.sock_read:g} s"
+        rec.error = f"{_STALLED} {timeout.sock_read:g} s"
     except asyncio.TimeoutError:
         rec.error = f"timeout after {timeout.total:g} s"
     except aiohttp.ClientResponseError as e:

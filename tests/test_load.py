@@ -143,6 +143,19 @@ def test_timeout_becomes_a_record():
     assert r.error == "timeout after 0.3 s" and 0.29 < r.end - r.start < 1.5
 
 
+def test_a_stall_becomes_a_record_and_ends_the_level():
+    # The hang server sends its headers and a ping, then nothing for 2 s: a stall of 0.5 s fails the request,
+    # and a level whose requests all fail this way stops instead of waiting out every request in turn.
+    run = drive(Server(mode="hang"), [SPEC] * 6, stall_timeout_s=0.5)
+    assert [r.error for r in run.records] == ["no data for 0.5 s"]
+    assert run.records[0].end - run.records[0].start < 1.5
+
+
+def test_a_level_where_every_request_fails_gives_up_after_four():
+    run = drive(Server(mode="http400"), [SPEC] * 20)
+    assert len(run.records) == 4 and all(r.error and r.error.startswith("HTTP 400") for r in run.records)
+
+
 def test_connection_refused_becomes_a_record():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
