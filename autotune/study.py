@@ -15,10 +15,12 @@ from pathlib import Path
 from typing import Callable, Iterator, Protocol
 
 import optuna
+from optuna.artifacts import FileSystemArtifactStore
 from optuna.trial import FrozenTrial, TrialState
 
 from autotune import feasibility, memcap, outcome, remeasure
 from autotune.budget import Budget
+from autotune.dashboard import attach_log, open_artifact_store, save_trial_note
 from autotune.engine import Build, EngineSpec, FailureKind, detect_build, reap_leftover_servers
 from autotune.errors import AutotuneError, EngineError, StorageError
 from autotune.hardware import GpuProfile, detect_gpus
@@ -122,6 +124,25 @@ def spec_from_storage(name: str, url: str, root: Path) -> StudySpec:
     return load_study(study_file)
 
 
+@dataclass
+class _Run:
+    """What every trial of one `run_study` shares."""
+
+    spec: StudySpec
+    study: optuna.Study
+    budget: Budget
+    progress: Progress
+    artifacts_dir: Path
+    profile: GpuProfile  # what the estimator plans with: the capped card under a memory cap
+    real_profile: GpuProfile  # the card present, for which the flags are translated
+    store: FileSystemArtifactStore  # server logs, shown by optuna-dashboard
+    stop: threading.Event
+
+    def ended(self, trial: optuna.Trial, state: TrialState, summary: str) -> None:
+        save_trial_note(self.study, trial)
+        self.progress.trial_ended(trial.number, state, summary, best_trial(self.study))
+
+
 def run_study(
     spec: StudySpec,
     budget: Budget,
@@ -132,7 +153,6 @@ def run_study(
     slots: tuple[Slot, ...] = (Slot(),),
 ) -> RunSummary:
     """Run trials until the budget is spent, one at a time on each slot (a thread per slot)."""
-    progress = progress or NoProgress()
     study = open_study(spec, storage_url)
     artifacts_dir = artifacts_dir or spec.path.parent / f"{spec.name}-artifacts"
     reap_leftover_servers()
@@ -140,14 +160,13 @@ def run_study(
     budget.durations.extend(
         t.user_attrs["duration_s"] for t in study.trials if "duration_s" in t.user_attrs and t.state.is_finished()
     )
-    profile = feasibility.resolve_profile(spec.hardware, detect_build() is Build.CPU)
-    real_profile = profile
-    if spec.memory_cap is not None:  # plan as on the capped card; boot with flags translated for the real one
-        profile = memcap.capped_profile(real_profile, spec.memory_cap)
-    stop = threading.Event()
+    real_profile = feasibility.resolve_profile(spec.hardware, detect_build() is Build.CPU)
+    # Under a memory cap, plan as on the capped card; boot with flags translated for the real one.
+    profile = memcap.capped_profile(real_profile, spec.memory_cap) if spec.memory_cap else real_profile
+    run = _Run(spec, study, budget, progress or NoProgress(), artifacts_dir, profile, real_profile,
+               open_artifact_store(artifacts_dir), threading.Event())
     counts = {"run": 0}
     reasons: list[str] = []
-
     errors: list[AutotuneError] = []
 
     def worker(slot: Slot) -> None:
@@ -155,17 +174,17 @@ def run_study(
             work(slot)
         except AutotuneError as e:  # the machine or the setup, not a configuration: stop every slot cleanly
             errors.append(e)
-            stop.set()
+            run.stop.set()
 
     def work(slot: Slot) -> None:
         rejected_in_a_row = 0
-        while not stop.is_set():
+        while not run.stop.is_set():
             fits, why = budget.claim()
             if not fits:
                 reasons.append(why)
                 return
             counts["run"] += 1
-            result = _one_trial(spec, study, budget, progress, artifacts_dir, profile, slot, stop, real_profile)
+            result = _one_trial(run, slot)
             if result is None:  # rejected before boot: costs nothing, so it does not count against --n-trials
                 budget.release()
                 rejected_in_a_row += 1
@@ -184,14 +203,13 @@ def run_study(
             for t in threads:
                 t.join(timeout=0.2)
     except KeyboardInterrupt:
-        stop.set()  # each slot stops its server and records its trial as interrupted
+        run.stop.set()  # each slot stops its server and records its trial as interrupted
         for t in threads:
             t.join()
         reasons.insert(0, "interrupted")
     if errors:
         raise errors[0]
-    remeasure.remeasure_top(study, budget, reserved, stop=stop, run_one=lambda: _one_trial(
-        spec, study, budget, progress, artifacts_dir, profile, slots[0], stop))
+    remeasure.remeasure_top(study, budget, reserved, stop=run.stop, run_one=lambda: _one_trial(run, slots[0]))
     return RunSummary(counts["run"], reasons[0] if reasons else "", best_trial(study))
 
 
@@ -205,9 +223,9 @@ def preview_configs(spec: StudySpec, n: int, seed: int = 0) -> list[tuple[str, E
     return out
 
 
-def _one_trial(spec: StudySpec, study: optuna.Study, budget: Budget, progress: Progress,
-               artifacts_dir: Path, profile: GpuProfile, slot: Slot, stop: threading.Event,
-               real_profile: GpuProfile | None = None) -> TrialResult | None:
+def _one_trial(run: _Run, slot: Slot) -> TrialResult | None:
+    """Ask, judge before boot, boot and measure, tell. None when the configuration was refused before boot."""
+    spec, study = run.spec, run.study
     optuna.storages.fail_stale_trials(study)  # another worker died mid-trial: mark it, and it is retried once
     trial = study.ask()
     baseline = trial_baseline(trial)
@@ -218,32 +236,31 @@ def _one_trial(spec: StudySpec, study: optuna.Study, budget: Budget, progress: P
     for key, value in outcome.config_attrs(model_path, flags).items():
         trial.set_user_attr(key, value)
     label = (trial.user_attrs.get("baseline") or {}).get("name") or ", ".join(f"{k}={v}" for k, v in params.items())
-    progress.trial_started(trial.number, label, slot.name)
+    run.progress.trial_started(trial.number, label, slot.name)
 
     if reason := invalid_reason(flags):
         outcome.tell_rejected(study, trial, f"vLLM would reject it: {reason}")
-        progress.trial_ended(trial.number, TrialState.COMPLETE, f"rejected before boot: {reason}", best_trial(study))
+        run.ended(trial, TrialState.COMPLETE, f"rejected before boot: {reason}")
         return None
 
-    verdict = feasibility.judge(model_path, profile, flags, spec.env, feasibility.observations(study.trials))
+    verdict = feasibility.judge(model_path, run.profile, flags, spec.env, feasibility.observations(study.trials))
     for key, value in feasibility.prediction_attrs(verdict.estimate).items():
         trial.set_user_attr(key, value)
     if not verdict.fits:
         outcome.tell_rejected(study, trial, f"predicted not to fit: {verdict.reason}", memory_excess=verdict.excess_gib)
-        progress.trial_ended(trial.number, TrialState.COMPLETE, f"pruned before boot: {verdict.reason}",
-                             best_trial(study))
+        run.ended(trial, TrialState.COMPLETE, f"pruned before boot: {verdict.reason}")
         return None
-    if profile.kind == "cuda":
-        _check_gpu_free(study, trial, progress, slot)
+    if run.profile.kind == "cuda":
+        _check_gpu_free(run, trial, slot)
 
     engine_flags = flags
-    if spec.memory_cap is not None and real_profile is not None:
-        engine_flags = memcap.engine_flags(flags, spec.memory_cap, real_profile)
+    if spec.memory_cap is not None:
+        engine_flags = memcap.engine_flags(flags, spec.memory_cap, run.real_profile)
         trial.set_user_attr("engine_flags", json.dumps(engine_flags, sort_keys=True))
-    log_path = artifacts_dir / f"trial-{trial.number:04d}.log"
+    log_path = run.artifacts_dir / f"trial-{trial.number:04d}.log"
     plan = TrialPlan(
         EngineSpec(model=model_path, flags=engine_flags, env=spec.env,
-                   boot_timeout_s=max(1.0, min(spec.boot_timeout_s, budget.remaining())),
+                   boot_timeout_s=max(1.0, min(spec.boot_timeout_s, run.budget.remaining())),
                    cuda_visible_devices=slot.cuda_visible_devices),
         spec.objective, model_vocab_size(model_path), log_path, slot.gpu_indices,
     )
@@ -254,9 +271,9 @@ def _one_trial(spec: StudySpec, study: optuna.Study, budget: Budget, progress: P
         if level.verdict.passed:
             passing.append(level.stats.output_tok_s)
         trial.report(max(passing, default=0.0), step)  # best passing throughput so far, per load level
-        if stop.is_set():
+        if run.stop.is_set():
             return INTERRUPTED
-        if budget.remaining() <= 0:
+        if run.budget.remaining() <= 0:
             return "stopped at the end of the time budget"
         if trial.should_prune():
             return outcome.PRUNED
@@ -264,25 +281,26 @@ def _one_trial(spec: StudySpec, study: optuna.Study, budget: Budget, progress: P
 
     try:
         with _heartbeat(study, trial):
-            result = run_trial(plan, on_level=on_level, on_stage=lambda text: progress.stage(trial.number, text),
-                               cancel=stop)
+            result = run_trial(plan, on_level=on_level, on_stage=lambda text: run.progress.stage(trial.number, text),
+                               cancel=run.stop)
     except EngineError as e:
+        attach_log(study, trial, log_path, run.store)
         outcome.tell_failed(study, trial, str(e))
-        progress.trial_ended(trial.number, TrialState.FAIL, str(e), best_trial(study))
+        run.ended(trial, TrialState.FAIL, str(e))
         raise
-    if stop.is_set():  # whatever the trial saw after Ctrl-C says nothing about the configuration
+    attach_log(study, trial, log_path, run.store)  # before the tell: Optuna refuses artifacts on finished trials
+    if run.stop.is_set():  # whatever the trial saw after Ctrl-C says nothing about the configuration
         outcome.tell_failed(study, trial, INTERRUPTED)
-        progress.trial_ended(trial.number, TrialState.FAIL, "interrupted", best_trial(study))
+        run.ended(trial, TrialState.FAIL, "interrupted")
         return result
     state = outcome.tell_result(study, trial, result)
-    progress.trial_ended(trial.number, state, _summary(result), best_trial(study))
+    run.ended(trial, state, _summary(result))
     if result.failure is not None and result.failure.kind is FailureKind.MODEL_NOT_FOUND:
         raise EngineError(f"model {config.model!r} not found: {result.failure.reason}")
     return result
 
 
-def _check_gpu_free(study: optuna.Study, trial: optuna.Trial, progress: Progress, slot: Slot,
-                    wait_s: float = 30.0) -> None:
+def _check_gpu_free(run: _Run, trial: optuna.Trial, slot: Slot, wait_s: float = 30.0) -> None:
     """Memory already in use on the GPU would be misread as this configuration's failure: wait for a previous
     server to let go, then refuse to boot and stop the run with a message naming what holds it."""
     import time
@@ -295,11 +313,11 @@ def _check_gpu_free(study: optuna.Study, trial: optuna.Trial, progress: Progress
             return
         if time.monotonic() > deadline:
             what = ", ".join(f"GPU {g.index}: {g.used_bytes / 2**30:.1f} GiB in use" for g in busy)
-            outcome.tell_failed(study, trial, f"GPU memory held by another process ({what})")
-            progress.trial_ended(trial.number, TrialState.FAIL, "GPU busy", best_trial(study))
+            outcome.tell_failed(run.study, trial, f"GPU memory held by another process ({what})")
+            run.ended(trial, TrialState.FAIL, "GPU busy")
             raise EngineError(f"GPU memory is held by another process before trial {trial.number} ({what}); "
                               "free the GPU and run the same command again to resume")
-        progress.stage(trial.number, "waiting for GPU memory to be released")
+        run.progress.stage(trial.number, "waiting for GPU memory to be released")
         time.sleep(2)
 
 
