@@ -23,7 +23,6 @@ from autotune.metrics import Limits
 from autotune.sla import LoadSearch
 from autotune.space import (
     MODEL,
-    PSEUDO_PARAMS,
     SPEC_METHOD,
     SPEC_TOKENS,
     Baseline,

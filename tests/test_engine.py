@@ -9,6 +9,7 @@ from pathlib import Path
 
 import psutil
 import pytest
+from processes import vllm_processes
 
 from autotune.engine import BootFailed, EngineSpec, FailureKind, Server, launch
 from autotune.load import LoadLevel, measure_level
@@ -23,14 +24,6 @@ ROOT = Path(__file__).resolve().parents[1]
 EAGER = {"enforce_eager": True, "load_format": "dummy"}
 SMALL_KV = {"VLLM_CPU_KVCACHE_SPACE": "1"}
 
-
-def vllm_processes() -> list[psutil.Process]:
-    out = []
-    for p in psutil.process_iter(["cmdline", "name"]):
-        cmd = " ".join(p.info["cmdline"] or [])
-        if "vllm.entrypoints" in cmd or (p.info["name"] or "").startswith("VLLM::"):
-            out.append(p)
-    return out
 
 
 def test_trial_boots_measures_two_levels_and_leaves_no_process(tmp_path: Path) -> None:

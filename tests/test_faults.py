@@ -17,6 +17,7 @@ from pathlib import Path
 import optuna
 import psutil
 import pytest
+from processes import vllm_processes
 from click.testing import CliRunner
 from optuna.trial import TrialState
 
@@ -30,13 +31,6 @@ ROOT = Path(__file__).resolve().parents[1]
 QUICK = ROOT / "tests" / "data" / "quick"
 LEDGER: list[tuple[str, bool, int]] = []  # (fault, survived, trials lost)
 
-
-def vllm_processes() -> list[psutil.Process]:
-    found = []
-    for p in psutil.process_iter(["cmdline", "name"]):
-        if "vllm.entrypoints" in " ".join(p.info["cmdline"] or []) or (p.info["name"] or "").startswith("VLLM::"):
-            found.append(p)
-    return found
 
 
 def engine_core() -> psutil.Process:

@@ -17,8 +17,8 @@ import time
 from pathlib import Path
 
 import optuna
-import psutil
 import pytest
+from processes import vllm_processes
 from optuna.trial import TrialState
 
 from autotune.study import GRACE_S, open_storage
@@ -28,14 +28,6 @@ ROOT = Path(__file__).resolve().parents[1]
 QUICK = ROOT / "tests" / "data" / "quick"
 AUTOTUNE = [sys.executable, "-m", "autotune.cli"]
 
-
-def vllm_processes() -> list[psutil.Process]:
-    out = []
-    for p in psutil.process_iter(["cmdline", "name"]):
-        with_cmd = " ".join(p.info["cmdline"] or [])
-        if "vllm.entrypoints" in with_cmd or (p.info["name"] or "").startswith("VLLM::"):
-            out.append(p)
-    return out
 
 
 @pytest.fixture()

@@ -26,7 +26,7 @@ sys.path.insert(0, str(ROOT))
 from autotune import memcap  # noqa: E402
 from autotune.engine import classify_log, parse_boot_info  # noqa: E402
 from autotune.estimate import ModelShape, estimate  # noqa: E402
-from autotune.hardware import GiB, MiB, GpuInfo, profile_for  # noqa: E402
+from autotune.hardware import GiB, GpuInfo, profile_for  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 MODEL = HERE / "qwen3.5-27b-awq-dummy"
