@@ -1,0 +1,119 @@
+"""The memory model against the real vLLM CPU build: predicted KV-cache tokens against what vLLM prints, and
+verdicts at the boundary (predicted to just fit boots, predicted to just miss fails), so the estimator is shown to
+be neither optimistic nor merely pessimistic. Five boots in all (about 3-5 minutes on 2 cores), each holding the
+machine's engine lock.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import re
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+
+import pytest
+
+from autotune.engine import BootFailed, BootInfo, EngineSpec, Failure, FailureKind, Server
+from autotune.feasibility import Verdict, judge
+from autotune.hardware import GiB, MiB, cpu_profile
+from autotune.tinymodel import resolve_model
+
+pytestmark = pytest.mark.engine
+ENGINE_LOCK = Path("/tmp/autotune-engine.lock")
+EAGER = {"load_format": "dummy", "enforce_eager": True}
+TOLERANCE = 0.10
+_AUTO_KV = re.compile(r"Auto set \(([\d.]+)/[\d.]+\) GiB for KV cache on node \d+, with ([\d.]+) GiB requested"
+                      r" memory for the worker\. ([\d.]+) GiB memory was consumed")
+
+
+@pytest.fixture()
+def engine_lock() -> Iterator[None]:
+    """Only one vLLM server runs at a time on this machine: hold its lock around each boot."""
+    with ENGINE_LOCK.open("a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+def predict(name: str, flags: Mapping[str, object], env: Mapping[str, str]) -> tuple[str, dict, Verdict]:
+    model, defaults = resolve_model(name)
+    full = {**defaults, **EAGER, **flags}
+    return model, full, judge(model, cpu_profile(), full, env)
+
+
+def boot(model: str, flags: Mapping[str, object], env: Mapping[str, str],
+         log: Path) -> tuple[BootInfo | Failure, list[str]]:
+    """Boot for real and stop at once: what vLLM computed at startup, or why it refused."""
+    server = Server(EngineSpec(model, flags, env=dict(env), boot_timeout_s=600), log)
+    try:
+        server.start()
+        try:
+            return server.wait_ready(), list(server.lines)
+        except BootFailed as e:
+            return e.failure, list(server.lines)
+    finally:
+        server.stop()
+
+
+def assert_close(predicted: int, observed: int | None, lines: list[str]) -> None:
+    assert observed is not None, "vLLM printed no KV cache size:\n" + "\n".join(lines[-20:])
+    gap = (predicted - observed) / observed
+    assert abs(gap) <= TOLERANCE, f"predicted {predicted:,} KV tokens, vLLM printed {observed:,} ({gap:+.1%})"
+
+
+@pytest.mark.parametrize("name,flags,env", [
+    # VLLM_CPU_KVCACHE_SPACE=1: 1 GiB / 256 KiB blocks = 4096 blocks of 128 tokens -> 524,288 tokens
+    ("tiny:dense", {"max_model_len": 2048, "max_num_seqs": 16}, {"VLLM_CPU_KVCACHE_SPACE": "1"}),
+    # 512 MiB / 64 KiB blocks = 8192; a request of 4096 takes 32 attention + 3 x 2 state blocks
+    ("tiny:hybrid", {"max_model_len": 4096, "kv_cache_memory_bytes": 512 * MiB}, {}),
+], ids=["dense-env-1GiB", "hybrid-flag-512MiB"])
+def test_predicted_kv_tokens_match_what_vllm_prints(name, flags, env, tmp_path, engine_lock) -> None:
+    model, full, verdict = predict(name, flags, env)
+    assert verdict.fits, verdict.reason
+    result, lines = boot(model, full, env, tmp_path / "server.log")
+    assert isinstance(result, BootInfo), f"predicted to fit, but: {result}"
+    assert_close(verdict.estimate.kv_tokens, result.kv_cache_tokens, lines)
+
+
+def test_boundary_just_fits_boots_and_just_misses_fails(tmp_path, engine_lock) -> None:
+    """The hybrid model at the estimator's own boundary: (blocks per request + the null block) x block bytes."""
+    flags = {"max_model_len": 2048, "max_num_seqs": 4}
+    _, _, probe = predict("tiny:hybrid", {**flags, "kv_cache_memory_bytes": GiB}, {})
+    edge = (probe.estimate.blocks_per_request + 1) * probe.estimate.bytes_per_block
+    assert edge == (16 + 3 * 2 + 1) * 64 * 1024  # 2048/128 attention blocks + 2 state blocks x 3 GDN groups + null
+
+    model, fit_flags, fits = predict("tiny:hybrid", {**flags, "kv_cache_memory_bytes": edge}, {})
+    _, miss_flags, misses = predict("tiny:hybrid", {**flags, "kv_cache_memory_bytes": edge - 1}, {})
+    assert fits.fits and not misses.fits and "one request of max_model_len 2,048" in misses.reason
+
+    result, lines = boot(model, miss_flags, {}, tmp_path / "miss.log")
+    assert isinstance(result, Failure), "predicted not to fit (one byte short), but vLLM booted it"
+    assert result.kind is FailureKind.KV_CACHE_TOO_SMALL and result.kind.is_memory, result.reason
+
+    result, lines = boot(model, fit_flags, {}, tmp_path / "fit.log")
+    assert isinstance(result, BootInfo), f"predicted to just fit, but: {result}"
+    assert_close(fits.estimate.kv_tokens, result.kv_cache_tokens, lines)
+
+
+def test_default_cpu_budget_node_memory_times_utilization_minus_worker_rss(tmp_path, engine_lock) -> None:
+    """No explicit KV size: vLLM gives ceil(node-0 MemTotal x utilization) less the worker's RSS after warm-up.
+    The RSS is a runtime figure (CPU_RUNTIME_RSS_BYTES); the failure message says how far it was off."""
+    flags = {"max_model_len": 2048, "max_num_seqs": 16, "gpu_memory_utilization": 0.4}
+    model, full, verdict = predict("tiny:dense", flags, {})
+    assert verdict.fits, verdict.reason
+    result, lines = boot(model, full, {}, tmp_path / "server.log")
+    if isinstance(result, Failure) and result.kind is FailureKind.MEMORY_HELD:
+        pytest.skip(f"other processes hold node 0's memory: {result.reason}")
+    assert isinstance(result, BootInfo), f"predicted to fit, but: {result}"
+    auto = next((m for line in lines if (m := _AUTO_KV.search(line))), None)
+    assert auto is not None, "vLLM did not log its automatic KV size"
+    kv_gib, requested_gib, rss_gib = (float(g) for g in auto.groups())
+    est = verdict.estimate
+    assert abs(requested_gib - est.reserved_bytes / GiB) <= 0.01  # the same node total x utilization
+    predicted_rss = (est.weights_bytes + est.activation_peak_bytes + est.overhead_bytes) / GiB
+    detail = f"worker RSS {rss_gib:.2f} GiB against {predicted_rss:.2f} GiB predicted; KV {kv_gib:.2f} GiB"
+    assert result.kv_cache_tokens is not None
+    gap = (est.kv_tokens - result.kv_cache_tokens) / result.kv_cache_tokens
+    assert abs(gap) <= TOLERANCE, f"predicted {est.kv_tokens:,}, vLLM {result.kv_cache_tokens:,} ({gap:+.1%}): {detail}"

@@ -1,0 +1,217 @@
+"""The estimator corrected by a study's own boots (autotune/feasibility.py), without the engine.
+
+Trials are real Optuna FrozenTrials (optuna.trial.create_trial) stored in a real SQLite study and read back, with
+their user attributes written by the same functions the run loop uses (outcome.config_attrs, outcome.result_attrs,
+feasibility.prediction_attrs), so a change of an attribute's name on either side breaks these tests.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import optuna
+import pytest
+from optuna.trial import TrialState
+
+from autotune import outcome
+from autotune.engine import BootInfo, Failure, FailureKind
+from autotune.estimate import Corrections, ModelShape, estimate
+from autotune.feasibility import (
+    Observation,
+    corrections,
+    dominated_by_failure,
+    judge,
+    observations,
+    prediction_attrs,
+)
+from autotune.hardware import GiB, MiB, get_profile
+from autotune.tinymodel import write_tiny_model
+from autotune.trial import TrialResult
+
+CPU = get_profile("cpu")
+RTX3090 = get_profile("rtx3090")
+
+
+@pytest.fixture()
+def dense(tmp_path: Path) -> str:
+    """The tiny dense model directory (config + tokenizer only: nothing boots here)."""
+    return str(write_tiny_model("dense", tmp_path / "dense"))
+
+
+@pytest.fixture()
+def study(tmp_path: Path) -> optuna.Study:
+    return optuna.create_study(storage=f"sqlite:///{tmp_path / 'study.db'}", study_name="feasibility")
+
+
+def add(study: optuna.Study, attrs: dict[str, object], state: TrialState = TrialState.COMPLETE) -> None:
+    value = 0.0 if state == TrialState.COMPLETE else None
+    study.add_trial(optuna.trial.create_trial(state=state, value=value, user_attrs=attrs))
+
+
+def booted(model: str, flags: dict[str, object], result: TrialResult, env: dict[str, str] | None = None) -> dict:
+    """A booted trial's attributes as _one_trial and tell_result write them: config, prediction, result."""
+    verdict = judge(model, CPU, flags, env or {})
+    return {**outcome.config_attrs(model, flags), **prediction_attrs(verdict.estimate), **outcome.result_attrs(result)}
+
+
+def obs(trial: int, flags: dict, *, predicted: int | None = None, observed: int | None = None,
+        per_token: float | None = None, failed: bool = False) -> Observation:
+    return Observation(trial, flags, predicted, observed, per_token, failed)
+
+
+# ---- observations() from stored trials -----------------------------------------------------------------------
+
+
+def test_observations_read_what_the_run_loop_records(study, dense, tmp_path) -> None:
+    ok_flags = {"load_format": "dummy", "max_model_len": 2048, "max_num_seqs": 8}
+    kv_env = {"VLLM_CPU_KVCACHE_SPACE": "1"}
+    # 0: booted, vLLM said 500,000 tokens where 524,288 were predicted (1 GiB / 2 KiB per token)
+    add(study, booted(dense, ok_flags, TrialResult("ok", 100.0, boot=BootInfo(38.0, 500_000)), kv_env))
+    # 1: failed for memory during the boot (no KV figure)
+    oom_flags = {**ok_flags, "max_model_len": 8192, "kv_cache_memory_bytes": MiB}
+    kv_fail = Failure(FailureKind.KV_CACHE_TOO_SMALL, "KV cache too small for max_model_len", "ValueError: ...")
+    add(study, booted(dense, oom_flags, TrialResult("infeasible", failure=kv_fail)))
+    # 2: rejected before boot (tell_rejected's attributes): teaches the estimator nothing it did not say itself
+    add(study, {**outcome.config_attrs(dense, oom_flags), "status": "infeasible", "booted": False,
+                "reason": "predicted not to fit"})
+    # 3: crashed for another reason, without a KV figure: not a memory fact
+    crash = Failure(FailureKind.CRASH, "engine died", "")
+    add(study, booted(dense, ok_flags, TrialResult("failed", failure=crash)))
+    # 4: a FAIL trial (port taken, stopped by the user) even with a KV figure
+    add(study, booted(dense, ok_flags, TrialResult("ok", boot=BootInfo(1.0, 7))), TrialState.FAIL)
+    # 5: booted and then died of out-of-memory under load: both a KV figure and a memory failure
+    died = Failure(FailureKind.OUT_OF_MEMORY, "out of memory", "")
+    add(study, booted(dense, ok_flags, TrialResult("infeasible", boot=BootInfo(40.0, 524_288), failure=died), kv_env))
+
+    stored = optuna.load_study(study_name="feasibility", storage=f"sqlite:///{tmp_path / 'study.db'}")
+    seen = observations(stored.trials)
+    assert [o.trial for o in seen] == [0, 1, 5]
+    first, oom, under_load = seen
+    assert first.flags == ok_flags  # the JSON of config_attrs, decoded
+    assert (first.predicted_kv_tokens, first.observed_kv_tokens, first.memory_failed) == (524_288, 500_000, False)
+    assert first.kv_bytes_per_token == 2048  # CPU block: 4 layers x 128 tokens x 512 B = 256 KiB per 128 tokens
+    assert oom.memory_failed and oom.observed_kv_tokens is None and oom.flags["kv_cache_memory_bytes"] == MiB
+    assert under_load.memory_failed and under_load.observed_kv_tokens == 524_288
+
+
+# ---- corrections() ---------------------------------------------------------------------------------------------
+
+
+def test_corrections_take_the_largest_over_prediction_in_bytes() -> None:
+    seen = [
+        obs(0, {}, predicted=524_288, observed=500_000, per_token=2048),  # 24,288 tokens x 2 KiB = 49,741,824 B
+        obs(1, {}, predicted=100_000, observed=90_000, per_token=8192),  # 10,000 x 8 KiB = 81,920,000 B (largest)
+        obs(2, {}, predicted=10_000, observed=12_000, per_token=2048),  # under-predicted: -4,096,000 B
+        obs(3, {}, failed=True),  # a failure carries no figure
+        obs(4, {}, predicted=10_000, observed=1, per_token=None),  # no per-token size recorded: unusable
+    ]
+    assert corrections(seen) == Corrections(overhead_bytes=81_920_000, margin=0.0)
+    assert corrections(seen[:1]) == Corrections(overhead_bytes=49_741_824)
+
+
+def test_corrections_never_add_memory() -> None:
+    # Only under-predictions (vLLM found more than predicted): the estimator stays as it is, not more optimistic.
+    assert corrections([obs(0, {}, predicted=1000, observed=5000, per_token=2048)]) == Corrections()
+    assert corrections([]) == Corrections()
+    assert corrections([obs(0, {}, predicted=1000, observed=1000, per_token=2048)]) == Corrections()
+
+
+def test_judge_applies_the_fitted_overhead(dense) -> None:
+    flags = {"max_model_len": 4096, "max_num_seqs": 16}
+    plain = judge(dense, RTX3090, flags, {})
+    seen = [obs(0, flags, predicted=50_000, observed=40_000, per_token=2048)]  # 20,480,000 B over-predicted
+    fitted = judge(dense, RTX3090, flags, {}, seen)
+    assert fitted.estimate.overhead_bytes == plain.estimate.overhead_bytes + 20_480_000
+    assert fitted.estimate.kv_cache_bytes == plain.estimate.kv_cache_bytes - 20_480_000
+    assert fitted.fits and plain.fits
+
+
+# ---- dominated_by_failure() ------------------------------------------------------------------------------------
+
+FAILED = {"load_format": "dummy", "max_model_len": 4096, "max_num_seqs": 32, "max_num_batched_tokens": 2048,
+          "gpu_memory_utilization": 0.8, "kv_cache_dtype": "auto"}
+
+
+@pytest.mark.parametrize("change,dominated", [
+    ({}, True),  # the same configuration again
+    ({"max_num_seqs": 64}, True),  # more sequences
+    ({"max_model_len": 8192, "max_num_batched_tokens": 4096}, True),  # longer and wider
+    ({"gpu_memory_utilization": 0.7}, True),  # less memory given
+    ({"max_num_seqs": 16}, False),  # fewer sequences: may fit
+    ({"max_model_len": 2048}, False),  # shorter
+    ({"gpu_memory_utilization": 0.9}, False),  # more memory given
+    ({"max_num_seqs": 64, "max_model_len": 2048}, False),  # heavier on one axis, lighter on another
+    ({"kv_cache_dtype": "fp8"}, False),  # another class of configuration
+    ({"enable_prefix_caching": False}, False),  # a flag the failure did not have
+])
+def test_dominated_by_failure(change: dict, dominated: bool) -> None:
+    failure = obs(7, FAILED, failed=True)
+    found = dominated_by_failure({**FAILED, **change}, [failure])
+    assert (found is failure) if dominated else (found is None)
+
+
+def test_only_memory_failures_dominate() -> None:
+    assert dominated_by_failure(FAILED, [obs(3, FAILED, predicted=1, observed=1, per_token=2048)]) is None
+    assert dominated_by_failure(FAILED, []) is None
+    # a demand the failure fixed but the candidate leaves to vLLM's default is not known to be heavier
+    assert dominated_by_failure({k: v for k, v in FAILED.items() if k != "max_num_seqs"},
+                                [obs(3, FAILED, failed=True)]) is None
+    # the first failure that dominates is the one reported
+    lighter = obs(1, {**FAILED, "max_num_seqs": 8}, failed=True)
+    assert dominated_by_failure(FAILED, [obs(0, {**FAILED, "max_num_seqs": 64}, failed=True), lighter]) is lighter
+
+
+# ---- judge() ---------------------------------------------------------------------------------------------------
+
+
+def test_judge_refuses_what_is_at_least_as_demanding_as_an_out_of_memory(dense) -> None:
+    flags = {"load_format": "dummy", "max_model_len": 2048, "max_num_seqs": 8, "kv_cache_memory_bytes": 256 * MiB}
+    assert judge(dense, CPU, flags, {}).fits  # the estimator alone would boot it
+    seen = [obs(4, flags, failed=True)]
+    again = judge(dense, CPU, flags, {}, seen)
+    assert not again.fits and again.reason == "at least as demanding as trial 4, which ran out of memory"
+    assert again.excess_gib == 1.0  # a violated memory constraint the sampler learns from
+    heavier = judge(dense, CPU, {**flags, "max_num_seqs": 16, "max_model_len": 4096}, {}, seen)
+    assert not heavier.fits and "trial 4" in heavier.reason
+    lighter = judge(dense, CPU, {**flags, "max_num_seqs": 4}, {}, seen)
+    assert lighter.fits and lighter.reason == "" and lighter.excess_gib == 0.0
+
+
+def test_judge_rejects_what_the_estimator_says_cannot_fit(dense) -> None:
+    # 1 MiB of KV cache = 4 CPU blocks of 256 KiB; max_model_len 4096 needs 32 + the null block.
+    flags = {"max_model_len": 4096, "kv_cache_memory_bytes": MiB}
+    verdict = judge(dense, CPU, flags, {})
+    assert not verdict.fits and "one request of max_model_len 4,096" in verdict.reason
+    assert verdict.excess_gib == pytest.approx((33 * 256 * 1024 - MiB) / GiB)
+    # the boundary: 33 blocks fit exactly, one byte fewer does not
+    assert judge(dense, CPU, {**flags, "kv_cache_memory_bytes": 33 * 256 * 1024}, {}).fits
+    assert not judge(dense, CPU, {**flags, "kv_cache_memory_bytes": 33 * 256 * 1024 - 1}, {}).fits
+
+
+def test_judge_reads_vllm_cpu_kvcache_space_from_the_env(dense) -> None:
+    flags = {"max_model_len": 2048, "kv_cache_memory_bytes": MiB}  # the env var overrides the flag on the CPU build
+    verdict = judge(dense, CPU, flags, {"VLLM_CPU_KVCACHE_SPACE": "0.5"})
+    assert verdict.fits and verdict.estimate.kv_cache_bytes == GiB // 2
+    assert verdict.estimate.kv_tokens == 2048 // 16 * 2048 == 262_144  # 2048 blocks of 128 tokens, 16 per request
+
+
+# ---- prediction_attrs() ----------------------------------------------------------------------------------------
+
+
+def test_prediction_attrs_keys_and_values(dense) -> None:
+    est = estimate(ModelShape.from_dir(dense), CPU, {"max_model_len": 2048}, cpu_kvcache_bytes=GiB)
+    attrs = prediction_attrs(est)
+    assert attrs == {
+        "predicted_fits": True,
+        "predicted_kv_tokens": 524_288,
+        "predicted_weights_gib": round(3_410_688 * 2 / GiB, 3),  # 3,410,688 bf16 parameters (test_estimate.py)
+        "predicted_kv_cache_gib": 1.0,
+        "predicted_kv_bytes_per_token": 2048.0,
+    }
+    json.dumps(attrs)  # storable as Optuna user attributes
+    miss = prediction_attrs(estimate(ModelShape.from_dir(dense), CPU, {"max_model_len": 4096,
+                                                                       "kv_cache_memory_bytes": MiB}))
+    assert miss["predicted_fits"] is False and miss["predicted_kv_tokens"] == int(4 / 32 * 4096) == 512
+    assert math.isclose(miss["predicted_kv_cache_gib"], round(MiB / GiB, 3))
