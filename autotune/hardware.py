@@ -111,7 +111,9 @@ PROFILES: dict[str, GpuProfile] = {
 
 def get_profile(name: str) -> GpuProfile:
     """A profile by its name (case-insensitive); SpecError naming the known ones otherwise."""
-    profile = PROFILES.get(name.strip().lower())
+    key = name.strip().lower()
+    # The CPU build budgets from NUMA node 0 as it is at each boot (it can change while a study runs).
+    profile = cpu_profile() if key == "cpu" else PROFILES.get(key)
     if profile is None:
         known = ", ".join(sorted(PROFILES))
         raise SpecError("hardware", "gpu", f"unknown GPU profile {name!r}; known: {known}")

@@ -154,7 +154,7 @@ def run_trial(
         stage("stopping")
         if sampler is not None and memory is None:
             sampler.stop()
-        server.stop()
+        server.stop(grace_s=15.0 if server.healthy() else 3.0)  # a failed boot has nothing to drain
 
 
 def _measure(server: Server, plan: TrialPlan, value: float, seed_offset: int) -> LevelOutcome:
