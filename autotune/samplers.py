@@ -47,6 +47,28 @@ def make_sampler(spec: StudySpec) -> optuna.samplers.BaseSampler:
     return sampler_for(spec.sampler.name, spec.sampler.seed)
 
 
+class BelowBestPruner(optuna.pruners.BasePruner):
+    """Stop a trial whose value at a step (the best passing throughput after as many load levels) is below
+    `ratio` x the best that any COMPLETE trial had at the same step: clearly worse than the best, not merely
+    below the middle. Waits for `n_startup_trials` measured trials and `n_warmup_steps` levels."""
+
+    def __init__(self, ratio: float = 0.8, n_startup_trials: int = 5, n_warmup_steps: int = 1):
+        if not 0 < ratio <= 1:
+            raise ValueError(f"ratio must be in (0, 1], got {ratio}")
+        self.ratio, self.n_startup_trials, self.n_warmup_steps = ratio, n_startup_trials, n_warmup_steps
+
+    def prune(self, study: optuna.Study, trial: FrozenTrial) -> bool:
+        step = trial.last_step
+        if step is None or step < self.n_warmup_steps:
+            return False
+        measured = [t for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+                    if t.intermediate_values]  # trials refused before boot measured nothing
+        if len(measured) < self.n_startup_trials:
+            return False
+        at_step = [t.intermediate_values[step] for t in measured if step in t.intermediate_values]
+        return bool(at_step) and trial.intermediate_values[step] < self.ratio * max(at_step)
+
+
 def make_pruner() -> optuna.pruners.BasePruner:
     # Note: PercentilePruner(p) keeps the *top* p percent (for a maximised value it prunes below the
     # (100 - p)-th percentile): 25.0 would stop three trials in four.

@@ -11,7 +11,8 @@ machine time. Per level the file keeps the summary figures and every request's t
 
 The machine's engine lock (/tmp/autotune-engine.lock) is taken around each configuration separately, so other
 users of the machine get turns between configurations. The output is rewritten after every configuration, and
-a second run resumes: configurations already in the file are skipped.
+a second run resumes: configurations already in the file are skipped. With --repeats, a run after the grid
+measures the best few configurations again, to show how much one figure varies (benchmarks/data keeps both).
 """
 
 from __future__ import annotations
@@ -155,10 +156,24 @@ def save(doc: dict[str, object], path: Path) -> None:
     tmp.replace(path)
 
 
+def top_configs(doc: dict[str, object], k: int) -> list[tuple[int, int]]:
+    """The k configurations with the highest passing throughput."""
+    def value(c: dict) -> float:
+        passing = [lv["output_tok_s"] for lv in c.get("levels", []) if lv["passed"]]
+        return passing[-1] if passing and c["status"] == "measured" else 0.0
+
+    ranked = sorted(doc["configs"], key=value, reverse=True)[:k]
+    return [(c["max_num_seqs"], c["max_num_batched_tokens"]) for c in ranked if value(c) > 0]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, default=OUT)
     ap.add_argument("--limit", type=int, default=None, help="Record at most this many new configurations.")
+    ap.add_argument("--repeats", type=int, default=0,
+                    help="Once the grid is complete: measure the top --top configurations this many times again "
+                         "(kept apart, under 'repeats': how much one configuration's figure varies).")
+    ap.add_argument("--top", type=int, default=3)
     opts = ap.parse_args()
     spec = load_study(STUDY)
     model_path, model_flags = resolve_model(spec.model.path)
@@ -168,18 +183,25 @@ def main() -> None:
     done = {(c["max_num_seqs"], c["max_num_batched_tokens"]) for c in doc["configs"]}
     grid = [(s, b) for s in MAX_NUM_SEQS for b in MAX_NUM_BATCHED_TOKENS if (s, b) not in done]
     random.Random(0).shuffle(grid)  # machine-load drift must not line up with one axis
+    todo = [("configs", key) for key in grid[: opts.limit]]
+    if opts.repeats and not grid:
+        doc.setdefault("repeats", [])
+        have = [(c["max_num_seqs"], c["max_num_batched_tokens"]) for c in doc["repeats"]]
+        todo = [("repeats", key) for _ in range(opts.repeats) for key in top_configs(doc, opts.top)]
+        for key in have:  # resume: what was repeated already
+            todo.remove(("repeats", key))
     logs = Path(tempfile.mkdtemp(prefix="surface-logs-"))
-    print(f"{len(done)} configurations recorded, {len(grid)} to go; logs in {logs}", flush=True)
-    for i, (seqs, batched) in enumerate(grid[: opts.limit]):
+    print(f"{len(done)} configurations recorded, {len(todo)} measurements to go; logs in {logs}", flush=True)
+    for i, (where, (seqs, batched)) in enumerate(todo):
         flags = {**model_flags, **spec.fixed_flags(), "max_num_seqs": seqs, "max_num_batched_tokens": batched}
         with engine_lock() as waited:
-            print(f"[{i + 1}/{len(grid)}] max_num_seqs={seqs} max_num_batched_tokens={batched} "
+            print(f"[{i + 1}/{len(todo)}] {where}: max_num_seqs={seqs} max_num_batched_tokens={batched} "
                   f"(waited {waited:.0f} s for the lock)", flush=True)
-            entry = record_config(spec, model_path, flags, vocab, logs / f"s{seqs}-b{batched}.log")
+            entry = record_config(spec, model_path, flags, vocab, logs / f"s{seqs}-b{batched}-{i}.log")
         entry = {"max_num_seqs": seqs, "max_num_batched_tokens": batched, "precheck": invalid_reason(flags),
                  "recorded": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"), **entry}
         print(f"    -> {entry['status']} {entry.get('reason', '')} ({entry['wall_s']} s)", flush=True)
-        doc["configs"].append(entry)
+        doc[where].append(entry)
         doc["provenance"]["finished"] = entry["recorded"]
         save(doc, opts.out)
     print("done", flush=True)

@@ -10,8 +10,8 @@ measured, with the constraint semantics of autotune/outcome.py, so methods compa
 Reported per method: the median number of booted trials (and engine minutes) until a configuration within 5% of
 the surface's best feasible throughput has been measured, and the share of that effort spent on infeasible
 configurations. Replay rules: a sampled value is snapped to the nearest recorded grid value (in log2; ties go
-up); a trial ends at the first ladder rung that misses a limit (the real search would then bisect; not
-recorded); a configuration vLLM rejects is refused before boot (free, not a trial) except by the grid, which,
+up); a trial's value is its highest passing ladder rung (the real search would bisect towards the next one: its
+time is counted, its finer value is not recorded); a configuration vLLM rejects is refused before boot (free, not a trial) except by the grid, which,
 like vLLM's auto_tune script, boots everything in order.
 """
 
@@ -36,10 +36,11 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from autotune import outcome  # noqa: E402
-from autotune.samplers import sampler_for  # noqa: E402
+from autotune.samplers import BelowBestPruner, sampler_for  # noqa: E402
 
 SURFACE = REPO / "benchmarks" / "data" / "surface-tiny-cpu.json"
 WITHIN = 0.05
+BISECTION_LEVELS = 2
 MAX_BOOTED = 64
 
 
@@ -77,14 +78,30 @@ class Point:
     def feasible(self) -> bool:
         return self.precheck is None and self.value > 0
 
-    def cost_s(self, rungs: int | None = None) -> float:
-        """Engine seconds to boot it and measure its first `rungs` rungs (all by default); the rest of its
-        recorded wall time (warm-ups, stop) is spread evenly over the rungs."""
+    def schedule(self) -> list[tuple[float, float]]:
+        """(value reported to the pruner, engine seconds) per load level the real search would measure: the
+        recorded rungs, then, when a rung failed after one passed, the 2 bisection levels autotune's SLA search
+        adds between them (factor 2, tolerance 0.25; not recorded: each costs the mean of the two rungs, and
+        reports the best passing figure so far). Each rung also carries its share of the recorded wall time
+        that was neither boot nor measurement (warm-ups, stop)."""
+        if not self.rungs:
+            return []
+        overhead = max(0.0, self.wall_s - self.boot_s - sum(r.duration_s for r in self.rungs)) / len(self.rungs)
+        out, best = [], 0.0
+        for r in self.rungs:
+            best = r.output_tok_s if r.passed else best
+            out.append((best, r.duration_s + overhead))
+        last = self.rungs[-1]
+        if not last.passed and len(self.rungs) > 1:
+            between = (self.rungs[-2].duration_s + last.duration_s) / 2 + overhead
+            out += [(best, between)] * BISECTION_LEVELS
+        return out
+
+    def cost_s(self, levels: int | None = None) -> float:
+        """Engine seconds to boot it and measure its first `levels` load levels (all by default)."""
         if not self.rungs:
             return self.wall_s
-        k = len(self.rungs) if rungs is None else rungs
-        overhead = max(0.0, self.wall_s - self.boot_s - sum(r.duration_s for r in self.rungs)) / len(self.rungs)
-        return self.boot_s + sum(r.duration_s + overhead for r in self.rungs[:k])
+        return self.boot_s + sum(c for _, c in self.schedule()[:levels])
 
 
 @dataclass(frozen=True)
@@ -152,8 +169,9 @@ class Method:
     pruner: Callable[[], optuna.pruners.BasePruner] | None = None
 
 
-def tell(study: optuna.Study, trial: optuna.Trial, point: Point, method: Method) -> Step | None:
-    """Replay one trial: the same outcomes outcome.py gives a real one. None when refused before boot."""
+def tell(study: optuna.Study, trial: optuna.Trial, point: Point, method: Method, gain: float = 1.0) -> Step | None:
+    """Replay one trial: the same outcomes outcome.py gives a real one. None when refused before boot.
+    `gain` scales the throughputs the study sees (measurement noise; the Step keeps the recorded value)."""
     if point.precheck is not None:  # outcome.tell_rejected: COMPLETE, value 0, boots violated; no boot
         if method.constraints:
             outcome.set_constraints(trial, boots=1.0)
@@ -168,13 +186,10 @@ def tell(study: optuna.Study, trial: optuna.Trial, point: Point, method: Method)
         else:
             study.tell(trial, state=TrialState.FAIL)
         return Step(point, point.cost_s(), 0.0, False)
-    best = 0.0
-    for k, rung in enumerate(point.rungs):
-        if rung.passed:
-            best = rung.output_tok_s
-        trial.report(best, k)  # as study._one_trial does: the best passing throughput so far, per level
-        last = k == len(point.rungs) - 1
-        if not last and method.pruner is not None and trial.should_prune():
+    plan = point.schedule()
+    for k, (best, _) in enumerate(plan):
+        trial.report(best * gain, k)  # as study._one_trial does: the best passing throughput so far, per level
+        if k < len(plan) - 1 and method.pruner is not None and trial.should_prune():
             if method.constraints:
                 outcome.set_constraints(trial, latency=0.0 if best > 0 else 1.0)
             study.tell(trial, state=TrialState.PRUNED)
@@ -182,8 +197,8 @@ def tell(study: optuna.Study, trial: optuna.Trial, point: Point, method: Method)
     if point.value > 0:
         if method.constraints:
             outcome.set_constraints(trial)
-        study.tell(trial, point.value)
-        return Step(point, point.cost_s(), point.value, False)
+        study.tell(trial, point.value * gain)
+        return Step(point, point.cost_s(), point.value * gain, False)
     first = point.rungs[0]
     if method.constraints:  # no rung passed: latency violated by the worst miss at the lowest rung
         outcome.set_constraints(trial, latency=max(max(first.misses.values(), default=2.0) - 1.0, 1e-3))
@@ -193,8 +208,10 @@ def tell(study: optuna.Study, trial: optuna.Trial, point: Point, method: Method)
     return Step(point, point.cost_s(), 0.0, False)
 
 
-def replay(surface: Surface, method: Method, seed: int, target: float, max_booted: int = MAX_BOOTED) -> list[Step]:
-    """Booted trials of one study, until one measures at least `target` or `max_booted` have run."""
+def replay(surface: Surface, method: Method, seed: int, target: float, max_booted: int = MAX_BOOTED,
+           noise: Callable[[], float] = lambda: 1.0) -> list[Step]:
+    """Booted trials of one study, until one measures at least `target` or `max_booted` have run. Each trial's
+    throughputs are scaled by a fresh `noise()` (1: the recorded figures as they are)."""
     study = optuna.create_study(direction="maximize", sampler=method.sampler(seed),
                                 pruner=method.pruner() if method.pruner else optuna.pruners.NopPruner())
     if method.baselines:
@@ -206,7 +223,7 @@ def replay(surface: Surface, method: Method, seed: int, target: float, max_boote
         trial = study.ask()
         s = trial.suggest_int("max_num_seqs", seqs[0], seqs[-1], log=True)
         b = trial.suggest_int("max_num_batched_tokens", tokens[0], tokens[-1], log=True)
-        step = tell(study, trial, surface.snap(s, b), method)
+        step = tell(study, trial, surface.snap(s, b), method, noise())
         if step is not None:
             steps.append(step)
             if step.found >= target or len(steps) >= max_booted:
@@ -274,13 +291,13 @@ def evaluate(surface: Surface, methods: list[Method], seeds: int) -> dict[str, l
 
 def table(results: dict[str, list[Figures]], reference: str) -> str:
     ref = _median([f.trials for f in results[reference]])
-    head = (f"{'method':<44}{'runs':>5}{'trials':>8}{'x default':>10}{'minutes':>9}{'infeasible':>11}"
+    head = (f"{'method':<52}{'runs':>5}{'trials':>8}{'x default':>10}{'minutes':>9}{'infeasible':>11}"
             f"{'pruned':>8}{'lost best':>10}")
     lines = [head, "-" * len(head)]
     for name, figs in results.items():
         trials = _median([f.trials for f in figs])
         lines.append(
-            f"{name:<44}{len(figs):>5}{_fmt(trials):>8}{_fmt(trials / ref, 2):>10}"
+            f"{name:<52}{len(figs):>5}{_fmt(trials):>8}{_fmt(trials / ref, 2):>10}"
             f"{_fmt(_median([f.minutes for f in figs])):>9}{_median([f.infeasible_share for f in figs]):>10.0%}"
             f"{_median([f.pruned for f in figs]):>8.1f}{sum(f.lost_best for f in figs) / len(figs):>10.0%}")
     return "\n".join(lines)
@@ -315,6 +332,10 @@ def tuning_methods() -> list[Method]:
         ("Percentile(75), warmup 2", lambda: P(75.0, n_startup_trials=5, n_warmup_steps=2)),
         ("Median, warmup 1", lambda: optuna.pruners.MedianPruner(n_startup_trials=5, n_warmup_steps=1)),
         ("Median, warmup 2", lambda: optuna.pruners.MedianPruner(n_startup_trials=5, n_warmup_steps=2)),
+        ("below 0.7 x best at the level, warmup 1", lambda: BelowBestPruner(0.7, 5, 1)),
+        ("below 0.8 x best at the level, warmup 1", lambda: BelowBestPruner(0.8, 5, 1)),
+        ("below 0.9 x best at the level, warmup 1", lambda: BelowBestPruner(0.9, 5, 1)),
+        ("below 0.8 x best at the level, warmup 2", lambda: BelowBestPruner(0.8, 5, 2)),
     ]:
         out.append(Method(f"TPE + {label}", tpe, pruner=pruner))
     return out
@@ -345,11 +366,88 @@ def describe(surface: Surface) -> str:
     return "\n".join(rows)
 
 
+def measurement(path: Path) -> str:
+    """What the stopping rule says about the recorded rungs (each measured with a fixed count): how many were
+    judged on a p95 whose 90% interval still straddled the limit, i.e. whose verdict a fixed count left to luck."""
+    from autotune.load import RequestRecord
+    from autotune.metrics import Limits, percentile_interval
+
+    doc = json.loads(path.read_text())
+    limits = Limits(**doc["provenance"]["limits"])
+    rows = {"pass": [0, 0], "fail": [0, 0]}
+    for c in doc["configs"]:
+        for lv in c.get("levels", []):
+            recs = [RequestRecord(r[0], r[1], [], r[2], 0, r[3], r[4]) for r in lv["records"]]
+            ok = [r for r in recs if r.error is None and r.ttft is not None]
+            undecided = False
+            for key, values in (("ttft_p95_ms", [r.ttft for r in ok]),
+                                ("tpot_p95_ms", [(r.end - r.start - r.ttft) / (r.output_tokens - 1)
+                                                 for r in ok if r.output_tokens > 1])):
+                limit = getattr(limits, key)
+                lo, hi = percentile_interval(values, 0.95, 0.90)
+                undecided = undecided or (limit is not None and lo * 1000 <= limit < hi * 1000)
+            row = rows["pass" if lv["passed"] else "fail"]
+            row[0] += 1
+            row[1] += undecided
+    return "\n".join(f"  {k}ed rungs: {n}, of which {u} ({u / max(n, 1):.0%}) had the limit inside the p95's 90% "
+                     f"interval" for k, (n, u) in rows.items())
+
+
+def spread(doc: dict) -> tuple[str, float]:
+    """The repeated measurements of the top configurations: each one's figures, and the pooled relative
+    standard deviation (a configuration's figure / the mean of its figures)."""
+    def value(c: dict) -> float:
+        passing = [lv["output_tok_s"] for lv in c.get("levels", []) if lv["passed"]]
+        return passing[-1] if passing and c["status"] == "measured" else 0.0
+
+    groups: dict[tuple[int, int], list[float]] = {}
+    for c in doc["configs"] + doc.get("repeats", []):
+        groups.setdefault((c["max_num_seqs"], c["max_num_batched_tokens"]), []).append(value(c))
+    rows, rel = [], []
+    for key, vals in groups.items():
+        if len(vals) > 1:
+            mean = statistics.fmean(vals)
+            rel += [v / mean - 1 for v in vals]
+            rows.append(f"  max_num_seqs={key[0]}, max_num_batched_tokens={key[1]}: "
+                        + ", ".join(f"{v:,.0f}" for v in vals) + " output tok/s")
+    sd = statistics.pstdev(rel) if rel else 0.0
+    return "\n".join(rows), sd
+
+
+def remeasure_gain(surface: Surface, sd: float, seeds: int, trials: int = 20, top: int = 3,
+                   rounds: int = 1) -> str:
+    """With each measurement off by a factor 1 + N(0, sd): how good is the configuration chosen on single figures,
+    and the one chosen on re-measured medians (top `top`, `rounds` more each), by its recorded throughput?"""
+    single, again, over = [], [], []
+    for seed in range(seeds):
+        rng = random.Random(1000 + seed)
+        noise = lambda: max(0.0, 1 + rng.gauss(0, sd))  # noqa: E731
+        steps = replay(surface, default_methods()[0], seed, math.inf, trials, noise)
+        measured = [s for s in steps if s.found > 0]
+        if not measured:
+            continue
+        pick = max(measured, key=lambda s: s.found)
+        single.append(pick.point.value / surface.best)
+        over.append(pick.found / pick.point.value - 1)
+        seen: dict[tuple[int, int], Step] = {}
+        for s in sorted(measured, key=lambda s: s.found, reverse=True):
+            seen.setdefault((s.point.max_num_seqs, s.point.max_num_batched_tokens), s)
+        finalists = list(seen.values())[:top]
+        medians = [statistics.median(s.point.value * noise() for _ in range(rounds)) for s in finalists]
+        again.append(finalists[medians.index(max(medians))].point.value / surface.best)
+    return (f"  noise sd {sd:.1%} per measurement, {trials} trials, {seeds} seeds: the winner on single figures "
+            f"reaches {statistics.median(single):.1%} of the best (mean {statistics.fmean(single):.1%}) and its "
+            f"figure overstates it by {statistics.median(over):+.1%} (median); re-measuring the top {top} "
+            f"{rounds} time(s) and choosing on the medians reaches {statistics.median(again):.1%} "
+            f"(mean {statistics.fmean(again):.1%})")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seeds", type=int, default=50)
     ap.add_argument("--surface", type=Path, default=SURFACE)
     ap.add_argument("--tuning", action="store_true", help="Also compare the settings the defaults came from.")
+    ap.add_argument("--measurement", action="store_true", help="Also judge the recorded rungs' fixed counts.")
     opts = ap.parse_args()
     optuna.logging.set_verbosity(optuna.logging.ERROR)
     warnings.filterwarnings("ignore")
@@ -360,6 +458,15 @@ def main() -> None:
           f"the best was measured; share of those minutes on infeasible configurations; pruned trials; share of "
           f"runs in which a configuration within {WITHIN:.0%} of the best was pruned")
     print(table(results, next(iter(results))))
+    if opts.measurement:
+        print("\nrecorded rungs (fixed count, max(32, 3 x concurrency) requests):")
+        print(measurement(opts.surface))
+    doc = json.loads(opts.surface.read_text())
+    if doc.get("repeats"):
+        rows, sd = spread(doc)
+        print("\nthe same configurations measured again (a figure's spread):")
+        print(rows)
+        print(remeasure_gain(surface, sd, opts.seeds))
     if opts.tuning:
         print()
         print(table(evaluate(surface, tuning_methods(), opts.seeds), "TPE startup 5"))

@@ -129,7 +129,10 @@ def surface(tmp_path: Path) -> se.Surface:
 def test_surface_values_costs_and_snapping(surface):
     p = surface.points[(8, 64)]
     assert (p.value, p.feasible) == (300.0, True)
-    assert p.cost_s() == 70.0 and p.cost_s(1) == pytest.approx(40 + 5 + 5)  # (70 - 40 - 15) / 3 = 5 per rung
+    # (70 - 40 - 15) / 3 = 5 s of warm-up and stop per rung; it failed at 16 after passing 8: two bisection
+    # levels follow, each the mean of the two rungs (5 s) plus 5 s
+    assert p.schedule() == [(200.0, 10.0), (300.0, 10.0), (300.0, 10.0), (300.0, 10.0), (300.0, 10.0)]
+    assert p.cost_s() == 90.0 and p.cost_s(1) == pytest.approx(40 + 5 + 5)
     assert (surface.points[(1, 64)].value, surface.points[(1, 64)].feasible) == (0.0, False)
     assert not surface.points[(128, 64)].feasible
     assert surface.best == 400.0
@@ -152,8 +155,8 @@ def told(surface, key, method=None, pruner=None):
 def test_replayed_outcomes_are_outcome_py_outcomes(surface):
     step, t = told(surface, (8, 64))
     assert (t.state, t.value, t.constraints, step.cost_s) == (TrialState.COMPLETE, 300.0, {
-        outcome.MEMORY: 0.0, outcome.LATENCY: 0.0, outcome.BOOTS: 0.0}, 70.0)
-    assert t.intermediate_values == {0: 200.0, 1: 300.0, 2: 300.0}  # best passing so far, per rung
+        outcome.MEMORY: 0.0, outcome.LATENCY: 0.0, outcome.BOOTS: 0.0}, 90.0)
+    assert t.intermediate_values == {0: 200.0, 1: 300.0, 2: 300.0, 3: 300.0, 4: 300.0}  # best passing so far
     step, t = told(surface, (1, 64))
     assert (t.value, t.constraints[outcome.LATENCY], step.found) == (0.0, pytest.approx(0.8), 0.0)
     step, t = told(surface, (128, 64))
@@ -182,8 +185,8 @@ def test_replay_runs_until_the_target_and_the_grid_boots_everything(surface):
     assert f.trials == len(steps) and f.minutes == pytest.approx(sum(s.cost_s for s in steps) / 60)
     order = sorted(surface.points)  # (1, 64), (8, 64), (8, 512), (128, 64)
     g = se.figures(se.grid(surface, order, target), target)
-    assert g.trials == 3 and g.minutes == pytest.approx((50 + 70 + 65) / 60)
-    assert g.infeasible_share == pytest.approx(50 / (50 + 70 + 65))
+    assert g.trials == 3 and g.minutes == pytest.approx((50 + 90 + 65) / 60)
+    assert g.infeasible_share == pytest.approx(50 / (50 + 90 + 65))
     never = se.figures(se.grid(surface, [(1, 64), (128, 64)], target), target)
     assert math.isinf(never.trials)
 
@@ -191,3 +194,65 @@ def test_replay_runs_until_the_target_and_the_grid_boots_everything(surface):
 def test_the_default_pruner_is_what_the_benchmark_chose():
     pruner = make_pruner()
     assert isinstance(pruner, optuna.pruners.BasePruner)
+
+
+def test_run_from_study_queues_the_earlier_best_after_the_baselines(tmp_path):
+    from autotune.cli import _warm_start
+    from autotune.space import BASELINE_ATTR
+
+    study_file = tmp_path / "tiny-cpu.toml"
+    study_file.write_text((ROOT / "studies" / "tiny-cpu.toml").read_text()
+                          .replace("../objectives/", f"{ROOT}/objectives/"))
+    spec = load_study(study_file)
+    url = f"sqlite:///{tmp_path / 'studies.db'}"
+    earlier = optuna.create_study(study_name="earlier", storage=url, direction="maximize")
+    for seqs, tokens, value in ((32, 512, 2500.0), (8, 256, 1500.0)):
+        earlier.enqueue_trial({"max_num_seqs": seqs, "max_num_batched_tokens": tokens})
+        t = earlier.ask()
+        t.suggest_int("max_num_seqs", 1, 64, log=True)
+        t.suggest_int("max_num_batched_tokens", 64, 4096, log=True)
+        t.set_user_attr("flags", json.dumps({"max_num_seqs": seqs, "max_num_batched_tokens": tokens}))
+        outcome.set_constraints(t)
+        earlier.tell(t, value)
+    _warm_start(spec, url, "earlier", None)
+    study = optuna.load_study(study_name=spec.name, storage=url)
+    waiting = study.get_trials(states=(TrialState.WAITING,))
+    assert [t.user_attrs.get(BASELINE_ATTR, {}).get("name") for t in waiting[:2]] == ["vllm-defaults", "recipe"]
+    assert [t.user_attrs[WARM_START_ATTR]["trial"] for t in waiting[2:]] == [0, 1]
+    # params this study searches and the earlier did not take their declared (vLLM) defaults
+    assert waiting[2].system_attrs["fixed_params"] == {"max_num_seqs": 32, "max_num_batched_tokens": 512,
+                                                       "enable_chunked_prefill": True, "enable_prefix_caching": True,
+                                                       "max_model_len": 8192}
+    from autotune.errors import SpecError
+    with pytest.raises(SpecError):
+        _warm_start(spec, url, spec.name, None)
+
+
+def test_below_best_pruner_stops_only_what_is_clearly_below_the_best_at_the_same_level():
+    from autotune.samplers import BelowBestPruner
+
+    study = optuna.create_study(direction="maximize", pruner=BelowBestPruner(0.8, n_startup_trials=2,
+                                                                            n_warmup_steps=1))
+    for curve in ([100.0, 400.0, 1000.0], [100.0, 300.0]):  # two measured trials; the best had 400 at step 1
+        t = study.ask()
+        for step, v in enumerate(curve):
+            t.report(v, step)
+        study.tell(t, curve[-1])
+    outcome.set_constraints(study.ask(), boots=1.0)  # refused before boot: reports nothing, counts for nothing
+    study.tell(study.trials[-1].number, 0.0)
+
+    def pruned_at(curve):
+        t = study.ask()
+        for step, v in enumerate(curve):
+            t.report(v, step)
+            if t.should_prune():
+                study.tell(t, state=TrialState.PRUNED)
+                return step
+        study.tell(t, curve[-1])
+        return None
+
+    assert pruned_at([10.0, 330.0, 900.0]) is None  # step 0 is warm-up; 330 >= 0.8 * 400
+    assert pruned_at([100.0, 310.0]) == 1  # 310 < 320
+    assert pruned_at([100.0, 400.0, 790.0]) == 2  # 790 < 0.8 * 1000
+    with pytest.raises(ValueError):
+        BelowBestPruner(1.5)
