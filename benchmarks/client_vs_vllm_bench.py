@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import fcntl
 import io
 import os
 import statistics
@@ -30,6 +29,7 @@ sys.path.insert(0, str(REPO))
 from autotune.load import LoadLevel, measure_level  # noqa: E402
 from autotune.metrics import Limits, level_stats  # noqa: E402
 from autotune.workload import LengthDist, Workload  # noqa: E402
+from engine_lock import engine_lock  # noqa: E402  (benchmarks/engine_lock.py)
 
 INPUT_LEN, OUTPUT_LEN, CONCURRENCY, PROMPTS = 256, 128, 16, 128
 SERVED_NAME = "tiny"
@@ -42,15 +42,6 @@ def tiny_model(path: Path) -> tuple[Path, int]:
     return write_tiny_model("dense", path), VOCAB_SIZE
 
 
-@contextlib.contextmanager
-def engine_lock() -> Iterator[None]:
-    with open("/tmp/autotune-engine.lock", "a") as f:
-        print("waiting for /tmp/autotune-engine.lock ...", flush=True)
-        fcntl.flock(f, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(f, fcntl.LOCK_UN)
 
 
 @contextlib.contextmanager

@@ -16,14 +16,12 @@ Takes /tmp/autotune-engine.lock around each boot, so only one vLLM server runs o
 from __future__ import annotations
 
 import argparse
-import contextlib
-import fcntl
 import functools
 import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -44,6 +42,7 @@ from autotune.feasibility import (  # noqa: E402
 )
 from autotune.hardware import GiB, GpuProfile, MiB, cpu_profile, get_profile  # noqa: E402
 from autotune.tinymodel import resolve_model  # noqa: E402
+from engine_lock import engine_lock  # noqa: E402  (benchmarks/engine_lock.py)
 
 EAGER = {"load_format": "dummy", "enforce_eager": True}
 
@@ -168,15 +167,6 @@ def record_time(model: str, profile: GpuProfile, flags: Mapping[str, object], en
         return statistics.median(times)
 
 
-@contextlib.contextmanager
-def engine_lock() -> Iterator[None]:
-    with open("/tmp/autotune-engine.lock", "a") as f:
-        print("  waiting for /tmp/autotune-engine.lock ...", flush=True)
-        fcntl.flock(f, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(f, fcntl.LOCK_UN)
 
 
 @dataclass(frozen=True)
