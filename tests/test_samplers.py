@@ -13,8 +13,9 @@ import pytest
 from optuna.trial import TrialState
 
 from autotune import outcome
-from autotune.samplers import (WARM_START_ATTR, make_pruner, make_sampler, sampler_for, transfer_params,
+from autotune.samplers import (GP_STARTUP_TRIALS, WARM_START_ATTR, BelowBestPruner, make_pruner, make_sampler, sampler_for, transfer_params,
                                warm_start)
+from autotune.metrics import Limits
 from autotune.space import Param
 from autotune.spec import load_study
 
@@ -39,6 +40,24 @@ def test_a_seeded_sampler_repeats_itself():
         return [study.ask().suggest_int("x", 1, 64, log=True) for _ in range(6)]
 
     assert first_params(3) == first_params(3)
+
+
+def test_the_gp_sampler_models_past_its_random_startup():
+    """`[sampler] name = "gp"` works with what autotune installs (it needs scipy), seeded and repeatable."""
+    def proposals(seed):
+        study = optuna.create_study(direction="maximize", sampler=sampler_for("gp", seed))
+        out = []
+        for _ in range(GP_STARTUP_TRIALS + 3):
+            trial = study.ask()
+            x = trial.suggest_int("x", 1, 64, log=True)
+            outcome.set_constraints(trial, latency=0.0 if x <= 32 else 1.0)
+            study.tell(trial, -abs(math.log2(x) - 3))
+            out.append(x)
+        return out
+
+    first = proposals(0)
+    assert first == proposals(0)
+    assert len(first) == GP_STARTUP_TRIALS + 3
 
 
 # --- warm start -----------------------------------------------------------------------------------------------
@@ -143,6 +162,27 @@ def test_surface_values_costs_and_snapping(surface):
     assert surface.snap(31, 64).max_num_seqs == 8 and surface.snap(33, 64).max_num_seqs == 128  # sqrt(8 * 128) = 32
 
 
+def test_the_recorded_surface_judged_again_under_tighter_limits():
+    """Re-judging each rung from its per-request records reproduces every recorded verdict under the recorded
+    limits; a tighter TTFT limit ends ladders earlier (never later) and a looser one is refused."""
+    doc = json.loads(se.SURFACE.read_text())
+    recorded = Limits(**doc["provenance"]["limits"])
+    levels = [lv for c in doc["configs"] for lv in c.get("levels", [])]
+    assert len(levels) > 50
+    for lv in levels:  # the records' times are rounded to 0.1 ms: the ratios agree to well within 1%
+        passed, misses = se.rejudge(lv, recorded)
+        assert passed == lv["passed"] and misses == pytest.approx(lv["misses"], rel=0.01)
+    as_recorded, tight = se.load_surface(), se.load_surface(limits=Limits(ttft_p95_ms=150.0, tpot_p95_ms=50.0))
+    assert tight.provenance["limits"] == {"ttft_p95_ms": 150.0, "tpot_p95_ms": 50.0}
+    for key, p in as_recorded.points.items():
+        q = tight.points[key]
+        assert len(q.rungs) <= len(p.rungs) and q.value <= p.value
+        assert all(r.passed for r in q.rungs[:-1])
+    assert tight.best < as_recorded.best
+    with pytest.raises(ValueError, match="looser"):
+        se.load_surface(limits=Limits(ttft_p95_ms=900.0, tpot_p95_ms=50.0))
+
+
 def told(surface, key, method=None, pruner=None):
     """One replayed trial on a fresh study: (step, frozen trial)."""
     m = method or se.Method("t", lambda s: optuna.samplers.RandomSampler(seed=s), pruner=pruner)
@@ -192,8 +232,9 @@ def test_replay_runs_until_the_target_and_the_grid_boots_everything(surface):
 
 
 def test_the_default_pruner_is_what_the_benchmark_chose():
-    pruner = make_pruner()
-    assert isinstance(pruner, optuna.pruners.BasePruner)
+    pruner = make_pruner()  # benchmarks/search_efficiency.py --tuning: never lost the best, saved as much time
+    assert isinstance(pruner, BelowBestPruner)
+    assert (pruner.ratio, pruner.n_startup_trials, pruner.n_warmup_steps) == (0.7, 5, 1)
 
 
 def test_run_from_study_queues_the_earlier_best_after_the_baselines(tmp_path):
