@@ -20,6 +20,7 @@ from typing import Any, Literal
 from autotune.errors import SpecError
 from autotune.memcap import MemoryCap, parse_cap
 from autotune.metrics import Limits
+from autotune.remeasure import DEFAULT_TOP
 from autotune.sla import LoadSearch
 from autotune.space import (
     MODEL,
@@ -93,6 +94,7 @@ class StudySpec:
     storage: str | None
     time_budget_s: float | None = None  # [budget] time: the default for `autotune run --budget`
     max_trials: int | None = None  # [budget] trials
+    remeasure: int = DEFAULT_TOP  # [budget] remeasure: configurations re-measured before the budget ends
     description: str = ""
     memory_cap: MemoryCap | None = None  # memory_cap_gib: plan and boot as on a card of this size (memcap.py)
 
@@ -519,15 +521,16 @@ def _sampler(top: _Table) -> SamplerSpec:
     return sampler
 
 
-def _budget(top: _Table) -> tuple[float, float | None, int | None]:
-    """[budget]: boot timeout (default 10m), default run time, default trial count."""
+def _budget(top: _Table) -> tuple[float, float | None, int | None, int]:
+    """[budget]: boot timeout (default 10m), default run time, default trial count, configurations re-measured."""
     bu = top.table("budget")
     boot_timeout = parse_duration(bu.get("boot_timeout", "10m"), bu.key("boot_timeout"), bu.source)
     time_raw = bu.get("time", None)
     time_budget = parse_duration(time_raw, bu.key("time"), bu.source) if time_raw is not None else None
     max_trials = bu.integer("trials", None, minimum=1)
+    remeasure = bu.integer("remeasure", DEFAULT_TOP, minimum=0)
     bu.done()
-    return boot_timeout, time_budget, max_trials
+    return boot_timeout, time_budget, max_trials, remeasure
 
 
 def load_study(path: str | Path) -> StudySpec:
@@ -550,11 +553,11 @@ def load_study(path: str | Path) -> StudySpec:
     space = _space(top, engine, base, model.path)
     baselines = _baselines(top, base, model_flags(model) | engine)
     sampler = _sampler(top)
-    boot_timeout, time_budget, max_trials = _budget(top)
+    boot_timeout, time_budget, max_trials, remeasure = _budget(top)
     cap_raw = top.get("memory_cap_gib", None)
     memory_cap = parse_cap(cap_raw, source, "memory_cap_gib") if cap_raw is not None else None
     top.done()
     return StudySpec(name=name, path=path, objective=objective, hardware=hardware, model=model, engine=engine,
                      env=env, space=space, baselines=baselines, sampler=sampler, boot_timeout_s=boot_timeout,
-                     storage=storage, time_budget_s=time_budget, max_trials=max_trials, description=description,
-                     memory_cap=memory_cap)
+                     storage=storage, time_budget_s=time_budget, max_trials=max_trials, remeasure=remeasure,
+                     description=description, memory_cap=memory_cap)

@@ -156,7 +156,7 @@ def run_study(
     study = open_study(spec, storage_url)
     artifacts_dir = artifacts_dir or spec.path.parent / f"{spec.name}-artifacts"
     reap_leftover_servers()
-    reserved = remeasure.reserve(budget, getattr(spec, "remeasure", remeasure.DEFAULT_TOP))  # spent at the end
+    reserved = remeasure.reserve(budget, spec.remeasure)  # spent at the end
     budget.durations.extend(
         t.user_attrs["duration_s"] for t in study.trials if "duration_s" in t.user_attrs and t.state.is_finished()
     )

@@ -39,6 +39,7 @@ BAD_FILES = [
     ("study-dash-flag.toml", "engine.max-num-seqs", "did you mean 'max_num_seqs'?"),
     ("study-missing-objective.toml", "objective", "file not found"),
     ("study-bad-duration.toml", "budget.boot_timeout", "got '4x'"),
+    ("study-bad-remeasure.toml", "budget.remeasure", "must be >= 0, got -1"),
     ("study-baseline-refused.toml", "baselines[0].flags",
      "max_num_batched_tokens (16) must be >= max_num_seqs (32)"),
     ("study-baseline-twice.toml", "baselines[1].name", "defined twice"),
@@ -143,6 +144,7 @@ def test_relative_paths_resolve_against_the_file(tmp_path: Path) -> None:
     assert s.env == {"VLLM_CPU_KVCACHE_SPACE": "1"}
     assert s.hardware == "auto" and s.storage is None and s.sampler.name == "tpe"
     assert s.boot_timeout_s == 600  # the 10m default
+    assert s.remeasure == 3  # the top three are re-measured unless [budget] remeasure says otherwise
     assert s.space[1].when == {"max_num_seqs": [4, 8]}
 
 
