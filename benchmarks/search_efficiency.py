@@ -2,22 +2,26 @@
 
 The surface (benchmarks/data/surface-tiny-cpu.json, recorded by benchmarks/record_surface.py) holds, for a
 grid of max_num_seqs x max_num_batched_tokens of the tiny dense model on the vLLM CPU build, what each
-configuration did at each rung of a load ladder. Replaying it, a trial's outcome is looked up instead of
-measured, with the constraint semantics of autotune/outcome.py, so methods compare over many seeds in seconds:
+configuration did at each rung of a load ladder, with every request's timings. Replaying it, a trial's outcome
+is looked up instead of measured, with the constraint semantics of autotune/outcome.py, so methods compare over
+many seeds in minutes (most of it the GP sampler's model fits; the other methods take seconds):
 
-    .venv/bin/python benchmarks/search_efficiency.py [--seeds 50] [--tuning]
+    .venv/bin/python benchmarks/search_efficiency.py [--seeds 50] [--tuning] [--limit ttft_p95_ms=150]
 
 Reported per method: the median number of booted trials (and engine minutes) until a configuration within 5% of
-the surface's best feasible throughput has been measured, and the share of that effort spent on infeasible
-configurations. Replay rules: a sampled value is snapped to the nearest recorded grid value (in log2; ties go
-up); a trial's value is its highest passing ladder rung (the real search would bisect towards the next one: its
-time is counted, its finer value is not recorded); a configuration vLLM rejects is refused before boot (free, not a trial) except by the grid, which,
-like vLLM's auto_tune script, boots everything in order.
+the surface's best feasible throughput has been measured, the share of that effort spent on infeasible
+configurations, pruned trials, and how close the best of the first 10 trials came. `--limit` judges the recorded
+rungs again under a tighter limit (from the requests' own timings), which gives a surface on which vLLM's
+defaults are far from the best. Replay rules: a sampled value is snapped to the nearest recorded grid value (in
+log2; ties go up); a trial's value is its highest passing ladder rung (the real search would bisect towards the
+next one: its time is counted, its finer value is not recorded); a configuration vLLM rejects is refused before
+boot (free, not a trial) except by the grid, which, like vLLM's auto_tune script, boots everything in order.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import random
@@ -36,10 +40,13 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from autotune import outcome  # noqa: E402
+from autotune.load import LevelRun, LoadLevel, RequestRecord  # noqa: E402
+from autotune.metrics import Limits, judge, level_stats, percentile_interval  # noqa: E402
 from autotune.samplers import BelowBestPruner, sampler_for  # noqa: E402
 
 SURFACE = REPO / "benchmarks" / "data" / "surface-tiny-cpu.json"
 WITHIN = 0.05
+AT_N = 10
 BISECTION_LEVELS = 2
 MAX_BOOTED = 64
 
@@ -135,16 +142,47 @@ def _nearest(axis: list[int], v: float) -> int:
     return min(axis, key=lambda a: (abs(math.log2(a) - math.log2(v)), -a))
 
 
-def load_surface(path: Path = SURFACE) -> Surface:
+def rejudge(level: dict, limits: Limits) -> tuple[bool, dict[str, float]]:
+    """A recorded rung's verdict under other limits, from its per-request records (metrics.judge, as the
+    recording judged it)."""
+    records = [RequestRecord(r[0], r[1], [], r[2], 0, r[3], r[4]) for r in level["records"]]
+    run = LevelRun(LoadLevel("concurrency", level["concurrency"]), records, 0.0, level["duration_s"])
+    verdict = judge(level_stats(run, limits), limits)
+    return verdict.passed, verdict.misses
+
+
+def _rungs(levels: list[dict], limits: Limits | None) -> tuple[Rung, ...]:
+    """The recorded rungs, or under `limits` the rungs up to the first one they fail (where the ladder would have
+    stopped)."""
+    out = []
+    for lv in levels:
+        passed, misses = (lv["passed"], lv.get("misses", {})) if limits is None else rejudge(lv, limits)
+        out.append(Rung(lv["concurrency"], passed, lv["output_tok_s"], misses, lv["duration_s"]))
+        if not passed:
+            break
+    return tuple(out)
+
+
+def load_surface(path: Path = SURFACE, limits: Limits | None = None) -> Surface:
+    """The recorded surface; with `limits`, each rung judged again under them (tighter limits than the recording's
+    only: a rung the recording failed was the last one measured)."""
     doc = json.loads(path.read_text())
+    if limits is not None:
+        recorded = doc["provenance"]["limits"]
+        for key, value in dataclasses.asdict(limits).items():
+            if value is not None and recorded.get(key) is not None and value > recorded[key]:
+                raise ValueError(f"{key}: {value} is looser than the recorded {recorded[key]}")
     points = {}
     for c in doc["configs"]:
-        rungs = tuple(Rung(lv["concurrency"], lv["passed"], lv["output_tok_s"], lv.get("misses", {}),
-                           lv["duration_s"]) for lv in c.get("levels", []))
+        rungs = _rungs(c.get("levels", []), limits)
         p = Point(c["max_num_seqs"], c["max_num_batched_tokens"], c["status"], c.get("precheck"), rungs,
                   c.get("boot_s", 0.0), c["wall_s"])
         points[(p.max_num_seqs, p.max_num_batched_tokens)] = p
-    return Surface(points, doc.get("provenance", {}))
+    provenance = dict(doc.get("provenance", {}))
+    if limits is not None:
+        provenance["limits"] = {k: v for k, v in dataclasses.asdict(limits).items() if v is not None}
+        provenance["rejudged"] = f"rungs judged again under these limits (recorded under {doc['provenance']['limits']})"
+    return Surface(points, provenance)
 
 
 # --- one replayed study -------------------------------------------------------------------------------------
@@ -209,9 +247,9 @@ def tell(study: optuna.Study, trial: optuna.Trial, point: Point, method: Method,
 
 
 def replay(surface: Surface, method: Method, seed: int, target: float, max_booted: int = MAX_BOOTED,
-           noise: Callable[[], float] = lambda: 1.0) -> list[Step]:
-    """Booted trials of one study, until one measures at least `target` or `max_booted` have run. Each trial's
-    throughputs are scaled by a fresh `noise()` (1: the recorded figures as they are)."""
+           noise: Callable[[], float] = lambda: 1.0, min_booted: int = 0) -> list[Step]:
+    """Booted trials of one study, until one has measured at least `target` and `min_booted` have run, or
+    `max_booted` have run. Each trial's throughputs are scaled by a fresh `noise()` (1: as recorded)."""
     study = optuna.create_study(direction="maximize", sampler=method.sampler(seed),
                                 pruner=method.pruner() if method.pruner else optuna.pruners.NopPruner())
     if method.baselines:
@@ -226,7 +264,8 @@ def replay(surface: Surface, method: Method, seed: int, target: float, max_boote
         step = tell(study, trial, surface.snap(s, b), method, noise())
         if step is not None:
             steps.append(step)
-            if step.found >= target or len(steps) >= max_booted:
+            reached = any(st.found >= target for st in steps)
+            if (reached and len(steps) >= min_booted) or len(steps) >= max_booted:
                 break
     return steps
 
@@ -252,15 +291,21 @@ class Figures:
     infeasible_share: float  # of those minutes, spent on configurations that met no limit or did not boot
     pruned: int
     lost_best: bool  # a configuration within WITHIN of the best was pruned
+    at_n: float = math.nan  # best recorded throughput measured within AT_N booted trials / the surface's best
+    minutes_n: float = math.nan  # engine minutes of the first AT_N booted trials
 
 
-def figures(steps: list[Step], target: float) -> Figures:
-    reached = bool(steps) and steps[-1].found >= target
-    minutes = sum(s.cost_s for s in steps) / 60
-    waste = sum(s.cost_s for s in steps if not s.point.feasible) / 60
-    return Figures(len(steps) if reached else math.inf, minutes if reached else math.inf,
-                   waste / minutes if minutes else 0.0, sum(s.pruned for s in steps),
-                   any(s.pruned and s.point.value >= target for s in steps))
+def figures(steps: list[Step], target: float, best: float = math.inf) -> Figures:
+    """Counted up to the first trial that met the target (all steps when none did); `at_10` over the first
+    AT_N steps: the recorded throughput of the best configuration measured (not pruned) by then / `best`."""
+    hit = next((i + 1 for i, s in enumerate(steps) if s.found >= target), None)
+    upto = steps[:hit] if hit else steps
+    minutes = sum(s.cost_s for s in upto) / 60
+    waste = sum(s.cost_s for s in upto if not s.point.feasible) / 60
+    at_n = max((s.point.value for s in steps[:AT_N] if s.found > 0), default=0.0) / best
+    return Figures(hit or math.inf, minutes if hit else math.inf, waste / minutes if minutes else 0.0,
+                   sum(s.pruned for s in upto), any(s.pruned and s.point.value >= target for s in steps), at_n,
+                   sum(s.cost_s for s in steps[:AT_N]) / 60)
 
 
 def _median(xs: list[float]) -> float:
@@ -276,15 +321,16 @@ def evaluate(surface: Surface, methods: list[Method], seeds: int) -> dict[str, l
     out: dict[str, list[Figures]] = {}
     for m in methods:
         t0 = time.perf_counter()
-        out[m.name] = [figures(replay(surface, m, seed, target), target) for seed in range(seeds)]
+        out[m.name] = [figures(replay(surface, m, seed, target, min_booted=AT_N), target, surface.best)
+                       for seed in range(seeds)]
         print(f"  {m.name}: {time.perf_counter() - t0:.1f} s", file=sys.stderr, flush=True)
     keys = sorted(surface.points)  # max_num_seqs outer, max_num_batched_tokens inner, ascending
-    out["grid (vLLM auto_tune order)"] = [figures(grid(surface, keys, target), target)]
+    out["grid (vLLM auto_tune order)"] = [figures(grid(surface, keys, math.inf)[:MAX_BOOTED], target, surface.best)]
     shuffled = []
     for seed in range(seeds):
         order = keys[:]
         random.Random(seed).shuffle(order)
-        shuffled.append(figures(grid(surface, order, target), target))
+        shuffled.append(figures(grid(surface, order, math.inf), target, surface.best))
     out["grid, shuffled"] = shuffled
     return out
 
@@ -292,14 +338,15 @@ def evaluate(surface: Surface, methods: list[Method], seeds: int) -> dict[str, l
 def table(results: dict[str, list[Figures]], reference: str) -> str:
     ref = _median([f.trials for f in results[reference]])
     head = (f"{'method':<52}{'runs':>5}{'trials':>8}{'x default':>10}{'minutes':>9}{'infeasible':>11}"
-            f"{'pruned':>8}{'lost best':>10}")
+            f"{'pruned':>8}{'lost best':>10}{'@' + str(AT_N) + ' trials':>11}{'min/' + str(AT_N):>8}")
     lines = [head, "-" * len(head)]
     for name, figs in results.items():
         trials = _median([f.trials for f in figs])
         lines.append(
             f"{name:<52}{len(figs):>5}{_fmt(trials):>8}{_fmt(trials / ref, 2):>10}"
             f"{_fmt(_median([f.minutes for f in figs])):>9}{_median([f.infeasible_share for f in figs]):>10.0%}"
-            f"{_median([f.pruned for f in figs]):>8.1f}{sum(f.lost_best for f in figs) / len(figs):>10.0%}")
+            f"{_median([f.pruned for f in figs]):>8.1f}{sum(f.lost_best for f in figs) / len(figs):>10.0%}"
+            f"{statistics.fmean(f.at_n for f in figs):>11.1%}{_median([f.minutes_n for f in figs]):>8.1f}")
     return "\n".join(lines)
 
 
@@ -307,24 +354,25 @@ def default_methods() -> list[Method]:
     from autotune.samplers import make_pruner
 
     tpe = lambda seed: sampler_for("tpe", seed)  # noqa: E731
+    old = lambda seed: sampler_for("tpe", seed, startup_trials=5)  # noqa: E731
+    old_pruner = lambda: optuna.pruners.PercentilePruner(25.0, n_startup_trials=5, n_warmup_steps=1)  # noqa: E731
     return [
-        Method("autotune default (TPE+constraints, baselines)", tpe, pruner=make_pruner),
-        Method("same, no pruner", tpe),
-        Method("same, no baselines", tpe, baselines=False, pruner=make_pruner),
+        Method("autotune default (TPE+constraints, baselines, pruner)", tpe, pruner=make_pruner),
+        Method("autotune default without the baselines", tpe, baselines=False, pruner=make_pruner),
+        Method("before: TPE startup 5, Percentile(25), no baselines", old, baselines=False, pruner=old_pruner),
         Method("random search", lambda seed: sampler_for("random", seed), baselines=False),
         Method("TPE without constraints (infeasible = FAIL)", tpe, baselines=False, constraints=False),
-        Method("GP with constraints, no baselines", lambda seed: sampler_for("gp", seed), baselines=False),
-        Method("GP with constraints, baselines", lambda seed: sampler_for("gp", seed)),
+        Method("GP with constraints (startup 5), no baselines", lambda seed: sampler_for("gp", seed),
+               baselines=False),
     ]
 
 
 def tuning_methods() -> list[Method]:
-    """The settings the defaults were chosen among."""
+    """The settings the defaults were chosen among, all without baselines (with them, every method meets the
+    target at the first trial on this surface and nothing can be told apart)."""
     P = optuna.pruners.PercentilePruner
-    out = [Method(f"TPE startup {n}", (lambda n: lambda seed: sampler_for("tpe", seed, startup_trials=n))(n))
-           for n in (2, 3, 5, 10)]
-    out += [Method(f"GP startup {n}", (lambda n: lambda seed: sampler_for("gp", seed, startup_trials=n))(n))
-            for n in (3, 5)]
+    out = [Method(f"TPE startup {n}", (lambda n: lambda seed: sampler_for("tpe", seed, startup_trials=n))(n),
+                  baselines=False) for n in (2, 3, 5, 10)]
     tpe = lambda seed: sampler_for("tpe", seed)  # noqa: E731
     for label, pruner in [
         ("Percentile(25) = keep top quarter, warmup 1", lambda: P(25.0, n_startup_trials=5, n_warmup_steps=1)),
@@ -337,7 +385,7 @@ def tuning_methods() -> list[Method]:
         ("below 0.9 x best at the level, warmup 1", lambda: BelowBestPruner(0.9, 5, 1)),
         ("below 0.8 x best at the level, warmup 2", lambda: BelowBestPruner(0.8, 5, 2)),
     ]:
-        out.append(Method(f"TPE + {label}", tpe, pruner=pruner))
+        out.append(Method(f"TPE + {label}", tpe, baselines=False, pruner=pruner))
     return out
 
 
@@ -369,9 +417,6 @@ def describe(surface: Surface) -> str:
 def measurement(path: Path) -> str:
     """What the stopping rule says about the recorded rungs (each measured with a fixed count): how many were
     judged on a p95 whose 90% interval still straddled the limit, i.e. whose verdict a fixed count left to luck."""
-    from autotune.load import RequestRecord
-    from autotune.metrics import Limits, percentile_interval
-
     doc = json.loads(path.read_text())
     limits = Limits(**doc["provenance"]["limits"])
     rows = {"pass": [0, 0], "fail": [0, 0]}
@@ -418,7 +463,7 @@ def remeasure_gain(surface: Surface, sd: float, seeds: int, trials: int = 20, to
                    rounds: int = 1) -> str:
     """With each measurement off by a factor 1 + N(0, sd): how good is the configuration chosen on single figures,
     and the one chosen on re-measured medians (top `top`, `rounds` more each), by its recorded throughput?"""
-    single, again, over = [], [], []
+    single, again, over, over_again = [], [], [], []
     for seed in range(seeds):
         rng = random.Random(1000 + seed)
         noise = lambda: max(0.0, 1 + rng.gauss(0, sd))  # noqa: E731
@@ -434,12 +479,15 @@ def remeasure_gain(surface: Surface, sd: float, seeds: int, trials: int = 20, to
             seen.setdefault((s.point.max_num_seqs, s.point.max_num_batched_tokens), s)
         finalists = list(seen.values())[:top]
         medians = [statistics.median(s.point.value * noise() for _ in range(rounds)) for s in finalists]
-        again.append(finalists[medians.index(max(medians))].point.value / surface.best)
+        winner = finalists[medians.index(max(medians))]
+        again.append(winner.point.value / surface.best)
+        over_again.append(max(medians) / winner.point.value - 1)
     return (f"  noise sd {sd:.1%} per measurement, {trials} trials, {seeds} seeds: the winner on single figures "
             f"reaches {statistics.median(single):.1%} of the best (mean {statistics.fmean(single):.1%}) and its "
             f"figure overstates it by {statistics.median(over):+.1%} (median); re-measuring the top {top} "
             f"{rounds} time(s) and choosing on the medians reaches {statistics.median(again):.1%} "
-            f"(mean {statistics.fmean(again):.1%})")
+            f"(mean {statistics.fmean(again):.1%}), its re-measured figure off by {statistics.median(over_again):+.1%} "
+            f"(median)")
 
 
 def main() -> None:
@@ -448,25 +496,49 @@ def main() -> None:
     ap.add_argument("--surface", type=Path, default=SURFACE)
     ap.add_argument("--tuning", action="store_true", help="Also compare the settings the defaults came from.")
     ap.add_argument("--measurement", action="store_true", help="Also judge the recorded rungs' fixed counts.")
+    ap.add_argument("--limit", action="append", default=[], metavar="KEY=MS",
+                    help="Judge the recorded rungs again under a tighter p95 limit, e.g. --limit ttft_p95_ms=150 "
+                         "(a surface on which vLLM's defaults are not near the best).")
     opts = ap.parse_args()
     optuna.logging.set_verbosity(optuna.logging.ERROR)
     warnings.filterwarnings("ignore")
-    surface = load_surface(opts.surface)
+    limits = None
+    if opts.limit:
+        doc = json.loads(opts.surface.read_text())
+        given = dict(doc["provenance"]["limits"])
+        for item in opts.limit:
+            key, _, ms = item.partition("=")
+            if key not in given or not ms.replace(".", "", 1).isdigit():
+                ap.error(f"--limit {item}: expected KEY=MS with KEY one of {', '.join(given)}")
+            given[key] = float(ms)
+        try:
+            limits = Limits(**given)
+            surface = load_surface(opts.surface, limits)
+        except ValueError as e:
+            ap.error(f"--limit: {e}")
+    else:
+        surface = load_surface(opts.surface)
     print(describe(surface))
     results = evaluate(surface, default_methods(), opts.seeds)
     print(f"\nmedian over seeds of: booted trials (and engine minutes) until a configuration within {WITHIN:.0%} of "
           f"the best was measured; share of those minutes on infeasible configurations; pruned trials; share of "
           f"runs in which a configuration within {WITHIN:.0%} of the best was pruned")
     print(table(results, next(iter(results))))
-    if opts.measurement:
+    med = {name: _median([f.trials for f in figs]) for name, figs in results.items()}
+    rnd, grd = med["random search"], med["grid (vLLM auto_tune order)"]
+    for name in list(results)[:2]:
+        print(f"{name}: random search needs {rnd / med[name]:.1f}x its trials (target >= 2), the grid in vLLM's "
+              f"order {grd / med[name]:.1f}x (target >= 5)")
+    if opts.measurement and limits is None:
         print("\nrecorded rungs (fixed count, max(32, 3 x concurrency) requests):")
         print(measurement(opts.surface))
     doc = json.loads(opts.surface.read_text())
-    if doc.get("repeats"):
+    if doc.get("repeats") and limits is None:
         rows, sd = spread(doc)
         print("\nthe same configurations measured again (a figure's spread):")
         print(rows)
-        print(remeasure_gain(surface, sd, opts.seeds))
+        for rounds in (1, 2):
+            print(remeasure_gain(surface, sd, opts.seeds, rounds=rounds))
     if opts.tuning:
         print()
         print(table(evaluate(surface, tuning_methods(), opts.seeds), "TPE startup 5"))
