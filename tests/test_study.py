@@ -167,3 +167,26 @@ def test_run_rejects_a_bad_budget_with_one_line_and_exit_2(spec) -> None:
     assert out.exit_code == 2
     assert "--budget" in out.output and len(out.output.strip().splitlines()) == 1
     assert not (spec.path.parent / "tiny-cpu.db").exists()  # nothing written to the study
+
+
+@pytest.mark.parametrize(("args", "fragment"), [
+    (["--gpus", "0,0"], "--gpus: 0,0: expected distinct GPU indices"),
+    (["--gpus", "a,1"], "--gpus: a,1: expected GPU indices"),
+    (["--gpus", ","], "expected distinct GPU indices"),
+    (["--gpus", "0,1", "--workers", "2"], "--workers: give --workers (CPU build) or --gpus"),
+    (["--workers", "0"], "--workers: must be at least 1"),
+])
+def test_run_rejects_bad_slot_options_with_one_line_and_exit_2(spec, args, fragment) -> None:
+    out = CliRunner().invoke(main, ["run", str(spec.path), "--n-trials", "1", *args])
+    assert out.exit_code == 2, out.output
+    assert fragment in out.output and len(out.output.strip().splitlines()) == 1
+    assert not (spec.path.parent / "tiny-cpu.db").exists()
+
+
+def test_gpus_give_one_slot_per_gpu_each_server_confined_to_its_own() -> None:
+    from autotune.cli import _slots
+
+    slots = _slots(None, "2,0")
+    assert [(s.name, s.gpu_indices, s.cuda_visible_devices) for s in slots] == [("2", (2,), "2"), ("0", (0,), "0")]
+    assert [s.cuda_visible_devices for s in _slots(3, None)] == [None, None, None]  # CPU build: no CUDA devices
+    assert len(_slots(None, None)) == 1
