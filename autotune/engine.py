@@ -172,6 +172,16 @@ def detect_build() -> Build:
     return installed_vllm()[0]
 
 
+def server_env(spec: EngineSpec, base: Mapping[str, str]) -> dict[str, str]:
+    """The server's environment. A slot's GPUs are named by NVML index (what autotune samples and nvidia-smi
+    shows); CUDA numbers devices fastest first unless told PCI bus order, so it is told."""
+    env = {**base, **spec.env, "PYTHONUNBUFFERED": "1"}
+    if spec.cuda_visible_devices is not None:
+        env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
+        env["CUDA_VISIBLE_DEVICES"] = spec.cuda_visible_devices
+    return env
+
+
 def server_argv(build: Build, spec: EngineSpec, port: int) -> list[str]:
     # The CPU build's `vllm` script fails (it looks up a distribution named vllm); its module entry point works.
     if build is Build.CPU:
@@ -213,9 +223,7 @@ class Server:
         return self._proc.pid if self._proc else None
 
     def start(self) -> None:
-        env = {**os.environ, **self.spec.env, "PYTHONUNBUFFERED": "1"}
-        if self.spec.cuda_visible_devices is not None:
-            env["CUDA_VISIBLE_DEVICES"] = self.spec.cuda_visible_devices
+        env = server_env(self.spec, os.environ)
         argv = server_argv(self.build, self.spec, self.port)
         try:  # a log that cannot be written is the machine's problem, not the configuration's: say so first
             self.log_path.parent.mkdir(parents=True, exist_ok=True)

@@ -14,7 +14,7 @@ from optuna.trial import TrialState
 from autotune import outcome
 from autotune.budget import Budget
 from autotune.cli import main
-from autotune.engine import BootInfo, Failure, FailureKind
+from autotune.engine import BootInfo, EngineSpec, Failure, FailureKind, server_env
 from autotune.load import LoadLevel
 from autotune.metrics import LevelStats, Limits, Percentiles, Verdict
 from autotune.spec import load_study
@@ -190,3 +190,9 @@ def test_gpus_give_one_slot_per_gpu_each_server_confined_to_its_own() -> None:
     assert [(s.name, s.gpu_indices, s.cuda_visible_devices) for s in slots] == [("2", (2,), "2"), ("0", (0,), "0")]
     assert [s.cuda_visible_devices for s in _slots(3, None)] == [None, None, None]  # CPU build: no CUDA devices
     assert len(_slots(None, None)) == 1
+    inherited = {"CUDA_VISIBLE_DEVICES": "0,1,2,3", "PATH": "/usr/bin"}
+    env = server_env(EngineSpec("m", env={"X": "1"}, cuda_visible_devices=slots[0].cuda_visible_devices), inherited)
+    # the slot's own GPU, in NVML's (PCI bus) numbering, which is what the memory sampler reads
+    assert (env["CUDA_VISIBLE_DEVICES"], env["CUDA_DEVICE_ORDER"], env["X"], env["PATH"]) == ("2", "PCI_BUS_ID", "1",
+                                                                                              "/usr/bin")
+    assert server_env(EngineSpec("m"), inherited)["CUDA_VISIBLE_DEVICES"] == "0,1,2,3"  # no slot GPU: as inherited
