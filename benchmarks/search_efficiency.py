@@ -142,11 +142,15 @@ def _nearest(axis: list[int], v: float) -> int:
     return min(axis, key=lambda a: (abs(math.log2(a) - math.log2(v)), -a))
 
 
+def _records(level: dict) -> list[RequestRecord]:
+    """A recorded rung's requests as the client saw them (record_surface.compact: times from the rung's start)."""
+    return [RequestRecord(r[0], r[1], [], r[2], 0, r[3], r[4]) for r in level["records"]]
+
+
 def rejudge(level: dict, limits: Limits) -> tuple[bool, dict[str, float]]:
     """A recorded rung's verdict under other limits, from its per-request records (metrics.judge, as the
     recording judged it)."""
-    records = [RequestRecord(r[0], r[1], [], r[2], 0, r[3], r[4]) for r in level["records"]]
-    run = LevelRun(LoadLevel("concurrency", level["concurrency"]), records, 0.0, level["duration_s"])
+    run = LevelRun(LoadLevel("concurrency", level["concurrency"]), _records(level), 0.0, level["duration_s"])
     verdict = judge(level_stats(run, limits), limits)
     return verdict.passed, verdict.misses
 
@@ -257,6 +261,7 @@ def replay(surface: Surface, method: Method, seed: int, target: float, max_boote
             study.enqueue_trial(params)
     seqs, tokens = surface.seqs_axis, surface.tokens_axis
     steps: list[Step] = []
+    reached = False
     for _ in range(20 * max_booted):  # proposals; refusals before boot cost nothing but are bounded
         trial = study.ask()
         s = trial.suggest_int("max_num_seqs", seqs[0], seqs[-1], log=True)
@@ -264,7 +269,7 @@ def replay(surface: Surface, method: Method, seed: int, target: float, max_boote
         step = tell(study, trial, surface.snap(s, b), method, noise())
         if step is not None:
             steps.append(step)
-            reached = any(st.found >= target for st in steps)
+            reached = reached or step.found >= target
             if (reached and len(steps) >= min_booted) or len(steps) >= max_booted:
                 break
     return steps
@@ -296,7 +301,7 @@ class Figures:
 
 
 def figures(steps: list[Step], target: float, best: float = math.inf) -> Figures:
-    """Counted up to the first trial that met the target (all steps when none did); `at_10` over the first
+    """Counted up to the first trial that met the target (all steps when none did); `at_n` over the first
     AT_N steps: the recorded throughput of the best configuration measured (not pruned) by then / `best`."""
     hit = next((i + 1 for i, s in enumerate(steps) if s.found >= target), None)
     upto = steps[:hit] if hit else steps
@@ -414,16 +419,14 @@ def describe(surface: Surface) -> str:
     return "\n".join(rows)
 
 
-def measurement(path: Path) -> str:
+def measurement(doc: dict) -> str:
     """What the stopping rule says about the recorded rungs (each measured with a fixed count): how many were
     judged on a p95 whose 90% interval still straddled the limit, i.e. whose verdict a fixed count left to luck."""
-    doc = json.loads(path.read_text())
     limits = Limits(**doc["provenance"]["limits"])
     rows = {"pass": [0, 0], "fail": [0, 0]}
     for c in doc["configs"]:
         for lv in c.get("levels", []):
-            recs = [RequestRecord(r[0], r[1], [], r[2], 0, r[3], r[4]) for r in lv["records"]]
-            ok = [r for r in recs if r.error is None and r.ttft is not None]
+            ok = [r for r in _records(lv) if r.error is None and r.ttft is not None]
             undecided = False
             for key, values in (("ttft_p95_ms", [r.ttft for r in ok]),
                                 ("tpot_p95_ms", [(r.end - r.start - r.ttft) / (r.output_tokens - 1)
@@ -502,9 +505,9 @@ def main() -> None:
     opts = ap.parse_args()
     optuna.logging.set_verbosity(optuna.logging.ERROR)
     warnings.filterwarnings("ignore")
+    doc = json.loads(opts.surface.read_text())
     limits = None
     if opts.limit:
-        doc = json.loads(opts.surface.read_text())
         given = dict(doc["provenance"]["limits"])
         for item in opts.limit:
             key, _, ms = item.partition("=")
@@ -531,8 +534,7 @@ def main() -> None:
               f"order {grd / med[name]:.1f}x (target >= 5)")
     if opts.measurement and limits is None:
         print("\nrecorded rungs (fixed count, max(32, 3 x concurrency) requests):")
-        print(measurement(opts.surface))
-    doc = json.loads(opts.surface.read_text())
+        print(measurement(doc))
     if doc.get("repeats") and limits is None:
         rows, sd = spread(doc)
         print("\nthe same configurations measured again (a figure's spread):")

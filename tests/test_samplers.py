@@ -13,9 +13,9 @@ import pytest
 from optuna.trial import TrialState
 
 from autotune import outcome
+from autotune.metrics import Limits
 from autotune.samplers import (GP_STARTUP_TRIALS, WARM_START_ATTR, BelowBestPruner, make_pruner, make_sampler,
                                sampler_for, transfer_params, warm_start)
-from autotune.metrics import Limits
 from autotune.space import Param
 from autotune.spec import load_study
 
