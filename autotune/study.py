@@ -10,7 +10,7 @@ import contextlib
 import json
 import threading
 import tomllib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterator, Protocol
 
@@ -22,7 +22,7 @@ from autotune import feasibility, memcap, outcome, remeasure
 from autotune.budget import Budget
 from autotune.dashboard import attach_log, open_artifact_store, save_trial_note
 from autotune.engine import Build, EngineSpec, FailureKind, detect_build, reap_leftover_servers
-from autotune.errors import AutotuneError, EngineError, StorageError
+from autotune.errors import EngineError, StorageError
 from autotune.hardware import GpuProfile, detect_gpus
 from autotune.samplers import make_pruner, make_sampler
 from autotune.space import EngineConfig, enqueue_baseline, engine_config, invalid_reason, suggest, trial_baseline
@@ -137,6 +137,8 @@ class _Run:
     real_profile: GpuProfile  # the card present, for which the flags are translated
     store: FileSystemArtifactStore  # server logs, shown by optuna-dashboard
     stop: threading.Event
+    # SQLite ignores SELECT ... FOR UPDATE, so two slots asking at once could both pop the same enqueued trial.
+    asking: threading.Lock = field(default_factory=threading.Lock)
 
     def ended(self, trial: optuna.Trial, state: TrialState, summary: str) -> None:
         save_trial_note(self.study, trial)
@@ -167,12 +169,12 @@ def run_study(
                open_artifact_store(artifacts_dir), threading.Event())
     counts = {"run": 0}
     reasons: list[str] = []
-    errors: list[AutotuneError] = []
+    errors: list[BaseException] = []
 
     def worker(slot: Slot) -> None:
         try:
             work(slot)
-        except AutotuneError as e:  # the machine or the setup, not a configuration: stop every slot cleanly
+        except BaseException as e:  # the machine, the setup or a bug, not a configuration: stop every slot cleanly
             errors.append(e)
             run.stop.set()
 
@@ -226,8 +228,9 @@ def preview_configs(spec: StudySpec, n: int, seed: int = 0) -> list[tuple[str, E
 def _one_trial(run: _Run, slot: Slot) -> TrialResult | None:
     """Ask, judge before boot, boot and measure, tell. None when the configuration was refused before boot."""
     spec, study = run.spec, run.study
-    optuna.storages.fail_stale_trials(study)  # another worker died mid-trial: mark it, and it is retried once
-    trial = study.ask()
+    with run.asking:
+        optuna.storages.fail_stale_trials(study)  # another worker died mid-trial: mark it, and it is retried once
+        trial = study.ask()
     baseline = trial_baseline(trial)
     params = suggest(trial, spec.space)
     config = engine_config(spec, params, baseline=baseline)
