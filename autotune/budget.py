@@ -23,6 +23,9 @@ class Budget:
     clock: Clock = time.monotonic
     start: float = field(default=0.0)
     durations: list[float] = field(default_factory=list)  # of the trials that booted, this run and before
+    # Seconds kept at the end for re-measuring: the search sees its deadline this much earlier, and at least one
+    # typical trial earlier, or the re-measurement it was kept for would not fit.
+    held_s: float = 0.0
 
     def __post_init__(self) -> None:
         self.start = self.clock()
@@ -31,7 +34,10 @@ class Budget:
 
     @property
     def deadline(self) -> float | None:
-        return None if self.seconds is None else self.start + self.seconds
+        if self.seconds is None:
+            return None
+        held = max(self.held_s, self.expected_trial_s() or 0.0) if self.held_s > 0 else 0.0
+        return self.start + self.seconds - held
 
     def remaining(self) -> float:
         return float("inf") if self.deadline is None else max(0.0, self.deadline - self.clock())
@@ -40,21 +46,22 @@ class Budget:
         """What the next trial is likely to take: the median of the trials seen so far."""
         return statistics.median(self.durations) if self.durations else None
 
-    def next_trial_fits(self) -> tuple[bool, str]:
+    def next_trial_fits(self, expected_s: float | None = None) -> tuple[bool, str]:
+        """Whether a trial expected to take `expected_s` (default: the median so far) fits in what is left."""
         if self.trials is not None and self.started_trials >= self.trials:
             return False, f"{self.trials} trial(s) done"
         left = self.remaining()
         if left <= 0:
             return False, "time budget spent"
-        expected = self.expected_trial_s()
+        expected = expected_s if expected_s is not None else self.expected_trial_s()
         if expected is not None and expected > left:
             return False, f"{left:.0f} s left, a trial takes about {expected:.0f} s"
         return True, ""
 
-    def claim(self) -> tuple[bool, str]:
+    def claim(self, expected_s: float | None = None) -> tuple[bool, str]:
         """Atomically: does one more trial fit, and if so count it as started."""
         with self._lock:
-            fits, why = self.next_trial_fits()
+            fits, why = self.next_trial_fits(expected_s)
             if fits:
                 self.started_trials += 1
             return fits, why

@@ -37,22 +37,21 @@ class Reserve:
 
 
 def reserve(budget: Budget, top: int = DEFAULT_TOP, fraction: float = RESERVE_FRACTION) -> Reserve:
-    """Take the reserve out of `budget` before the search: `fraction` of its time, and `top` trials of a
-    trial budget when that leaves the search at least four fifths of it. Give it back with `remeasure_top`."""
+    """Take the reserve out of `budget` before the search: `fraction` of its time (and never less than one
+    trial's length, see Budget.held_s), and `top` trials of a trial budget when that leaves the search at least
+    four fifths of it. Give it back with `remeasure_top`."""
     if top <= 0:
         return Reserve()
     seconds = fraction * budget.seconds if budget.seconds is not None else 0.0
     trials = min(top, budget.trials // 5) if budget.trials is not None else 0
-    if budget.seconds is not None:
-        budget.seconds -= seconds
+    budget.held_s = seconds
     if budget.trials is not None:
         budget.trials -= trials
     return Reserve(top, seconds, trials)
 
 
 def _release(budget: Budget, r: Reserve) -> None:
-    if budget.seconds is not None:
-        budget.seconds += r.seconds
+    budget.held_s = 0.0
     if budget.trials is not None:
         budget.trials += r.trials
 
@@ -135,7 +134,7 @@ def remeasure_top(study: optuna.Study, budget: Budget, reserved: Reserve, run_on
         for t in top:
             if stop is not None and stop.is_set():
                 break
-            fits, _why = budget.claim()
+            fits, _why = budget.claim(t.user_attrs.get("duration_s"))  # this configuration's own length
             if not fits:
                 break
             attrs: dict[str, object] = {REMEASURE_ATTR: t.number}

@@ -31,9 +31,11 @@ class Ran:
 class Lab:
     """A study whose trials measure config `c` as the next figure in `figures[c]` (or the last one again)."""
 
-    def __init__(self, figures: dict[str, list[float]], clock: Clock, infeasible: frozenset[str] = frozenset()):
+    def __init__(self, figures: dict[str, list[float]], clock: Clock, infeasible: frozenset[str] = frozenset(),
+                 lengths: dict[str, float] | None = None):
         self.figures = {k: list(v) for k, v in figures.items()}
         self.clock, self.infeasible = clock, infeasible
+        self.lengths = lengths or {}  # seconds a trial of that config takes (default 100)
         self.study = optuna.create_study(direction="maximize", sampler=optuna.samplers.RandomSampler(seed=0))
         self.order = list(figures)  # the search proposes configs in this order, then repeats the last one
 
@@ -44,7 +46,9 @@ class Lab:
         trial = self.study.ask()
         c = trial.suggest_categorical("c", [*self.figures, "z"])
         trial.set_user_attr("flags", f'{{"c": "{c}"}}')
-        self.clock.t += 100.0
+        length = self.lengths.get(c, 100.0)
+        trial.set_user_attr("duration_s", length)
+        self.clock.t += length
         figures = self.figures.get(c, [10.0])
         value = figures.pop(0) if len(figures) > 1 else figures[0]
         if c in self.infeasible:
@@ -53,7 +57,7 @@ class Lab:
         else:
             outcome.set_constraints(trial)
             self.study.tell(trial, value)
-        return Ran(100.0)
+        return Ran(length)
 
     def search(self, budget: Budget) -> int:
         """The study loop's share: trials while one more fits."""
@@ -69,10 +73,10 @@ def test_reserve_takes_a_share_of_time_and_trials_and_gives_it_back():
     budget = Budget(seconds=1000, trials=10, clock=clock)
     r = reserve(budget, top=3)
     assert r == Reserve(top=3, seconds=150.0, trials=2)  # 15% of the time; 2 = min(3, 10 // 5) trials
-    assert (budget.seconds, budget.trials) == (850.0, 8)
+    assert (budget.remaining(), budget.trials) == (850.0, 8)
     lab = Lab({"a": [5.0]}, clock)
     remeasure_top(lab.study, budget, r, lab.run_one, stop=threading.Event())  # nothing measured yet: gives back
-    assert (budget.seconds, budget.trials) == (1000.0, 10)
+    assert (budget.remaining(), budget.trials) == (1000.0, 10)
     assert reserve(Budget(trials=4), top=3) == Reserve(top=3, trials=0)  # a small budget is all search
     assert reserve(Budget(seconds=100), top=0) == Reserve()
 
@@ -100,6 +104,31 @@ def test_the_top_configurations_are_re_measured_in_the_reserved_time():
         "1": {"output_tok_s": [950.0, 940.0], "remeasured_output_tok_s": [940.0], "median": 940.0,
               "min": 940.0, "max": 950.0},
     }
+
+
+def test_the_reserve_is_never_shorter_than_a_trial():
+    """15% of 490 s is 73.5 s, less than one 100 s trial: set aside as such, it would leave the re-measurement
+    90 s (the search stops at 400 s) and none would fit. The search keeps a whole trial's length back instead."""
+    clock = Clock()
+    budget = Budget(seconds=490, clock=clock)
+    lab = Lab({"a": [1000.0], "b": [900.0], "c": [800.0]}, clock)
+    r = reserve(budget, top=3)
+    assert budget.remaining() == 490 - 73.5  # before any trial: 15%
+    assert lab.search(budget) == 3  # at t = 300 the search sees 490 - 100 - 300 = 90 s: a trial does not fit
+    assert remeasure_top(lab.study, budget, r, lab.run_one) == [0]
+    assert clock.t == 400.0
+
+
+def test_a_configuration_is_re_measured_only_when_its_own_trial_length_fits():
+    clock = Clock()
+    budget = Budget(seconds=1000, clock=clock)
+    lab = Lab({"slow": [1000.0], "a": [900.0], "b": [800.0], "c": [100.0]}, clock, lengths={"slow": 400.0})
+    lab.order = ["a", "b", "c", "slow", "c"]
+    r = reserve(budget, top=2)
+    assert lab.search(budget) == 5  # 4 x 100 + 400 s; then 1000 - 800 - 150 = 50 s left
+    # 200 s left, the median trial (100 s) would fit, but the best configuration takes 400 s: not started.
+    assert remeasure_top(lab.study, budget, r, lab.run_one) == []
+    assert clock.t == 800.0 and budget.started_trials == 5
 
 
 def test_more_time_means_more_rounds_and_the_median_decides():
@@ -142,7 +171,7 @@ def test_nothing_is_re_measured_after_a_stop_or_with_trials_still_queued():
     stop = threading.Event()
     stop.set()
     assert remeasure_top(lab.study, budget, r, lab.run_one, stop) == []
-    assert budget.seconds == 1000.0  # the reserve came back all the same
+    assert budget.held_s == 0 and budget.remaining() == 800.0  # the reserve came back all the same
     lab.study.enqueue_trial({"c": "b"})
     assert remeasure_top(lab.study, budget, Reserve(top=3), lab.run_one) == []
 
