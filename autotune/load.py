@@ -65,14 +65,18 @@ class RequestRecord:
 class LevelRun:
     """The measured requests of one level (warm-up excluded) and the level's wall-clock span.
 
-    `stop_reason`: what the `enough` callback answered when it ended the level early ("" when every request
-    given was sent)."""
+    `stop_reason`: why the level ended before every request given was sent ("" when it did not): what the
+    `enough` callback answered, or that the server failed every request, or that it hung."""
 
     level: LoadLevel
     records: list[RequestRecord] = field(hash=False)
     started: float
     ended: float
     stop_reason: str = ""
+
+    @property
+    def hung(self) -> bool:
+        return self.stop_reason.startswith(HUNG)
 
 
 # Called with the requests finished so far (in order of completion); a non-empty answer stops sending more:
@@ -81,25 +85,30 @@ Enough = Callable[[Sequence[RequestRecord]], str | None]
 
 
 GIVE_UP_AFTER = 4
-_STALLED = "no data for"
+STALLED = "no data for"  # the error of a request the server stopped sending to
+HUNG = "the server hung"  # a level's stop reason when no request received anything for the stall timeout
 
 
 class _Finished:
-    """Requests finished so far, and whether `enough` has said stop."""
+    """Requests finished so far, when the server last sent anything, and whether to stop sending."""
 
-    def __init__(self, enough: Enough | None):
-        self.enough = enough
+    def __init__(self, enough: Enough | None, stall_s: float | None = None):
+        self.enough, self.stall_s = enough, stall_s
         self.records: list[RequestRecord] = []
         self.reason = ""
+        self.heard_at = time.perf_counter()  # the last time any request of the level received data
 
     def add(self, rec: RequestRecord) -> None:
         self.records.append(rec)
         if self.reason:
             return
-        stalled = (rec.error or "").startswith(_STALLED)
-        if all(r.error is not None for r in self.records) and (stalled or len(self.records) >= GIVE_UP_AFTER):
-            # A server that fails every request (hung, or answering errors) has said all a level can say:
-            # sending the rest would only cost a stall timeout each.
+        silent = self.stall_s is not None and time.perf_counter() - self.heard_at >= 0.9 * self.stall_s
+        if (rec.error or "").startswith(STALLED) and silent:
+            # Nothing on any connection for the stall timeout: hung, not busy (an overloaded server still streams
+            # to the requests it runs). Each request still to send would only cost one more stall timeout.
+            self.reason = f"{HUNG}: {rec.error}"
+        elif all(r.error is not None for r in self.records) and len(self.records) >= GIVE_UP_AFTER:
+            # A server that fails every request (answering errors) has said all a level can say.
             self.reason = f"the first {len(self.records)} request(s) all failed"
         elif self.enough is not None:
             self.reason = self.enough(self.records) or ""
@@ -114,7 +123,8 @@ _USAGE = b'"usage":{'
 
 
 async def _send(
-    session: aiohttp.ClientSession, url: str, model: str, spec: RequestSpec, timeout: aiohttp.ClientTimeout
+    session: aiohttp.ClientSession, url: str, model: str, spec: RequestSpec, timeout: aiohttp.ClientTimeout,
+    finished: _Finished,
 ) -> RequestRecord:
     """Send one streaming completion and time it; never raises (except cancellation)."""
     body = json.dumps(
@@ -145,7 +155,7 @@ async def _send(
             else:
                 buf = b""
                 async for got in resp.content.iter_any():
-                    now = time.perf_counter()  # events that arrive in one read share a timestamp
+                    now = finished.heard_at = time.perf_counter()  # events that arrive in one read share it
                     buf += got
                     *lines, buf = buf.split(b"\n")
                     for raw in lines:
@@ -176,7 +186,7 @@ async def _send(
                     if done or rec.error:
                         break
     except aiohttp.ServerTimeoutError:  # sock_read: the server sent nothing for stall_timeout_s (hung)
-        rec.error = f"{_STALLED} {timeout.sock_read:g} s"
+        rec.error = f"{STALLED} {timeout.sock_read:g} s"
     except asyncio.TimeoutError:
         rec.error = f"timeout after {timeout.total:g} s"
     except aiohttp.ClientResponseError as e:
@@ -216,7 +226,7 @@ async def _closed_loop(
 
     async def worker() -> None:
         for i in it:
-            rec = records[i] = await _send(session, url, model, specs[i], timeout)
+            rec = records[i] = await _send(session, url, model, specs[i], timeout, done)
             done.add(rec)
             if done.reason:
                 return
@@ -245,12 +255,12 @@ async def _poisson(
 
     async def one(spec: RequestSpec) -> RequestRecord | None:
         if cap is None:
-            rec = await _send(session, url, model, spec, timeout)
+            rec = await _send(session, url, model, spec, timeout, done)
         else:
             async with cap:
                 if done.reason:  # arrived, but still queued behind the cap when the level had enough
                     return None
-                rec = await _send(session, url, model, spec, timeout)
+                rec = await _send(session, url, model, spec, timeout, done)
         done.add(rec)
         return rec
 
@@ -288,8 +298,11 @@ async def run_level(
     timeout = aiohttp.ClientTimeout(total=request_timeout_s, sock_read=stall_timeout_s)
     async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
         if warmup:
-            await _closed_loop(session, url, model, warmup, limit or len(warmup), timeout)
-        finished = _Finished(enough)
+            warm, started = _Finished(None, stall_timeout_s), time.perf_counter()
+            records = await _closed_loop(session, url, model, warmup, limit or len(warmup), timeout, warm)
+            if warm.reason:  # every warm-up request failed (a hung or broken server): the level would repeat it
+                return LevelRun(level, records, started, time.perf_counter(), warm.reason)
+        finished = _Finished(enough, stall_timeout_s)
         started = time.perf_counter()
         if level.mode == "concurrency":
             records = await _closed_loop(session, url, model, requests, int(level.value), timeout, finished)

@@ -16,7 +16,7 @@ from typing import Callable, Literal
 
 from autotune.engine import BootFailed, BootInfo, EngineSpec, Failure, FailureKind, Server
 from autotune.hardware import MemoryPeak, MemorySampler
-from autotune.load import LoadLevel, measure_level
+from autotune.load import STALLED, LoadLevel, measure_level
 from autotune.metrics import LevelStats, Verdict, judge, level_stats
 from autotune.sla import find_sustainable
 from autotune.spec import Objective
@@ -29,6 +29,7 @@ Stage = Callable[[str], None]
 class LevelOutcome:
     stats: LevelStats
     verdict: Verdict
+    hung: bool = False  # the server sent nothing on any connection for the stall timeout (load.HUNG)
 
 
 @dataclass(frozen=True)
@@ -105,6 +106,7 @@ def run_trial(
         return TrialResult(status, levels=tuple(levels), duration_s=time.monotonic() - t0,
                            log_path=plan.log_path, memory=memory, log_error=server.log_error, **kw)
 
+    hung = False
     stage("booting")
     try:
         for attempt in (1, 2):
@@ -131,10 +133,13 @@ def run_trial(
             levels.append((value, outcome))
             if (failure := server.died()) is not None:
                 raise ServerDied(failure)
+            at = f"{plan.objective.load.mode} {value:g}"
             if outcome.stats.completed == 0 and outcome.stats.failed > 0:
                 top = next(iter(outcome.stats.errors), "")
-                raise ServerDied(Failure(FailureKind.UNRESPONSIVE,
-                                         f"no request completed at {plan.objective.load.mode} {value:g}: {top}"))
+                raise ServerDied(Failure(FailureKind.UNRESPONSIVE, f"no request completed at {at}: {top}"))
+            if outcome.hung:  # alive, but silent: whatever the requests before it did, the trial ends here
+                stalled = next((e for e in outcome.stats.errors if e.startswith(STALLED)), "")
+                raise ServerDied(Failure(FailureKind.UNRESPONSIVE, f"the server hung at {at}: {stalled}"))
             if on_level is not None and (why := on_level(k, value, outcome)):
                 raise _Stop(why)
             return outcome
@@ -142,6 +147,7 @@ def run_trial(
         try:
             sla = find_sustainable(measure, lambda o: o.verdict.passed, plan.objective.load)
         except ServerDied as e:
+            hung = e.failure.kind is FailureKind.UNRESPONSIVE
             status = "infeasible" if e.failure.kind.is_memory else "failed"
             return done(status, boot=boot, failure=e.failure)
         except _Stop as e:
@@ -154,7 +160,8 @@ def run_trial(
         stage("stopping")
         if sampler is not None and memory is None:
             sampler.stop()
-        server.stop(grace_s=15.0 if server.healthy() else 3.0)  # a failed boot has nothing to drain
+        # A failed boot or a hung server has nothing to drain.
+        server.stop(grace_s=15.0 if server.healthy() and not hung else 3.0)
 
 
 def _measure(server: Server, plan: TrialPlan, value: float, seed_offset: int) -> LevelOutcome:
@@ -168,7 +175,7 @@ def _measure(server: Server, plan: TrialPlan, value: float, seed_offset: int) ->
     run = measure_level(server.base_url, server.model, requests[w:], level, warmup=requests[:w],
                         enough=lambda done: rule.reason(done, limits))
     stats = level_stats(run, limits)
-    return LevelOutcome(stats, judge(stats, limits))
+    return LevelOutcome(stats, judge(stats, limits), hung=run.hung)
 
 
 def model_vocab_size(model: str) -> int:

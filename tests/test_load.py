@@ -44,7 +44,8 @@ class Server:
         try:
             resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
             await resp.prepare(request)
-            if self.mode == "hang":
+            if self.mode == "hang" or (self.mode == "hang_later" and len(self.bodies) > 3) or (
+                    self.mode == "one_stuck" and len(self.bodies) == 2):
                 await asyncio.sleep(2)
             n = body["max_tokens"] - (1 if self.mode == "short" else 0)
             await resp.write(b": ping\n\n")
@@ -149,6 +150,33 @@ def test_a_stall_becomes_a_record_and_ends_the_level():
     run = drive(Server(mode="hang"), [SPEC] * 6, stall_timeout_s=0.5)
     assert [r.error for r in run.records] == ["no data for 0.5 s"]
     assert run.records[0].end - run.records[0].start < 1.5
+
+
+def test_a_server_that_hangs_mid_level_ends_the_level_at_the_first_stall():
+    # Three requests complete, then the server hangs: the level ends with one stall, not one per request left.
+    server = Server(mode="hang_later")
+    run = drive(server, [SPEC] * 12, stall_timeout_s=0.5)
+    assert [r.error for r in run.records] == [None, None, None, "no data for 0.5 s"] and len(server.bodies) == 4
+    assert run.stop_reason == "the server hung: no data for 0.5 s" and run.hung
+    assert run.ended - run.started < 1.5
+
+
+def test_one_stuck_request_on_a_busy_server_is_an_error_not_a_hang():
+    # The second request gets nothing for 2 s while the other connection streams a token every 50 ms: the
+    # server is busy, not hung; the stuck request fails alone and the level goes on to the end.
+    server = Server(mode="one_stuck", gap=0.05)
+    specs = [RequestSpec((1, 2), 20)] * 6
+    run = drive(server, specs, LoadLevel("concurrency", 2), stall_timeout_s=0.5)
+    assert sorted(r.error or "" for r in run.records) == [""] * 5 + ["no data for 0.5 s"]
+    assert run.stop_reason == "" and not run.hung
+
+
+def test_a_stall_in_the_warm_up_ends_the_level_and_is_its_record():
+    # A server that hangs before the level proper: one stall says it, not one more per measured request.
+    server = Server(mode="hang")
+    run = drive(server, [SPEC] * 6, LoadLevel("concurrency", 2), warmup=[SPEC] * 2, stall_timeout_s=0.5)
+    assert [r.error for r in run.records] == ["no data for 0.5 s"] * 2 and len(server.bodies) == 2
+    assert run.stop_reason == "the server hung: no data for 0.5 s" and run.ended - run.started < 1.5
 
 
 def test_a_level_where_every_request_fails_gives_up_after_four():
