@@ -51,15 +51,17 @@ def quick(tmp_path: Path) -> Path:
 
 
 class Inject(NoProgress):
-    """Does something to the server when a given trial reaches its first load level."""
+    """Does something to the server when a given trial reaches its first load level: {trial: action}."""
 
-    def __init__(self, trial: int, action):
-        self.trial, self.action, self.done = trial, action, threading.Event()
+    def __init__(self, actions):
+        self.actions, self.done = dict(actions), set()
+        self.stages: list[tuple[int, str]] = []
 
     def stage(self, number: int, text: str) -> None:
-        if number == self.trial and text.startswith("level 1") and not self.done.is_set():
-            self.done.set()
-            threading.Timer(1.0, self.action).start()  # once requests are in flight
+        self.stages.append((number, text))
+        if number in self.actions and text.startswith("level 1") and number not in self.done:
+            self.done.add(number)
+            threading.Timer(0.3, self.actions[number]).start()  # once requests are in flight
 
 
 def run_with(quick: Path, progress, trials: int = 2) -> optuna.Study:
@@ -68,27 +70,60 @@ def run_with(quick: Path, progress, trials: int = 2) -> optuna.Study:
     return optuna.load_study(study_name=spec.name, storage=f"sqlite:///{quick.parent / 'quick.db'}")
 
 
+@pytest.fixture(scope="module")
+def faulted(tmp_path_factory: pytest.TempPathFactory) -> tuple[optuna.Study, Inject]:
+    """One real three-trial study with three faults (three boots, not six): trial 0's first port is taken by
+    another program and its engine is killed during load, trial 1's engine is stopped (SIGSTOP: alive, but no
+    token ever again), trial 2 runs untouched and shows the study went on."""
+    work = tmp_path_factory.mktemp("faulted")
+    for f in QUICK.iterdir():
+        shutil.copy(f, work / f.name)
+    squatter = socket.socket()
+    squatter.bind(("127.0.0.1", 0))
+    squatter.listen()
+    ports = iter([squatter.getsockname()[1]])
+    real_free_port = engine.free_port
+    inject = Inject({0: lambda: os.kill(engine_core().pid, signal.SIGKILL),
+                     1: lambda: os.kill(engine_core().pid, signal.SIGSTOP)})
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(engine, "free_port", lambda: next(ports, None) or real_free_port())
+        try:
+            study = run_with(work / "quick.toml", inject, trials=3)
+        finally:
+            squatter.close()
+    return study, inject
+
+
 @pytest.mark.engine
-def test_engine_killed_during_load_is_recorded_and_the_study_goes_on(quick: Path) -> None:
-    inject = Inject(0, lambda: os.kill(engine_core().pid, signal.SIGKILL))
-    study = run_with(quick, inject)
-    first, second = study.trials[0], study.trials[1]
-    survived = (inject.done.is_set() and first.state == TrialState.COMPLETE and first.constraints["boots"] == 1.0
-                and second.user_attrs.get("kv_cache_tokens") == 524_288 and vllm_processes() == [])
+def test_a_taken_port_is_retried_on_another(faulted) -> None:
+    study, inject = faulted
+    first = study.trials[0]
+    retried = (0, "booting (the port was taken; on another one)") in inject.stages
+    survived = retried and first.user_attrs.get("kv_cache_tokens") == 524_288 and vllm_processes() == []
+    LEDGER.append(("port already taken", survived, lost(study)))
+    assert survived, first.user_attrs
+
+
+@pytest.mark.engine
+def test_engine_killed_during_load_is_recorded_and_the_study_goes_on(faulted) -> None:
+    study, inject = faulted
+    first, last = study.trials[0], study.trials[2]
+    survived = (0 in inject.done and first.state == TrialState.COMPLETE and first.constraints["boots"] == 1.0
+                and last.user_attrs.get("kv_cache_tokens") == 524_288 and vllm_processes() == [])
     LEDGER.append(("engine process killed during load", survived, lost(study)))
-    assert survived, (first.user_attrs.get("reason"), second.user_attrs.get("status"))
+    assert survived, (first.user_attrs.get("reason"), last.user_attrs.get("status"))
     assert first.user_attrs["failure_kind"] in ("crash", "unresponsive")
 
 
 @pytest.mark.engine
-def test_a_hung_server_is_recorded_and_the_study_goes_on(quick: Path) -> None:
-    inject = Inject(0, lambda: os.kill(engine_core().pid, signal.SIGSTOP))  # alive, but no token ever again
-    study = run_with(quick, inject)
-    first, second = study.trials[0], study.trials[1]
-    survived = (first.user_attrs.get("failure_kind") == "unresponsive" and "no data for" in first.user_attrs["reason"]
-                and second.user_attrs.get("kv_cache_tokens") == 524_288 and vllm_processes() == [])
+def test_a_hung_server_is_recorded_and_the_study_goes_on(faulted) -> None:
+    study, inject = faulted
+    hung, last = study.trials[1], study.trials[2]
+    survived = (1 in inject.done and hung.user_attrs.get("failure_kind") == "unresponsive"
+                and "no data for" in hung.user_attrs["reason"] and last.state == TrialState.COMPLETE
+                and last.user_attrs.get("kv_cache_tokens") == 524_288 and vllm_processes() == [])
     LEDGER.append(("server hung (engine stopped with SIGSTOP)", survived, lost(study)))
-    assert survived, first.user_attrs.get("reason")
+    assert survived, hung.user_attrs.get("reason")
 
 
 @pytest.mark.engine
@@ -101,25 +136,6 @@ def test_a_server_answering_errors_is_recorded_with_the_reason(quick: Path) -> N
     survived = t.state == TrialState.COMPLETE and "400" in t.user_attrs.get("reason", "") and vllm_processes() == []
     LEDGER.append(("server answering errors (HTTP 400)", survived, lost(study)))
     assert survived, t.user_attrs.get("reason")
-
-
-@pytest.mark.engine
-def test_a_taken_port_is_retried_on_another(quick: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    squatter = socket.socket()
-    squatter.bind(("127.0.0.1", 0))
-    squatter.listen()
-    taken = squatter.getsockname()[1]
-    ports = iter([taken])
-    real_free_port = engine.free_port
-    monkeypatch.setattr(engine, "free_port", lambda: next(ports, None) or real_free_port())
-    try:
-        study = run_with(quick, NoProgress(), trials=1)
-    finally:
-        squatter.close()
-    t = study.trials[0]
-    survived = t.user_attrs.get("kv_cache_tokens") == 524_288 and vllm_processes() == []
-    LEDGER.append(("port already taken", survived, lost(study)))
-    assert survived, t.user_attrs
 
 
 @pytest.mark.engine
