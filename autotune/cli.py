@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import statistics
 import sys
 from pathlib import Path
 
@@ -219,10 +220,21 @@ def _run(spec, plan, storage: str | None, slots) -> None:
     if summary.best is None:
         console.print("[yellow]no feasible configuration yet[/]")
     else:
-        console.print(f"[bold green]best:[/] trial {summary.best.number}, {summary.best.value:,.0f} output tok/s")
+        console.print(f"[bold green]best:[/] trial {summary.best.number}, {_figure(summary.best, study.trials)}")
         console.print(summary.best.user_attrs.get("vllm_command", ""), markup=False, soft_wrap=True)
     if summary.stopped_because == "interrupted":
         sys.exit(130)
+
+
+def _figure(best, trials) -> str:
+    """The winner's throughput as it was chosen: the median of its re-measurements when it has them."""
+    from autotune.remeasure import remeasured
+
+    again = remeasured(trials).get(best.number)
+    if not again:
+        return f"{best.value:,.0f} output tok/s"
+    return (f"{statistics.median(again):,.0f} output tok/s (median of {len(again)} re-measurement(s); "
+            f"first figure {best.value:,.0f})")
 
 
 budget_option = click.option("--budget", default=None, help="Wall-clock budget: 4h, 90m, 1h30m (default: the study file's).")
@@ -352,7 +364,11 @@ def export(study: str | None, storage: str | None, fmt: str, max_vram: float | N
     elif fmt == "yaml":
         click.echo(to_yaml(flags, model=model), nl=False)
     else:
+        from autotune.remeasure import remeasured
+
         metrics = {k: v for k, v in best.user_attrs.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+        if again := remeasured(s.get_trials(deepcopy=False)).get(best.number):
+            metrics["remeasured_output_tok_s"] = [round(v, 1) for v in again]
         click.echo(to_json(model, flags, {"trial": best.number, **metrics}))
 
 

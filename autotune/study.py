@@ -24,6 +24,7 @@ from autotune.dashboard import attach_log, open_artifact_store, save_trial_note
 from autotune.engine import Build, EngineSpec, FailureKind, detect_build, reap_leftover_servers
 from autotune.errors import EngineError, StorageError
 from autotune.hardware import GpuProfile, detect_gpus
+from autotune.remeasure import feasible  # noqa: F401  (re-exported: the one definition of a feasible trial)
 from autotune.samplers import make_pruner, make_sampler
 from autotune.space import EngineConfig, enqueue_baseline, engine_config, invalid_reason, suggest, trial_baseline
 from autotune.spec import StudySpec, load_study
@@ -354,12 +355,7 @@ def _heartbeat(study: optuna.Study, trial: optuna.Trial) -> Iterator[None]:
         thread.join()
 
 
-def feasible(t: FrozenTrial) -> bool:
-    return t.state == TrialState.COMPLETE and bool(t.constraints) and all(c <= 0 for c in t.constraints.values())
-
-
 def best_trial(study: optuna.Study, keep: Callable[[FrozenTrial], bool] = lambda t: True) -> FrozenTrial | None:
-    """The best feasible COMPLETE trial (Optuna's own best_trial ignores constraints)."""
-    candidates = [t for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
-                  if feasible(t) and keep(t)]
-    return max(candidates, key=lambda t: t.value or 0.0, default=None)
+    """The best feasible configuration, as its original trial: chosen on re-measured medians once the top ones
+    were re-measured (remeasure.best), else on single figures. Optuna's own best_trial ignores constraints."""
+    return remeasure.best(study.get_trials(deepcopy=False), keep)

@@ -68,7 +68,7 @@ def trial_label(t) -> str:
 
 def study_table(trials, *, limit: int = 15, title: str = "trials, best feasible first") -> Table:
     """Feasible trials by throughput, then the rest; baselines always shown so gains can be read against them."""
-    from autotune.study import feasible
+    from autotune.remeasure import REMEASURE_ATTR, feasible
 
     def key(t):
         return (not feasible(t), -(t.value or 0.0), t.number)
@@ -85,6 +85,8 @@ def study_table(trials, *, limit: int = 15, title: str = "trials, best feasible 
         if t.state.name == "PRUNED":
             state = "pruned"
         detail = trial_label(t)
+        if (of := a.get(REMEASURE_ATTR)) is not None:
+            detail = f"re-measure of trial {of}: {detail}"
         if not feasible(t) and a.get("reason"):
             detail += f"\n[dim]{a['reason'][:160]}[/]"
         mem = a.get("peak_memory_gib")

@@ -11,6 +11,7 @@ import pytest
 
 from autotune import outcome
 from autotune.budget import Budget
+from autotune.study import best_trial
 from autotune.remeasure import (REMEASURE_ATTR, SUMMARY_ATTR, Reserve, best, remeasure_top, remeasured, reserve,
                                 score, top_configs)
 
@@ -97,6 +98,7 @@ def test_the_top_configurations_are_re_measured_in_the_reserved_time():
     assert remeasured(trials) == {0: [800.0], 1: [940.0]}
     # a's first figure was luck: on re-measured figures b wins, though a's single figure is the highest.
     assert best(trials).params["c"] == "b"
+    assert best_trial(lab.study).number == 1  # what status, export and the run's summary report
     assert score(trials[0], trials) == 800.0 and score(trials[2], trials) == 900.0
     assert lab.study.user_attrs[SUMMARY_ATTR] == {
         "0": {"output_tok_s": [1000.0, 800.0], "remeasured_output_tok_s": [800.0], "median": 800.0,
@@ -183,3 +185,23 @@ def test_best_respects_the_caller_filter(kept):
     lab.run_one(), lab.run_one()
     pick = best(lab.study.get_trials(), keep=lambda t: kept or t.params["c"] != "a")
     assert pick.params["c"] == ("a" if kept else "b")
+
+
+def test_the_summary_and_the_table_say_which_figures_chose_the_winner():
+    from rich.console import Console
+
+    from autotune.cli import _figure
+    from autotune.views import study_table
+
+    clock = Clock()
+    lab = Lab({"a": [1000.0, 800.0], "b": [950.0, 940.0]}, clock)
+    lab.run_one(), lab.run_one()
+    assert _figure(best_trial(lab.study), lab.study.trials) == "1,000 output tok/s"  # nothing re-measured yet
+    remeasure_top(lab.study, Budget(trials=2, clock=clock), Reserve(top=2, trials=2), lab.run_one)
+    winner = best_trial(lab.study)
+    assert winner.number == 1
+    assert _figure(winner, lab.study.trials) == "940 output tok/s (median of 2 re-measurement(s); first figure 950)"
+    console = Console(width=200, record=True)
+    console.print(study_table(lab.study.trials))
+    text = console.export_text()
+    assert "re-measure of trial 0: c=a" in text and "re-measure of trial 1: c=b" in text
