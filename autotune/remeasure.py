@@ -25,6 +25,7 @@ SUMMARY_ATTR = "remeasured"  # study user attr: {original number: {"output_tok_s
 DEFAULT_TOP = 3  # [budget] remeasure: how many configurations to re-measure (0: none)
 RESERVE_FRACTION = 0.15  # of a time budget
 MAX_ROUNDS = 3  # re-measurements per configuration at most, whatever time is left
+LENGTH_MARGIN = 1.25  # boots and loads vary: a re-measurement starts only with a quarter of its length to spare
 
 
 @dataclass(frozen=True)
@@ -134,7 +135,8 @@ def remeasure_top(study: optuna.Study, budget: Budget, reserved: Reserve, run_on
         for t in top:
             if stop is not None and stop.is_set():
                 break
-            fits, _why = budget.claim(t.user_attrs.get("duration_s"))  # this configuration's own length
+            length = t.user_attrs.get("duration_s")  # this configuration's own trial
+            fits, _why = budget.claim(LENGTH_MARGIN * length if length is not None else None)
             if not fits:
                 break
             attrs: dict[str, object] = {REMEASURE_ATTR: t.number}
