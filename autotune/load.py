@@ -216,13 +216,12 @@ async def _closed_loop(
     specs: Sequence[RequestSpec],
     concurrency: int,
     timeout: aiohttp.ClientTimeout,
-    finished: _Finished | None = None,
+    done: _Finished,
 ) -> list[RequestRecord]:
-    """`concurrency` workers, each sending its next request as soon as its last one ends (until `finished`
+    """`concurrency` workers, each sending its next request as soon as its last one ends (until `done`
     says stop: then the requests not yet sent are left out)."""
     records: list[RequestRecord | None] = [None] * len(specs)
     it = iter(range(len(specs)))
-    done = finished or _Finished(None)
 
     async def worker() -> None:
         for i in it:
@@ -243,7 +242,7 @@ async def _poisson(
     level: LoadLevel,
     timeout: aiohttp.ClientTimeout,
     seed: int,
-    finished: _Finished | None = None,
+    done: _Finished,
 ) -> list[RequestRecord]:
     """Requests arrive at exponential intervals (mean 1/rate), optionally queued behind an in-flight cap.
 
@@ -251,7 +250,6 @@ async def _poisson(
     """
     gaps = np.random.default_rng(seed).exponential(1.0 / level.value, len(specs)).tolist()
     cap = asyncio.Semaphore(level.max_in_flight) if level.max_in_flight else None
-    done = finished or _Finished(None)
 
     async def one(spec: RequestSpec) -> RequestRecord | None:
         if cap is None:

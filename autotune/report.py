@@ -21,7 +21,8 @@ from optuna.trial import FrozenTrial, TrialState
 from plotly.subplots import make_subplots
 
 from autotune.errors import AutotuneError
-from autotune.study import best_trial, feasible
+from autotune.remeasure import feasible
+from autotune.study import best_trial
 from autotune.views import trial_label
 
 LATENCY_TITLES = {"ttft_p95_ms": "p95 time to first token (ms)", "tpot_p95_ms": "p95 time per output token (ms)"}

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
+from autotune.remeasure import REMEASURE_ATTR, feasible, score
 from autotune.space import Param, condition_met, same_value
 
 if TYPE_CHECKING:
@@ -114,10 +115,6 @@ def transfer_params(params: Mapping[str, object], space: Sequence[Param]) -> dic
     return out
 
 
-def _feasible(t: FrozenTrial) -> bool:
-    return t.state == TrialState.COMPLETE and bool(t.constraints) and all(c <= 0 for c in t.constraints.values())
-
-
 def _same(a: Mapping[str, object], b: Mapping[str, object]) -> bool:
     return a.keys() == b.keys() and all(same_value(a[k], b[k]) for k in a)
 
@@ -127,10 +124,9 @@ def warm_start(study: optuna.Study, source: optuna.Study, space: Sequence[Param]
     """Queue the best `k` feasible configurations of `source` (an earlier study: another GPU, another model)
     as new trials of `study`, to be booted and measured here, not copied. Configurations that do not fit this
     study's space, and ones already tried or queued here, are skipped. Returns the queued params."""
-    from autotune.remeasure import score  # re-measured medians rank the earlier study's trials when present
-
     trials = source.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
-    ranked = sorted((t for t in trials if _feasible(t) and "remeasure_of" not in t.user_attrs),
+    # Re-measured medians rank the earlier study's trials when present.
+    ranked = sorted((t for t in trials if feasible(t) and REMEASURE_ATTR not in t.user_attrs),
                     key=lambda t: score(t, trials), reverse=True)
     # A queued trial's params are not suggested yet: Optuna keeps them as its fixed_params.
     known = [{**t.system_attrs.get("fixed_params", {}), **t.params} for t in study.get_trials(deepcopy=False)]

@@ -24,7 +24,6 @@ from autotune.dashboard import attach_log, open_artifact_store, save_trial_note
 from autotune.engine import Build, EngineSpec, FailureKind, detect_build, reap_leftover_servers
 from autotune.errors import EngineError, StorageError
 from autotune.hardware import GpuProfile, detect_gpus
-from autotune.remeasure import feasible  # noqa: F401  (re-exported: the one definition of a feasible trial)
 from autotune.samplers import make_pruner, make_sampler
 from autotune.space import EngineConfig, enqueue_baseline, engine_config, invalid_reason, suggest, trial_baseline
 from autotune.spec import StudySpec, load_study

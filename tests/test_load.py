@@ -34,6 +34,11 @@ class Server:
         self.bodies: list[dict] = []
         self.in_flight = self.max_in_flight = 0
 
+    def hangs(self) -> bool:
+        """Whether the request just received gets nothing for 2 s: every one, after the third, or the second."""
+        n = len(self.bodies)
+        return {"hang": True, "hang_later": n > 3, "one_stuck": n == 2}.get(self.mode, False)
+
     async def handle(self, request: web.Request) -> web.StreamResponse:
         body = await request.json()
         self.bodies.append(body)
@@ -44,8 +49,7 @@ class Server:
         try:
             resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
             await resp.prepare(request)
-            if self.mode == "hang" or (self.mode == "hang_later" and len(self.bodies) > 3) or (
-                    self.mode == "one_stuck" and len(self.bodies) == 2):
+            if self.hangs():
                 await asyncio.sleep(2)
             n = body["max_tokens"] - (1 if self.mode == "short" else 0)
             await resp.write(b": ping\n\n")

@@ -18,7 +18,8 @@ from autotune.engine import BootInfo, EngineSpec, Failure, FailureKind, server_e
 from autotune.load import LoadLevel
 from autotune.metrics import LevelStats, Limits, Percentiles, Verdict
 from autotune.spec import load_study
-from autotune.study import best_trial, feasible, open_study
+from autotune.remeasure import feasible
+from autotune.study import best_trial, open_study
 from autotune.trial import LevelOutcome, TrialResult
 
 ROOT = Path(__file__).resolve().parents[1]
