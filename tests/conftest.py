@@ -4,9 +4,13 @@ from __future__ import annotations
 
 import dataclasses
 import fcntl
+import glob
 import os
+import shutil
+import socket
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -115,3 +119,30 @@ def build_demo_study(dest: Path) -> tuple[Path, str]:
 @pytest.fixture()
 def demo_study_db(tmp_path: Path) -> tuple[Path, str]:
     return build_demo_study(tmp_path / "demo")
+
+
+# --- postgres_url: a real PostgreSQL server (a private cluster from Debian's binaries), in the README's URL form --
+
+@pytest.fixture(scope="session")
+def postgres_url():
+    """A private PostgreSQL cluster on a free loopback port, owned by the `postgres` user, removed afterwards.
+    The URL is the README's bare `postgresql://` form, which must open with the driver the project installs."""
+    bins = sorted(glob.glob("/usr/lib/postgresql/*/bin/initdb"))
+    assert bins, "PostgreSQL server binaries are missing: apt-get install postgresql (.ci/run does)"
+    bindir = Path(bins[-1]).parent
+    data = Path(tempfile.mkdtemp(prefix="autotune-pg-"))  # directly under /tmp: the postgres user can reach it
+    shutil.chown(data, "postgres", "postgres")
+    os.chmod(data, 0o700)
+    as_pg = ["runuser", "-u", "postgres", "--"]
+    subprocess.run([*as_pg, str(bindir / "initdb"), "-D", str(data / "db"), "--auth=trust", "-U", "postgres"],
+                   check=True, capture_output=True)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    opts = f"-p {port} -k {data} -c listen_addresses=127.0.0.1"
+    subprocess.run([*as_pg, str(bindir / "pg_ctl"), "-D", str(data / "db"), "-o", opts, "-w", "-l",
+                    str(data / "log"), "start"], check=True, capture_output=True)
+    yield f"postgresql://postgres@127.0.0.1:{port}/postgres"
+    subprocess.run([*as_pg, str(bindir / "pg_ctl"), "-D", str(data / "db"), "-m", "immediate", "stop"],
+                   capture_output=True)
+    shutil.rmtree(data, ignore_errors=True)

@@ -6,13 +6,11 @@ real signals. Marked `engine`: several boots each.
 
 from __future__ import annotations
 
-import glob
 import os
 import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -35,32 +33,6 @@ def study_dir(tmp_path: Path) -> Path:
     for f in QUICK.iterdir():
         shutil.copy(f, tmp_path / f.name)
     return tmp_path
-
-
-@pytest.fixture(scope="module")
-def postgres_url():
-    """A private PostgreSQL cluster on a free loopback port, owned by the `postgres` user, removed afterwards."""
-    bins = sorted(glob.glob("/usr/lib/postgresql/*/bin/initdb"))
-    assert bins, "PostgreSQL server binaries are missing: apt-get install postgresql (.ci/run does)"
-    bindir = Path(bins[-1]).parent
-    data = Path(tempfile.mkdtemp(prefix="autotune-pg-"))  # directly under /tmp: the postgres user can reach it
-    shutil.chown(data, "postgres", "postgres")
-    os.chmod(data, 0o700)
-    as_pg = ["runuser", "-u", "postgres", "--"]
-    subprocess.run([*as_pg, str(bindir / "initdb"), "-D", str(data / "db"), "--auth=trust", "-U", "postgres"],
-                   check=True, capture_output=True)
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    opts = f"-p {port} -k {data} -c listen_addresses=127.0.0.1"
-    subprocess.run([*as_pg, str(bindir / "pg_ctl"), "-D", str(data / "db"), "-o", opts, "-w", "-l",
-                    str(data / "log"), "start"], check=True, capture_output=True)
-    yield f"postgresql+psycopg2://postgres@127.0.0.1:{port}/postgres"
-    subprocess.run([*as_pg, str(bindir / "pg_ctl"), "-D", str(data / "db"), "-m", "immediate", "stop"],
-                   capture_output=True)
-    shutil.rmtree(data, ignore_errors=True)
 
 
 def autotune(*args: str, cwd: Path, timeout: float = 900) -> subprocess.CompletedProcess[str]:
