@@ -25,7 +25,9 @@ class _Group(click.Group):
         try:
             return super().invoke(ctx)
         except AutotuneError as e:
-            err_console.print(f"[bold red]error:[/] {e}", soft_wrap=True)
+            from rich.markup import escape
+
+            err_console.print(f"[bold red]error:[/] {escape(str(e))}", soft_wrap=True)
             sys.exit(e.exit_code)
 
 
@@ -135,9 +137,11 @@ def trial(model: str, objective_path: Path, sets: tuple[str, ...], envs: tuple[s
 def _study_ref(study: str | None, storage: str | None) -> tuple[str, str]:
     """(study name, storage URL) from --study (a name or a study file) and --storage; by default the most
     recently used SQLite study under studies/."""
-    from autotune.spec import load_study
+    from autotune.spec import check_study_name, load_study
     from autotune.study import default_storage
 
+    if study and not study.endswith(".toml"):
+        check_study_name(study, "--study", None)
     if study and study.endswith(".toml"):
         spec = load_study(study)
         return spec.name, storage or spec.storage or default_storage(spec)
@@ -157,20 +161,14 @@ def _study_ref(study: str | None, storage: str | None) -> tuple[str, str]:
     dbs = sorted(Path("studies").glob("*.db"), key=lambda p: p.stat().st_mtime)
     if not dbs:
         raise SpecError("--study", None, "no study database under studies/ yet: run `autotune run STUDY.toml` first")
-    return dbs[-1].stem, f"sqlite:///{dbs[-1]}"
+    return check_study_name(dbs[-1].stem, str(dbs[-1]), None), f"sqlite:///{dbs[-1]}"
 
 
 def _load_study(study: str | None, storage: str | None):
-    import optuna
+    """The study a read-only command reads: it must exist, and nothing is created or changed to find out."""
+    from autotune.study import load_existing_study
 
-    from autotune.errors import StorageError
-    from autotune.study import open_storage
-
-    name, url = _study_ref(study, storage)
-    try:
-        return optuna.load_study(study_name=name, storage=open_storage(url))
-    except KeyError as e:
-        raise StorageError(f"--study {name}: no such study in {url}") from e
+    return load_existing_study(*_study_ref(study, storage))
 
 
 study_option = click.option("--study", default=None, help="Study name or study file (default: the latest under studies/).")
@@ -209,9 +207,10 @@ def _budget(budget: str | None, n_trials: int | None, spec):
 
 def _run(spec, plan, storage: str | None, slots) -> None:
     from autotune.progress import LiveProgress
-    from autotune.study import run_study
+    from autotune.study import open_study, run_study
     from autotune.views import study_table
 
+    open_study(spec, storage, say=console.print)  # a changed study is refused here; new baselines are said
     with LiveProgress(console, plan) as progress:
         summary = run_study(spec, plan, storage_url=storage, progress=progress, slots=slots)
     study = _load_study(spec.name, storage) if storage else _load_study(str(spec.path), None)
@@ -287,7 +286,7 @@ def _warm_start(spec, storage: str | None, name: str, from_storage: str | None) 
     source = _load_study(name, from_storage or here)
     if source.study_name == spec.name and (from_storage or here) == here:
         raise SpecError("--from-study", name, "is this study itself; name an earlier one")
-    queued = warm_start(open_study(spec, storage), source, spec.space)
+    queued = warm_start(open_study(spec, storage, say=console.print), source, spec.space)
     console.print(f"warm start: {len(queued)} configuration(s) of study {source.study_name} queued after the baselines")
 
 
@@ -459,7 +458,12 @@ def dashboard(study: str | None, storage: str | None, port: int) -> None:
         click.echo(f"optuna-dashboard for study {name}: {address}  (Ctrl-C to stop)")
         sys.stdout.flush()
 
-    serve(_load_study(study, storage), url, port, announce)
+    import optuna
+
+    from autotune.study import open_storage
+
+    _load_study(study, storage)  # it exists: found without creating anything
+    serve(optuna.load_study(study_name=name, storage=open_storage(url)), url, port, announce)  # writes trial notes
 
 
 if __name__ == "__main__":

@@ -40,6 +40,9 @@ PARAM_TYPES = ("int", "float", "categorical", "bool")
 RESERVED_FLAGS = {"model": "set it in [model] (path)", "host": "the engine picks it", "port": "the engine picks it"}
 MODEL_FLAGS = ("load_format", "quantization", "revision")
 _NAME = re.compile(r"^[a-z][a-z0-9_]*$")
+# A study's name names its files (studies/NAME.db, NAME-artifacts/, reports/NAME.html, a worker's NAME.toml), so
+# it must be one plain file name: no separators, no leading dot or dash, nothing a shell or a URL reads specially.
+STUDY_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]{0,99}")
 _MISSING: Any = object()
 
 
@@ -186,6 +189,14 @@ def _read(path: Path, source: str) -> dict[str, Any]:
         raise SpecError(source, None, f"cannot read: {e.strerror}") from None
     except tomllib.TOMLDecodeError as e:
         raise SpecError(source, None, f"invalid TOML: {e}") from None
+
+
+def check_study_name(name: str, source: str, key: str | None) -> str:
+    """The one definition of a valid study name, for names from a study file, the command line and storage."""
+    if not STUDY_NAME.fullmatch(name):
+        raise SpecError(source, key, f"{name!r} is not a plain study name (letters, digits, '.', '_', '-', "
+                                     "beginning with a letter, digit or '_'; at most 100): it names the study's files")
+    return name
 
 
 def parse_duration(text: object, key: str = "duration", source: str = "command line") -> float:
@@ -539,7 +550,7 @@ def load_study(path: str | Path) -> StudySpec:
     path = Path(path)
     base = path.parent
     top = _Table(_read(path, source), source)
-    name = top.text("name", path.stem)
+    name = check_study_name(top.text("name", path.stem), source, "name")
     description = top.get("description", "")
     top.expect("description", isinstance(description, str), "a string", description)
     objective_path = base / top.text("objective")

@@ -7,26 +7,30 @@ a kill of the tuner loses at most the trial in flight, and the next run of the s
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import json
+import re
 import threading
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterator, Protocol
+from urllib.parse import quote
 
 import optuna
 from optuna.artifacts import FileSystemArtifactStore
 from optuna.trial import FrozenTrial, TrialState
+from sqlalchemy.engine import URL, make_url
 
 from autotune import feasibility, memcap, outcome, remeasure
 from autotune.budget import Budget
 from autotune.dashboard import attach_log, open_artifact_store, save_trial_note
 from autotune.engine import Build, EngineSpec, FailureKind, detect_build, reap_leftover_servers
-from autotune.errors import EngineError, StorageError
+from autotune.errors import EngineError, SpecError, StorageError
 from autotune.hardware import GpuProfile, detect_gpus
 from autotune.samplers import make_pruner, make_sampler
 from autotune.space import EngineConfig, enqueue_baseline, engine_config, invalid_reason, suggest, trial_baseline
-from autotune.spec import StudySpec, load_study
+from autotune.spec import StudySpec, check_study_name, load_study
 from autotune.tinymodel import resolve_model
 from autotune.trial import LevelOutcome, TrialPlan, TrialResult, model_vocab_size, run_trial
 
@@ -62,35 +66,155 @@ def default_storage(spec: StudySpec) -> str:
     return f"sqlite:///{spec.path.parent / (spec.name + '.db')}"
 
 
-def open_storage(url: str) -> optuna.storages.BaseStorage:
-    """An RDB storage with heartbeats, so a trial whose worker died is found and marked, not left RUNNING."""
-    retry = optuna.storages.RetryHeartbeatStaleTrialCallback(max_retry=1)
+_USER_PASSWORD = re.compile(r"(//[^/@:]*:)([^@/]*)@")  # in a URL too broken for SQLAlchemy to parse
+
+
+def shown_url(url: str) -> str:
+    """A storage URL as autotune prints it: the password masked, as SQLAlchemy masks it (also in a URL that does
+    not parse, whose text SQLAlchemy's own errors would echo)."""
     try:
-        return optuna.storages.RDBStorage(url, heartbeat_interval=HEARTBEAT_S, grace_period=GRACE_S,
-                                          heartbeat_stale_trial_callback=retry)
+        return make_url(url).render_as_string(hide_password=True)
+    except Exception:  # unparseable: mask whatever sits between user: and @
+        return _USER_PASSWORD.sub(r"\1***@", url)
+
+
+def _database_url(url: str, read_only: bool) -> URL:
+    """The URL SQLAlchemy is given. A bare postgresql:// means psycopg 3 to SQLAlchemy 2.1; the project installs
+    psycopg2, so that is the driver unless psycopg is present. A read-only SQLite open uses SQLite's mode=ro, so
+    that it can neither create the file nor write to it."""
+    parsed = make_url(url)
+    if parsed.drivername == "postgresql" and importlib.util.find_spec("psycopg") is None:
+        parsed = parsed.set(drivername="postgresql+psycopg2")
+    if read_only and parsed.get_backend_name() == "sqlite":
+        path = Path(parsed.database or "")
+        if not parsed.database or not path.is_file():
+            raise StorageError(f"--storage {shown_url(url)}: no database file at {path}")
+        parsed = parsed.set(database=f"file:{quote(str(path.resolve()))}", query={"mode": "ro", "uri": "true"})
+    return parsed
+
+
+def open_storage(url: str, read_only: bool = False) -> optuna.storages.BaseStorage:
+    """An RDB storage with heartbeats, so a trial whose worker died is found and marked, not left RUNNING.
+    Read-only (status, export, report, a worker looking its study up) creates no schema and no file."""
+    retry = optuna.storages.RetryHeartbeatStaleTrialCallback(max_retry=1)
+    shown = shown_url(url)
+    try:
+        database = _database_url(url, read_only)
+        return optuna.storages.RDBStorage(database.render_as_string(hide_password=False),
+                                          heartbeat_interval=HEARTBEAT_S, grace_period=GRACE_S,
+                                          heartbeat_stale_trial_callback=retry, skip_table_creation=read_only)
+    except StorageError:
+        raise
     except Exception as e:  # sqlalchemy/driver errors vary by backend; all mean the same thing to a user
-        raise StorageError(f"--storage {url}: cannot open: {str(e).splitlines()[0]}") from e
+        while (e.__cause__ or e.__context__) is not None:  # the driver's own words, not a wrapper's
+            e = e.__cause__ or e.__context__  # type: ignore[assignment]
+        reason = (str(e).splitlines() or [type(e).__name__])[0]
+        if read_only and "version_info" in reason:  # the first table Optuna reads is missing
+            reason = "holds no Optuna study"
+        password = _password(url)
+        raise StorageError(f"--storage {shown}: cannot open: "
+                           f"{reason.replace(password, '***') if password else reason}") from None
 
 
-def open_study(spec: StudySpec, storage_url: str | None = None) -> optuna.Study:
+def _password(url: str) -> str | None:
+    try:
+        return make_url(url).password
+    except Exception:
+        match = _USER_PASSWORD.search(url)
+        return match.group(2) if match else None
+
+
+def load_existing_study(name: str, url: str) -> optuna.Study:
+    """A study that must exist already, opened read-only: a missing file or study is an error, never created."""
+    check_study_name(name, "--study", None)
+    storage = open_storage(url, read_only=True)
+    try:
+        return optuna.load_study(study_name=name, storage=storage)
+    except KeyError:
+        raise StorageError(f"--study {name}: no such study in {shown_url(url)}") from None
+
+
+def open_study(spec: StudySpec, storage_url: str | None = None,
+               say: Callable[[str], None] = lambda text: None) -> optuna.Study:
+    """Create the study, or resume it. A resumed study must search the same space for the same objective as when
+    it began (else its trials would be mixed with others measured differently: refused, nothing written); new
+    baselines are queued and said; the stored study file (what `autotune worker` rebuilds from) follows the file."""
     url = storage_url or spec.storage or default_storage(spec)
     storage = open_storage(url)
     study = optuna.create_study(study_name=spec.name, storage=storage, direction="maximize",
                                 sampler=make_sampler(spec), pruner=make_pruner(), load_if_exists=True)
+    files = {"study": spec.path.read_text(), "objective": spec.objective.path.read_text(),
+             "objective_ref": tomllib.loads(spec.path.read_text())["objective"]}
     if not study.trials:
         study.set_metric_names(["output_tok_s"])
         study.set_user_attr("objective", spec.objective.name)
         study.set_user_attr("limits", {k: v for k, v in vars(spec.objective.limits).items() if v is not None})
         study.set_user_attr("hardware", spec.hardware)
         study.set_user_attr("study_file", str(spec.path))
-        study.set_user_attr("files", {  # so that `autotune worker` on another host needs only the storage URL
-            "study": spec.path.read_text(), "objective": spec.objective.path.read_text(),
-            "objective_ref": tomllib.loads(spec.path.read_text())["objective"],
-        })
+        study.set_user_attr("files", files)  # so that `autotune worker` on another host needs only the storage URL
         for baseline in spec.baselines:
             enqueue_baseline(study, baseline, spec.space)
+    else:
+        _resume(spec, study, files, say)
     optuna.storages.fail_stale_trials(study)
     return study
+
+
+def _resume(spec: StudySpec, study: optuna.Study, files: dict[str, str], say: Callable[[str], None]) -> None:
+    began = study.user_attrs.get("files")
+    if not began:  # made before studies kept their files: nothing to compare with
+        study.set_user_attr("files", files)
+        return
+    changes = _changes(_definition(began["study"], began["objective"]), _definition(files["study"], files["objective"]))
+    if changes:
+        raise SpecError(str(spec.path), None, "; ".join(changes) + ": start a new study (another `name`; "
+                        "`--from-study` begins it with this one's best) or restore the file")
+    queued = tomllib.loads(began["study"]).get("baselines", [])
+    new = [b for raw, b in zip(tomllib.loads(files["study"]).get("baselines", []), spec.baselines)
+           if raw not in queued]
+    for baseline in new:
+        enqueue_baseline(study, baseline, spec.space)
+    if new:
+        say(f"{len(new)} new baseline(s) queued: {', '.join(b.name for b in new)}")
+    if files != began:
+        study.set_user_attr("files", files)
+
+
+def _definition(study_text: str, objective_text: str) -> dict[str, object]:
+    """What every trial of a study shares, keyed as the files name it: the searched space, the fixed flags and
+    environment, the hardware, and the objective's workload and limits. The budget, the sampler, the load search
+    and the baselines may change between runs."""
+    study, objective = tomllib.loads(study_text), tomllib.loads(objective_text)
+    engine = dict(study.get("engine", {}))
+    tables = {"space": study.get("space", {}), "model": study.get("model", {}), "engine.env": engine.pop("env", {}),
+              "engine": engine}
+    out: dict[str, object] = {f"[{table}.{k}]": v for table, items in tables.items() for k, v in items.items()}
+    out |= {"hardware": study.get("hardware", "auto"), "memory_cap_gib": study.get("memory_cap_gib")}
+    out |= {f"the objective's [{table}.{k}]": v for table in ("workload", "limits")
+            for k, v in objective.get(table, {}).items()}
+    return out
+
+
+def _changes(began: dict[str, object], now: dict[str, object]) -> list[str]:
+    """One phrase per key that differs: "[space.max_num_seqs] changed since the study began (high 64 -> 128)"."""
+
+    def show(v: object) -> str:
+        return "(unset)" if v is None else json.dumps(v)
+
+    out = []
+    for key in [*began, *(k for k in now if k not in began)]:
+        old, new = began.get(key), now.get(key)
+        if key not in now:
+            out.append(f"{key} removed since the study began")
+        elif key not in began:
+            out.append(f"{key} added since the study began")
+        elif isinstance(old, dict) and isinstance(new, dict) and old != new:
+            inner = [f"{k} {show(old.get(k))} -> {show(new.get(k))}" for k in [*old, *(k for k in new if k not in old)]
+                     if old.get(k) != new.get(k)]
+            out.append(f"{key} changed since the study began ({', '.join(inner)})")
+        elif old != new:
+            out.append(f"{key} changed since the study began ({show(old)} -> {show(new)})")
+    return out
 
 
 @dataclass(frozen=True)
@@ -107,10 +231,7 @@ class Slot:
 
 def spec_from_storage(name: str, url: str, root: Path) -> StudySpec:
     """Rebuild a study's spec from the files `autotune run` stored with it (for workers on other hosts)."""
-    try:
-        files = optuna.load_study(study_name=name, storage=open_storage(url)).user_attrs.get("files")
-    except KeyError as e:
-        raise StorageError(f"--study {name}: no such study in {url}") from e
+    files = load_existing_study(name, url).user_attrs.get("files")
     if not files:
         raise StorageError(f"--study {name}: the study holds no study file; create it with `autotune run`")
     ref = files["objective_ref"]
