@@ -359,17 +359,18 @@ def export(study: str | None, storage: str | None, fmt: str, max_vram: float | N
         raise AutotuneError(f"study {s.study_name}: no feasible trial" + (" within the filters" if
                             max_vram is not None or max_p95_ttft_ms is not None else ""))
     model, flags = best.user_attrs["model"], json.loads(best.user_attrs["flags"])
+    env = json.loads(best.user_attrs.get("env", "{}"))  # as booted (older trials: none recorded)
     if fmt == "flags":
-        click.echo(serve_command(model, flags))
+        click.echo(serve_command(model, flags, env))
     elif fmt == "yaml":
-        click.echo(to_yaml(flags, model=model), nl=False)
+        click.echo(to_yaml(flags, model=model, env=env), nl=False)
     else:
         from autotune.remeasure import remeasured
 
         metrics = {k: v for k, v in best.user_attrs.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
         if again := remeasured(s.get_trials(deepcopy=False)).get(best.number):
             metrics["remeasured_output_tok_s"] = [round(v, 1) for v in again]
-        click.echo(to_json(model, flags, {"trial": best.number, **metrics}))
+        click.echo(to_json(model, flags, {"trial": best.number, **metrics}, env))
 
 
 @main.command()
