@@ -171,9 +171,10 @@ def _measure(server: Server, plan: TrialPlan, value: float, seed_offset: int) ->
     # [min, max]; a closed loop gets at least 3 rounds so that its steady window is not all ramp.
     rule = search.stop_rule(value)
     w = search.warmup_requests
-    requests = plan.objective.workload.requests(rule.max_requests + w, plan.vocab_size, seed_offset=seed_offset)
+    workload = plan.objective.workload
+    requests = workload.requests(rule.max_requests + w, plan.vocab_size, seed_offset=seed_offset)
     run = measure_level(server.base_url, server.model, requests[w:], level, warmup=requests[:w],
-                        enough=lambda done: rule.reason(done, limits))
+                        seed=workload.arrival_seed(seed_offset), enough=lambda done: rule.reason(done, limits))
     stats = level_stats(run, limits)
     return LevelOutcome(stats, judge(stats, limits), hung=run.hung)
 

@@ -121,6 +121,12 @@ class Workload:
             out.append(RequestSpec(tuple(ids), out_len))
         return out
 
+    def arrival_seed(self, seed_offset: int) -> tuple[int, int, int]:
+        """The seed of the rate mode's arrival schedule (load.arrival_times) at the level with `seed_offset`:
+        each level of a trial gets its own draw, and two trials get the same traffic at the same level, as they
+        get the same requests. Its own stream (the trailing 1), so arrivals do not echo the request lengths."""
+        return (self.seed, seed_offset, 1)
+
     def _from_dataset(
         self,
         n: int,
