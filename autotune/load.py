@@ -130,7 +130,7 @@ async def _send(
     body = json.dumps(
         {
             "model": model,
-            "prompt": spec.prompt_token_ids,
+            "prompt": spec.prompt_token_ids if spec.prompt_text is None else spec.prompt_text,
             "max_tokens": spec.max_tokens,
             "ignore_eos": True,
             "stream": True,

@@ -126,6 +126,13 @@ def test_request_body_is_what_vllm_expects():
     }]
 
 
+def test_a_text_prompt_is_sent_as_the_string_and_its_length_is_the_servers_count():
+    server = Server()
+    (r,) = drive(server, [RequestSpec((11, 12, 13, 14), 5, "w11 w12 w13 w14")]).records
+    assert server.bodies[0]["prompt"] == "w11 w12 w13 w14"
+    assert r.error is None and r.prompt_tokens == len("w11 w12 w13 w14")  # this test server counts characters
+
+
 def test_events_split_across_reads_and_bundled_in_one():
     (r,) = drive(Server(mode="split"), [SPEC]).records
     assert r.error is None and r.output_tokens == 6 and len(r.itl) == 5
