@@ -105,13 +105,14 @@ def trial(model: str, objective_path: Path, sets: tuple[str, ...], envs: tuple[s
 
     from autotune import vllm_flags
     from autotune.engine import EngineSpec
-    from autotune.spec import load_objective, parse_duration
+    from autotune.spec import check_prompt_tokenizer, load_objective, parse_duration
     from autotune.tinymodel import resolve_model
     from autotune.trial import TrialPlan, model_vocab_size, run_trial
     from autotune.views import print_trial
 
     objective = load_objective(objective_path)
     path, defaults = resolve_model(model)
+    check_prompt_tokenizer(objective, [path])
     flags = {**defaults, **parse_set(sets)}
     vllm_flags.check(("--set", k) for k in flags)
     gpu_indices = tuple(int(g) for g in gpus.split(",") if g.strip())
@@ -267,9 +268,10 @@ def run(study_file: Path, budget: str | None, n_trials: int | None, storage: str
           --from-storage sqlite:///studies/tiny-cpu.db
     """
     from autotune import vllm_flags
-    from autotune.spec import load_study
+    from autotune.spec import check_prompt_tokenizer, load_study, study_models
 
     spec = load_study(study_file)
+    check_prompt_tokenizer(spec.objective, study_models(spec))
     slots = _slots(workers, gpus)
     plan = _budget(budget, n_trials, spec)
     vllm_flags.check(vllm_flags.study_flag_names(spec))
@@ -306,9 +308,11 @@ def worker(name: str, storage: str, budget: str | None, n_trials: int | None, wo
     \b
       autotune worker --study qwen3.5-27b-rtx3090 --storage postgresql://tuner@db/autotune --budget 4h
     """
+    from autotune.spec import check_prompt_tokenizer, study_models
     from autotune.study import spec_from_storage
 
     spec = spec_from_storage(name, storage, Path(".autotune-worker") / name)
+    check_prompt_tokenizer(spec.objective, study_models(spec))
     _run(spec, _budget(budget, n_trials, spec), storage, _slots(workers, gpus))
 
 
@@ -336,7 +340,9 @@ def status(study: str | None, storage: str | None, limit: int) -> None:
 @click.option("--max-p95-ttft-ms", type=float, default=None, help="Only trials whose p95 TTFT was at most this.")
 def export(study: str | None, storage: str | None, fmt: str, max_vram: float | None,
            max_p95_ttft_ms: float | None) -> None:
-    """Print the best feasible configuration as `vllm serve` flags, a `--config` YAML file, or JSON.
+    """Print the best feasible configuration as `vllm serve` flags, a `--config` YAML file, or JSON, with the
+    environment its server booted with (NAME=value before the command; a comment atop the YAML, which vLLM's
+    --config has no place for; an "env" key in JSON).
 
     \b
       autotune export --format flags
@@ -358,17 +364,18 @@ def export(study: str | None, storage: str | None, fmt: str, max_vram: float | N
         raise AutotuneError(f"study {s.study_name}: no feasible trial" + (" within the filters" if
                             max_vram is not None or max_p95_ttft_ms is not None else ""))
     model, flags = best.user_attrs["model"], json.loads(best.user_attrs["flags"])
+    env = json.loads(best.user_attrs.get("env", "{}"))  # as booted (older trials: none recorded)
     if fmt == "flags":
-        click.echo(serve_command(model, flags))
+        click.echo(serve_command(model, flags, env))
     elif fmt == "yaml":
-        click.echo(to_yaml(flags, model=model), nl=False)
+        click.echo(to_yaml(flags, model=model, env=env), nl=False)
     else:
         from autotune.remeasure import remeasured
 
         metrics = {k: v for k, v in best.user_attrs.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
         if again := remeasured(s.get_trials(deepcopy=False)).get(best.number):
             metrics["remeasured_output_tok_s"] = [round(v, 1) for v in again]
-        click.echo(to_json(model, flags, {"trial": best.number, **metrics}))
+        click.echo(to_json(model, flags, {"trial": best.number, **metrics}, env))
 
 
 @main.command()

@@ -1,7 +1,9 @@
 """Engine flags (vLLM dest names) -> command-line arguments, a shell command, a `--config` YAML, JSON.
 
 `to_argv` is the one place a flag becomes arguments: the engine boots with it and the exports print
-it, so what a user copies is what was measured.
+it, so what a user copies is what was measured. The server's environment ([engine.env]) is part of what was
+measured too, so every format carries it: `VAR=value vllm serve ...`, a comment header in the YAML (vLLM's
+`--config` loader turns every key into a flag and refuses an `env:` key), an `env` key in the JSON.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ STORE_TRUE_ONLY = frozenset(
 )
 
 _DEST = re.compile(r"^[a-z][a-z0-9_]*$")
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")  # what a shell accepts before a command as NAME=value
 
 
 def option(dest: str) -> str:
@@ -63,25 +66,41 @@ def to_argv(flags: Mapping[str, object]) -> list[str]:
     return argv
 
 
-def serve_command(model: str, flags: Mapping[str, object], program: Sequence[str] = ("vllm", "serve")) -> str:
-    """A shell-quoted command line a user can paste."""
-    return shlex.join([*program, model, *to_argv(flags)])
+def env_words(env: Mapping[str, str]) -> list[str]:
+    """NAME=value words, shell-quoted, in the given order (a name a shell would not read as one is refused)."""
+    for name in env:
+        if not _ENV_NAME.match(name):
+            raise ValueError(f"not an environment variable name a shell accepts: {name!r}")
+    return [f"{name}={shlex.quote(str(value))}" for name, value in env.items()]
 
 
-def to_yaml(flags: Mapping[str, object], model: str | None = None) -> str:
+def serve_command(model: str, flags: Mapping[str, object], env: Mapping[str, str] | None = None,
+                  program: Sequence[str] = ("vllm", "serve")) -> str:
+    """A shell-quoted command line a user can paste, prefixed with the server's environment."""
+    return " ".join([*env_words(env or {}), shlex.join([*program, model, *to_argv(flags)])])
+
+
+def to_yaml(flags: Mapping[str, object], model: str | None = None, env: Mapping[str, str] | None = None) -> str:
     """A file for `vllm serve --config FILE` (keys with dashes; false -> --no-KEY; tables -> JSON).
-    Store-true-only flags set to false are left out, as vLLM's loader would skip them anyway."""
+    Store-true-only flags set to false are left out, as vLLM's loader would skip them anyway. The environment
+    goes in a comment header: vLLM's loader makes a flag of every key, and has none for the environment."""
     doc: dict[str, object] = {"model": model} if model is not None else {}
     for dest, value in flags.items():
         if value is None or (value is False and dest in STORE_TRUE_ONLY):
             continue
         doc[option(dest)[2:]] = dict(value) if isinstance(value, Mapping) else (
             list(value) if isinstance(value, Sequence) and not isinstance(value, str) else value)
-    return yaml.safe_dump(doc, sort_keys=False, default_flow_style=False)
+    body = yaml.safe_dump(doc, sort_keys=False, default_flow_style=False)
+    if not env:
+        return body
+    header = ["The server was measured with this environment; vLLM's --config file has no place for it, so set it",
+              "in the shell that runs `vllm serve --config` (e.g. `export NAME=value`):", *env_words(env)]
+    return "".join(f"# {text}\n" for line in header for text in line.split("\n")) + body
 
 
-def to_json(model: str, flags: Mapping[str, object], metrics: Mapping[str, object]) -> str:
-    """Everything about one configuration, for scripts: flags, argv, the command and its measurements."""
-    doc = {"model": model, "flags": dict(flags), "argv": to_argv(flags),
-           "command": serve_command(model, flags), "metrics": dict(metrics)}
+def to_json(model: str, flags: Mapping[str, object], metrics: Mapping[str, object],
+            env: Mapping[str, str] | None = None) -> str:
+    """Everything about one configuration, for scripts: flags, environment, argv, the command and its measurements."""
+    doc = {"model": model, "flags": dict(flags), "env": dict(env or {}), "argv": to_argv(flags),
+           "command": serve_command(model, flags, env), "metrics": dict(metrics)}
     return json.dumps(doc, indent=2, sort_keys=False)

@@ -70,6 +70,8 @@ class LevelStats:
     output_tokens: int = 0
     window_s: float = 0.0  # the steady window the rates are measured over (== duration_s when there is none)
     span_output_tok_s: float = 0.0  # output tokens / whole span, as `vllm bench serve` reports it
+    # Requests sent per second over the sending window (offered_rate); req_s is the achieved rate beside it.
+    offered_req_s: float = 0.0
 
     @property
     def error_rate(self) -> float:
@@ -92,6 +94,7 @@ class LevelStats:
             "goodput_req_s": self.goodput_req_s,
             "window_s": self.window_s,
             "span_output_tok_s": self.span_output_tok_s,
+            "offered_req_s": self.offered_req_s,
         }
         for name in ("ttft", "tpot", "itl", "e2el"):
             p: Percentiles = getattr(self, name)
@@ -149,6 +152,14 @@ def steady_window(run: LevelRun) -> tuple[float, float]:
     return t0, t1
 
 
+def offered_rate(send_times: Sequence[float]) -> float:
+    """Requests sent per second: the n - 1 intervals between n sends over the window from the first send to the
+    last (0 with fewer than two). What a rate-mode level really offered, against the rate on its label."""
+    if len(send_times) < 2 or (window := max(send_times) - min(send_times)) <= 0:
+        return 0.0
+    return (len(send_times) - 1) / window
+
+
 def _tokens_between(r: RequestRecord, t0: float, t1: float) -> float:
     """Output tokens of a completed request that arrived in [t0, t1] (chunk times; tokens shared evenly
     among chunks when the server packed several into one)."""
@@ -196,6 +207,7 @@ def level_stats(run: LevelRun, limits: Limits) -> LevelStats:
         output_tokens=out_tokens,
         window_s=window,
         span_output_tok_s=out_tokens / duration if duration > 0 else 0.0,
+        offered_req_s=offered_rate([r.start for r in run.records]),
     )
 
 

@@ -75,8 +75,11 @@ def result_attrs(result: TrialResult) -> dict[str, object]:
     return attrs
 
 
-def config_attrs(model: str, flags: Mapping[str, object]) -> dict[str, object]:
-    return {"model": model, "flags": json.dumps(dict(flags), sort_keys=True), "vllm_command": serve_command(model, flags)}
+def config_attrs(model: str, flags: Mapping[str, object], env: Mapping[str, str] | None = None) -> dict[str, object]:
+    """What the trial boots with, recorded with it: `export` reads these, not a study file edited since."""
+    env = dict(sorted((env or {}).items()))
+    return {"model": model, "flags": json.dumps(dict(flags), sort_keys=True), "env": json.dumps(env),
+            "vllm_command": serve_command(model, flags, env)}
 
 
 def tell_result(study: optuna.Study, trial: optuna.Trial, result: TrialResult) -> TrialState:

@@ -319,6 +319,27 @@ def load_objective(path: str | Path) -> Objective:
     return Objective(name=name, path=path, description=description, workload=workload, limits=limits, load=load)
 
 
+def check_prompt_tokenizer(objective: Objective, models: typing.Iterable[str]) -> None:
+    """`prompt = "text"` decodes the prompts with each model's tokenizer.json: say so before anything boots if
+    one has none (the tiny models always have one; a hub id must be in the local hub cache)."""
+    if objective.workload.prompt != "text":
+        return
+    from autotune.workload import tokenizer_file
+
+    for model in models:
+        if not model.startswith("tiny:") and tokenizer_file(model) is None:
+            raise SpecError(str(objective.path), "workload.prompt",
+                            f'"text" needs the model\'s tokenizer.json, and {model} has none here '
+                            "(a directory without one, or a hub id not in the local hub cache); use \"token_ids\"")
+
+
+def study_models(spec: StudySpec) -> list[str]:
+    """Every model a study may boot: its [model], the choices of a searched `model`, the baselines' own."""
+    models = [spec.model.path, *(c for p in spec.space if p.name == MODEL for c in p.choices),
+              *(b.flags[MODEL] for b in spec.baselines if MODEL in b.flags)]
+    return list(dict.fromkeys(map(str, models)))
+
+
 # --- studies ----------------------------------------------------------------------------------------
 
 

@@ -357,7 +357,7 @@ def _one_trial(run: _Run, slot: Slot) -> TrialResult | None:
     config = engine_config(spec, params, baseline=baseline)
     model_path, model_defaults = resolve_model(config.model)
     flags = {**model_defaults, **config.flags}
-    for key, value in outcome.config_attrs(model_path, flags).items():
+    for key, value in outcome.config_attrs(model_path, flags, spec.env).items():
         trial.set_user_attr(key, value)
     label = (trial.user_attrs.get("baseline") or {}).get("name") or ", ".join(f"{k}={v}" for k, v in params.items())
     run.progress.trial_started(trial.number, label, slot.name)

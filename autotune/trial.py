@@ -20,6 +20,7 @@ from autotune.load import STALLED, LoadLevel, measure_level
 from autotune.metrics import LevelStats, Verdict, judge, level_stats
 from autotune.sla import find_sustainable
 from autotune.spec import Objective
+from autotune.workload import prompt_decoder
 
 Status = Literal["ok", "infeasible", "failed", "stopped"]
 Stage = Callable[[str], None]
@@ -171,9 +172,11 @@ def _measure(server: Server, plan: TrialPlan, value: float, seed_offset: int) ->
     # [min, max]; a closed loop gets at least 3 rounds so that its steady window is not all ramp.
     rule = search.stop_rule(value)
     w = search.warmup_requests
-    requests = plan.objective.workload.requests(rule.max_requests + w, plan.vocab_size, seed_offset=seed_offset)
+    workload = plan.objective.workload
+    decode = prompt_decoder(plan.engine.model) if workload.prompt == "text" else None
+    requests = workload.requests(rule.max_requests + w, plan.vocab_size, seed_offset=seed_offset, decode=decode)
     run = measure_level(server.base_url, server.model, requests[w:], level, warmup=requests[:w],
-                        enough=lambda done: rule.reason(done, limits))
+                        seed=workload.arrival_seed(seed_offset), enough=lambda done: rule.reason(done, limits))
     stats = level_stats(run, limits)
     return LevelOutcome(stats, judge(stats, limits), hung=run.hung)
 

@@ -14,16 +14,22 @@ def _gib(n: int | None) -> str:
 
 
 def level_table(result: TrialResult, objective: Objective) -> Table:
-    unit = "conc." if objective.load.mode == "concurrency" else "req/s"
-    t = Table(title="load levels (latencies in ms: p50 / p95 / p99)", title_justify="left")
-    for col in (unit, "ok", "err", "out tok/s", "req/s", "TTFT", "TPOT", "ITL", "E2E", "verdict"):
+    """One row per level. In rate mode the label (req/s asked for) stands next to what was offered (sent per
+    second) and achieved (completed per second of the steady window): a Poisson schedule offers its label only
+    on average, and a server that falls behind achieves less."""
+    rate = objective.load.mode == "rate"
+    cols = ("rate", "offered", "ok", "err", "out tok/s", "achieved req/s") if rate else (
+        "conc.", "ok", "err", "out tok/s", "req/s")
+    t = Table(title="load levels (latencies in ms: p50 / p95 / p99)" + (", rates in req/s" if rate else ""),
+              title_justify="left")
+    for col in (*cols, "TTFT", "TPOT", "ITL", "E2E", "verdict"):
         t.add_column(col, justify="right" if col != "verdict" else "left")
     for value, o in sorted(result.levels, key=lambda lv: lv[0]):
         s = o.stats
         best = value == result.best_level
         t.add_row(
-            f"{value:g}" + (" *" if best else ""), str(s.completed), str(s.failed), f"{s.output_tok_s:,.0f}",
-            f"{s.req_s:.2f}",
+            f"{value:g}" + (" *" if best else ""), *([f"{s.offered_req_s:.2f}"] if rate else []),
+            str(s.completed), str(s.failed), f"{s.output_tok_s:,.0f}", f"{s.req_s:.2f}",
             *(f"{p.p50_ms:.0f} / {p.p95_ms:.0f} / {p.p99_ms:.0f}" for p in (s.ttft, s.tpot, s.itl, s.e2el)),
             "[green]pass[/]" if o.verdict.passed else f"[red]{o.verdict.reason}[/]",
         )
@@ -66,6 +72,16 @@ def trial_label(t) -> str:
     return ", ".join(f"{k}={v}" for k, v in t.params.items())
 
 
+def _best_level(attrs) -> str:
+    """The best level's label; in rate mode with the rate it offered, which a Poisson schedule only meets on average."""
+    if "best_level" not in attrs:
+        return "-"
+    best = next((lv for lv in attrs.get("levels", []) if lv.get("rate_req_s") == attrs["best_level"]), None)
+    if best is None or "offered_req_s" not in best:
+        return f"{attrs['best_level']:g}"
+    return f"{attrs['best_level']:g} req/s (offered {best['offered_req_s']:.2f})"
+
+
 def study_table(trials, *, limit: int = 15, title: str = "trials, best feasible first") -> Table:
     """Feasible trials by throughput, then the rest; baselines always shown so gains can be read against them."""
     from autotune.remeasure import REMEASURE_ATTR, feasible
@@ -91,7 +107,7 @@ def study_table(trials, *, limit: int = 15, title: str = "trials, best feasible 
             detail += f"\n[dim]{a['reason'][:160]}[/]"
         mem = a.get("peak_memory_gib")
         table.add_row(
-            str(t.number), state, f"{t.value:,.0f}" if t.value else "-", f"{a['best_level']:g}" if "best_level" in a else "-",
+            str(t.number), state, f"{t.value:,.0f}" if t.value else "-", _best_level(a),
             f"{a['ttft_p95_ms']:.0f}" if "ttft_p95_ms" in a else "-",
             f"{a['tpot_p95_ms']:.1f}" if "tpot_p95_ms" in a else "-",
             f"{mem:.2f} GiB" if mem is not None else "-", detail,

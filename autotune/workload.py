@@ -2,14 +2,17 @@
 
 Prompts are token ids, not text, so the input length is exact and the client needs no tokenizer; with
 `ignore_eos` and `max_tokens` the output length is exact too. Everything is derived from a seed, so two
-trials (or two levels of one trial) can be given the same requests.
+trials (or two levels of one trial) can be given the same requests. `prompt = "text"` sends the same ids
+decoded with the model's tokenizer instead, so the server pays the tokenization that text traffic costs
+(its input lengths are then the server's count, from the usage it reports).
 """
 
 from __future__ import annotations
 
 import json
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from functools import lru_cache
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -66,10 +69,12 @@ class LengthDist:
 
 @dataclass(frozen=True)
 class RequestSpec:
-    """One request: prompt token ids (exact input length) and an exact output length."""
+    """One request: prompt token ids (exact input length) and an exact output length; `prompt_text`, when
+    set, is what is sent instead of the ids (those ids decoded: a text-prompt workload)."""
 
     prompt_token_ids: tuple[int, ...]
     max_tokens: int
+    prompt_text: str | None = None
 
     @property
     def prompt_len(self) -> int:
@@ -83,6 +88,7 @@ class Workload:
     shared_prefix_len: int = 0  # tokens every prompt starts with (exercises prefix caching)
     dataset: Path | None = None  # JSONL prompts; overrides input_len (and output_len where a line gives it)
     seed: int = 0
+    prompt: Literal["token_ids", "text"] = "token_ids"  # what is sent: the ids, or the ids decoded to text
 
     def requests(
         self,
@@ -91,8 +97,21 @@ class Workload:
         *,
         seed_offset: int = 0,
         tokenize: Callable[[str], list[int]] | None = None,
+        decode: Callable[[Sequence[int]], str] | None = None,
     ) -> list[RequestSpec]:
-        """`n` requests, the same for the same (seed, seed_offset).
+        """`n` requests, the same for the same (seed, seed_offset); with `prompt = "text"`, each carries its ids
+        decoded by `decode` (the model's tokenizer: prompt_decoder) as the text to send."""
+        specs = self._ids(n, vocab_size, seed_offset, tokenize)
+        if self.prompt == "token_ids":
+            return specs
+        if decode is None:
+            raise ValueError('prompt = "text" needs the model\'s tokenizer to decode the prompts (decode=None)')
+        return [RequestSpec(s.prompt_token_ids, s.max_tokens, decode(s.prompt_token_ids)) for s in specs]
+
+    def _ids(
+        self, n: int, vocab_size: int, seed_offset: int, tokenize: Callable[[str], list[int]] | None
+    ) -> list[RequestSpec]:
+        """`n` requests as token ids, the same for the same (seed, seed_offset).
 
         `vocab_size` bounds random ids (exclusive): pass the number of ordinary tokens, so that special
         tokens kept above it are never sent. The shared prefix depends on `seed` only, so every level and
@@ -120,6 +139,12 @@ class Workload:
             pos += k
             out.append(RequestSpec(tuple(ids), out_len))
         return out
+
+    def arrival_seed(self, seed_offset: int) -> tuple[int, int, int]:
+        """The seed of the rate mode's arrival schedule (load.arrival_times) at the level with `seed_offset`:
+        each level of a trial gets its own draw, and two trials get the same traffic at the same level, as they
+        get the same requests. Its own stream (the trailing 1), so arrivals do not echo the request lengths."""
+        return (self.seed, seed_offset, 1)
 
     def _from_dataset(
         self,
@@ -196,3 +221,30 @@ def _parse_line(
     if out_len is not None and (type(out_len) is not int or out_len < 1):
         raise SpecError(src, where, f"'output_len' must be a positive integer, got {out_len!r}")
     return tuple(ids), out_len
+
+
+def tokenizer_file(model: str) -> Path | None:
+    """The model's tokenizer.json: in its directory, or for a hub id in the local hub cache (never fetched
+    here: a missing one must be said before anything boots, not after a download)."""
+    if Path(model).is_dir():
+        path = Path(model) / "tokenizer.json"
+        return path if path.is_file() else None
+    from huggingface_hub import try_to_load_from_cache
+
+    try:
+        cached = try_to_load_from_cache(model, "tokenizer.json")
+    except ValueError:  # not a repo id either
+        return None
+    return Path(cached) if isinstance(cached, str) else None
+
+
+@lru_cache(maxsize=8)
+def prompt_decoder(model: str) -> Callable[[Sequence[int]], str]:
+    """Ids -> text with the model's own tokenizer (special tokens kept: the ids are what was drawn)."""
+    from tokenizers import Tokenizer
+
+    path = tokenizer_file(model)
+    if path is None:
+        raise ValueError(f"no tokenizer.json for {model}")
+    tokenizer = Tokenizer.from_file(str(path))
+    return lambda ids: tokenizer.decode(list(ids), skip_special_tokens=False)

@@ -43,8 +43,8 @@ def test_run_export_and_resume(cpu_study_db: tuple[Path, str], tmp_path: Path) -
     from vllm.entrypoints.launchers.cli_args import make_arg_parser
     from vllm.utils.argparse_utils import FlexibleArgumentParser
 
-    args = make_arg_parser(FlexibleArgumentParser()).parse_args(words[2:])  # vLLM's own parser accepts it
-    assert words[:2] == ["vllm", "serve"]
+    args = make_arg_parser(FlexibleArgumentParser()).parse_args(words[3:])  # vLLM's own parser accepts it
+    assert words[:3] == ["VLLM_CPU_KVCACHE_SPACE=1", "vllm", "serve"]  # the study's [engine.env], as booted
     assert args.model_tag == trials[0].user_attrs["model"] and args.load_format == "dummy"
 
     again = subprocess.run([*AUTOTUNE, "run", str(work / f"{name}.toml"), "--n-trials", "1", "--storage", storage],

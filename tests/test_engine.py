@@ -19,7 +19,7 @@ from autotune.metrics import Limits, level_stats
 from autotune.spec import load_objective
 from autotune.tinymodel import resolve_model
 from autotune.trial import LevelOutcome, TrialPlan, model_vocab_size, run_trial
-from autotune.workload import LengthDist, Workload
+from autotune.workload import LengthDist, Workload, prompt_decoder
 
 pytestmark = pytest.mark.engine
 ROOT = Path(__file__).resolve().parents[1]
@@ -58,16 +58,19 @@ def test_trial_boots_measures_two_levels_and_leaves_no_process(tmp_path: Path) -
 
 
 def test_a_request_error_is_counted_not_lost_and_stop_kills_the_group_when_the_caller_raises(tmp_path: Path) -> None:
-    """One boot for two things: requests too long for max_model_len fail alone (HTTP 400) while the others
-    complete; then the caller raises inside `launch` and nothing of the server's process group survives."""
+    """One boot for three things: requests too long for max_model_len fail alone (HTTP 400) while the others
+    complete; text prompts (`prompt = "text"`) are served and counted by the server's tokenizer; then the caller
+    raises inside `launch` and nothing of the server's process group survives."""
     model, defaults = resolve_model("tiny:dense")
     spec = EngineSpec(model, {**defaults, **EAGER, "max_model_len": 512}, env=SMALL_KV, boot_timeout_s=300)
     ok = Workload(LengthDist(mean=64), LengthDist(mean=16)).requests(10, model_vocab_size(model))
+    text = Workload(LengthDist(mean=64), LengthDist(mean=16), prompt="text").requests(
+        4, model_vocab_size(model), seed_offset=2, decode=prompt_decoder(model))
     too_long = Workload(LengthDist(mean=600), LengthDist(mean=16)).requests(2, model_vocab_size(model), seed_offset=1)
     pids: list[int] = []
     with pytest.raises(RuntimeError, match="caller failed"):
         with launch(spec, tmp_path / "server.log") as (server, _info):
-            run = measure_level(server.base_url, server.model, ok + too_long, LoadLevel("concurrency", 4))
+            run = measure_level(server.base_url, server.model, ok + text + too_long, LoadLevel("concurrency", 4))
             root = psutil.Process(server.pid)
             pids = [root.pid] + [c.pid for c in root.children(recursive=True)]
             raise RuntimeError("caller failed")
@@ -76,7 +79,9 @@ def test_a_request_error_is_counted_not_lost_and_stop_kills_the_group_when_the_c
     assert [p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE] == []
     assert os.path.exists(tmp_path / "server.log")
     stats = level_stats(run, load_objective(ROOT / "objectives" / "tiny-cpu.toml").limits)
-    assert stats.completed == 10
+    assert stats.completed == 14
     assert stats.failed == 2
+    sent_as_text = run.records[10:14]  # records keep the order of the requests given
+    assert [(r.error, r.prompt_tokens) for r in sent_as_text] == [(None, 64)] * 4  # the server's own count
     assert sum(stats.errors.values()) == 2
     assert any("400" in msg or "maximum context length" in msg.lower() for msg in stats.errors)

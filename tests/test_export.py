@@ -8,12 +8,19 @@ from __future__ import annotations
 import argparse
 import json
 import shlex
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 import yaml
 
 from autotune.export import STORE_TRUE_ONLY, serve_command, to_argv, to_json, to_yaml
+
+ENV = {"VLLM_USE_FLASHINFER_SAMPLER": "0", "VLLM_CPU_KVCACHE_SPACE": "1", "ODD": "a b'$HOME \"x\"\nsecond line"}
+# Stands in for `vllm` as the program a pasted command runs: prints what the shell gave it.
+SHOW = (sys.executable, "-c", "import json, os, sys; print(json.dumps({'env': {k: os.environ.get(k) for k in "
+        + repr(sorted(ENV)) + "}, 'argv': sys.argv[1:]}))")
 
 FLAGS = {
     "max_num_seqs": 16,
@@ -57,10 +64,23 @@ def test_serve_command_quoting_round_trips() -> None:
 
 
 def test_to_json() -> None:
-    doc = json.loads(to_json("org/m", {"max_num_seqs": 8, "enforce_eager": True}, {"output_tok_s": 123.5}))
+    doc = json.loads(to_json("org/m", {"max_num_seqs": 8, "enforce_eager": True}, {"output_tok_s": 123.5},
+                             {"VLLM_USE_FLASHINFER_SAMPLER": "0"}))
     assert doc == {"model": "org/m", "flags": {"max_num_seqs": 8, "enforce_eager": True},
-                   "argv": ["--max-num-seqs", "8", "--enforce-eager"],
-                   "command": "vllm serve org/m --max-num-seqs 8 --enforce-eager", "metrics": {"output_tok_s": 123.5}}
+                   "env": {"VLLM_USE_FLASHINFER_SAMPLER": "0"}, "argv": ["--max-num-seqs", "8", "--enforce-eager"],
+                   "command": "VLLM_USE_FLASHINFER_SAMPLER=0 vllm serve org/m --max-num-seqs 8 --enforce-eager",
+                   "metrics": {"output_tok_s": 123.5}}
+
+
+def test_serve_command_sets_the_environment_in_a_real_shell() -> None:
+    """The env words run through bash as a user would paste them: every value arrives intact, flags unchanged."""
+    command = serve_command("org/model", {"max_num_seqs": 4}, ENV, program=SHOW)
+    assert command.startswith("VLLM_USE_FLASHINFER_SAMPLER=0 VLLM_CPU_KVCACHE_SPACE=1 ODD=")
+    seen = json.loads(subprocess.run(["bash", "-c", command], capture_output=True, text=True, check=True).stdout)
+    assert seen == {"env": ENV, "argv": ["org/model", "--max-num-seqs", "4"]}
+    assert serve_command("org/m", {"max_num_seqs": 4}, {}) == "vllm serve org/m --max-num-seqs 4"
+    with pytest.raises(ValueError, match="not an environment variable name"):
+        serve_command("org/m", {}, {"A-B": "1"})  # a shell would run `A-B=1` as the command
 
 
 def test_to_yaml_shape() -> None:
@@ -105,6 +125,25 @@ def test_vllm_reads_yaml_config(vllm_parser: argparse.ArgumentParser, tmp_path: 
     with_model.write_text(to_yaml({"max_num_seqs": 3}, model="org/other"))
     ns = vllm_parser.parse_args(["--config", str(with_model)])
     assert (ns.model, ns.max_num_seqs) == ("org/other", 3)
+
+
+def test_vllm_reads_yaml_config_with_the_environment_in_its_header(vllm_parser: argparse.ArgumentParser,
+                                                                    tmp_path: Path) -> None:
+    """vLLM's loader makes a flag of every key and refuses `env:`, so the environment is a comment it skips."""
+    config = tmp_path / "best.yaml"
+    text = to_yaml(FLAGS, model="org/model", env=ENV)
+    config.write_text(text)
+    ns = vllm_parser.parse_args(["--config", str(config)])
+    assert ns.model == "org/model"
+    _assert_parsed(ns, FLAGS)
+    header = [line[2:] for line in text.splitlines() if line.startswith("# ")]
+    assert "VLLM_USE_FLASHINFER_SAMPLER=0" in header and "VLLM_CPU_KVCACHE_SPACE=1" in header
+    assert shlex.split("\n".join(header[header.index("VLLM_USE_FLASHINFER_SAMPLER=0"):])) == [
+        f"{k}={v}" for k, v in ENV.items()]  # the quoted words, multi-line value included, read back exactly
+    with_env_key = tmp_path / "env-key.yaml"
+    with_env_key.write_text(yaml.safe_dump({"max-num-seqs": 3, "env": {"VLLM_CPU_KVCACHE_SPACE": "1"}}))
+    with pytest.raises(SystemExit):  # why the header is a comment: vLLM has no place for it
+        vllm_parser.parse_args(["org/model", "--config", str(with_env_key)])
 
 
 def test_store_true_only_matches_vllm(vllm_parser: argparse.ArgumentParser) -> None:

@@ -11,10 +11,12 @@ import asyncio
 import json
 import socket
 
+import numpy as np
 import pytest
 from aiohttp import web
 
-from autotune.load import LevelRun, LoadLevel, measure_level, run_level
+from autotune.load import LevelRun, LoadLevel, arrival_times, measure_level, run_level
+from autotune.metrics import offered_rate
 from autotune.workload import RequestSpec
 
 
@@ -124,6 +126,13 @@ def test_request_body_is_what_vllm_expects():
     }]
 
 
+def test_a_text_prompt_is_sent_as_the_string_and_its_length_is_the_servers_count():
+    server = Server()
+    (r,) = drive(server, [RequestSpec((11, 12, 13, 14), 5, "w11 w12 w13 w14")]).records
+    assert server.bodies[0]["prompt"] == "w11 w12 w13 w14"
+    assert r.error is None and r.prompt_tokens == len("w11 w12 w13 w14")  # this test server counts characters
+
+
 def test_events_split_across_reads_and_bundled_in_one():
     (r,) = drive(Server(mode="split"), [SPEC]).records
     assert r.error is None and r.output_tokens == 6 and len(r.itl) == 5
@@ -214,6 +223,21 @@ def test_rate_mode_poisson_arrivals_with_an_in_flight_cap():
     slow = drive(Server(), specs, LoadLevel("rate", 20), seed=1)  # mean gap 50 ms
     starts = sorted(r.start for r in slow.records)
     assert 0.15 < starts[-1] - starts[0] < 1.5
+
+
+def test_seeded_levels_offer_their_labelled_rate_on_average_and_each_level_its_own_schedule():
+    """Pure arithmetic on the schedules a trial sends (Workload.arrival_seed per level, as trial._measure does):
+    one fixed seed replayed one draw at every level, which offers 0.87x its label over 32 requests."""
+    from autotune.workload import Workload
+
+    w = Workload(seed=0)
+    for n, within in ((72, 0.03), (32, 0.05)):  # (n - 1) / window overstates by (n - 1) / (n - 2) on average
+        offered = [offered_rate(arrival_times(4.0, n, w.arrival_seed(k))) for k in range(400)]
+        assert abs(float(np.mean(offered)) / 4.0 - 1.0) < within, (n, np.mean(offered))
+    first, second = (arrival_times(4.0, 72, w.arrival_seed(k)) for k in (0, 1))
+    assert first != second
+    assert arrival_times(4.0, 72, w.arrival_seed(1)) == second  # reproducible
+    assert arrival_times(4.0, 72, Workload(seed=1).arrival_seed(0)) != first  # the workload's seed counts
 
 
 def test_bad_levels_rejected():

@@ -43,6 +43,12 @@ def test_throughput_counts_completed_requests_over_the_level_span():
     assert s.errors == {"HTTP 500: boom": 1}
 
 
+def test_offered_rate_is_sends_over_the_sending_window():
+    s = level_stats(RUN, Limits())
+    assert s.offered_req_s == pytest.approx(2.0)  # 5 sends, the first at 0 s and the last at 2 s: 4 intervals / 2 s
+    assert s.to_dict()["offered_req_s"] == pytest.approx(2.0)
+
+
 def test_latency_percentiles_by_hand():
     s = level_stats(RUN, Limits())
     # TTFT [100, 200, 300, 400] ms: p95 at index 2.85 -> 300 + 0.85 * 100
@@ -122,3 +128,42 @@ def test_to_dict_is_flat_json_with_units():
     json.dumps(d)
     rate = level_stats(LevelRun(LoadLevel("rate", 2.5), [], 0.0, 1.0), Limits()).to_dict()
     assert rate["rate_req_s"] == 2.5 and "concurrency" not in rate
+
+
+def test_rate_mode_trial_table_shows_the_offered_and_the_achieved_rate_by_the_label():
+    from dataclasses import replace
+    from pathlib import Path
+
+    from rich.console import Console
+
+    from autotune.spec import load_objective
+    from autotune.trial import LevelOutcome, TrialResult
+    from autotune.views import level_table
+
+    shipped = load_objective(Path(__file__).resolve().parents[1] / "objectives" / "tiny-cpu.toml")
+    objective = replace(shipped, load=replace(shipped.load, mode="rate"))
+    stats = level_stats(replace(RUN, level=LoadLevel("rate", 2.5)), Limits())
+    result = TrialResult("ok", stats.output_tok_s, 2.5, ((2.5, LevelOutcome(stats, judge(stats, Limits()))),))
+    console = Console(record=True, width=200)
+    console.print(level_table(result, objective))
+    text = console.export_text()
+    assert "offered" in text and "achieved req/s" in text
+    row = next(line for line in text.splitlines() if "2.5 *" in line)
+    cells = [c.strip() for c in row.split("│")]
+    assert cells[1:3] == ["2.5 *", "2.00"]  # the label, then what was offered
+    assert cells[6] == f"{stats.req_s:.2f}"  # achieved: completed in the steady window per second
+
+
+def test_study_table_gives_a_rate_mode_level_with_the_rate_it_offered():
+    import optuna
+    from rich.console import Console
+
+    from autotune.views import study_table
+
+    stats = level_stats(LevelRun(LoadLevel("rate", 2.5), RUN.records, 0.0, 4.0), Limits())
+    trial = optuna.trial.create_trial(value=stats.output_tok_s, user_attrs={
+        "best_level": 2.5, "levels": [{**stats.to_dict(), "passed": True}], "constraints": [0.0]},
+        system_attrs={"constraints": (0.0,)})
+    console = Console(record=True, width=200)
+    console.print(study_table([trial]))
+    assert "2.5 req/s (offered 2.00)" in console.export_text()

@@ -24,6 +24,7 @@ BAD_FILES = [
     ("obj-bad-mode.toml", "load.mode", "did you mean 'rate'?"),
     ("obj-negative-limit.toml", "limits.tpot_p95_ms", "must be > 0"),
     ("obj-float-length.toml", "workload.input_len", "must be an integer or a table"),
+    ("obj-bad-prompt.toml", "workload.prompt", "must be one of 'token_ids', 'text', got 'txt'; did you mean 'text'?"),
     ("study-int-string.toml", "space.max_num_seqs.low", "must be an integer, got 'abc'"),
     ("study-low-gt-high.toml", "space.max_num_seqs.low", "low (64) must be <= high (8)"),
     ("study-log-zero.toml", "space.max_num_batched_tokens.log", "log = true needs low > 0"),
@@ -181,3 +182,37 @@ def test_a_model_directory_that_does_not_exist_is_named(tmp_path: Path) -> None:
     study = _write(tmp_path, "s.toml", 'objective = "o.toml"\n[model]\npath = "./models/nope"\n')
     with pytest.raises(SpecError, match=r"s\.toml: model\.path: no model directory .*models/nope"):
         load_study(study)
+
+
+def test_text_prompts_need_the_models_tokenizer_before_anything_boots(tmp_path: Path) -> None:
+    """One line naming the objective file and the key, for a model directory without a tokenizer.json, through the
+    CLI's `trial` and `run` (exit 2, nothing written); a tiny model (its tokenizer is generated) passes."""
+    import subprocess
+    import sys
+
+    from autotune.spec import check_prompt_tokenizer, study_models
+    from autotune.tinymodel import write_tiny_model
+
+    objective = _write(tmp_path, "text.toml", '[workload]\ninput_len = 8\noutput_len = 4\nprompt = "text"\n'
+                                              '[limits]\nttft_p95_ms = 10\n')
+    assert load_objective(objective).workload.prompt == "text"
+    assert load_objective(ROOT / "objectives" / "tiny-cpu.toml").workload.prompt == "token_ids"
+    bare = tmp_path / "models" / "bare"
+    write_tiny_model("dense", bare)
+    check_prompt_tokenizer(load_objective(objective), [str(bare), "tiny:dense"])  # both have one
+    (bare / "tokenizer.json").unlink()
+    with pytest.raises(SpecError) as info:
+        check_prompt_tokenizer(load_objective(objective), [str(bare)])
+    assert (info.value.source, info.value.key) == (str(objective), "workload.prompt")
+    # The model without one is only a choice of the searched `model`: still refused before the first boot.
+    study = _write(tmp_path, "s.toml", 'objective = "text.toml"\n[model]\npath = "tiny:dense"\n'
+                                       '[space.model]\ntype = "categorical"\nchoices = ["tiny:dense", "./models/bare"]\n')
+    assert study_models(load_study(study)) == ["tiny:dense", str(bare)]
+    cli = [sys.executable, "-m", "autotune.cli"]
+    for argv in (["trial", "--model", str(bare), "--objective", str(objective)],
+                 ["run", str(study), "--n-trials", "1"]):
+        out = subprocess.run([*cli, *argv], capture_output=True, text=True, cwd=tmp_path)
+        assert out.returncode == 2, out.stdout + out.stderr
+        lines = (out.stdout + out.stderr).strip().splitlines()
+        assert len(lines) == 1 and f"{objective}: workload.prompt:" in lines[0] and "tokenizer.json" in lines[0], lines
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["models", "s.toml", "text.toml"]  # nothing written

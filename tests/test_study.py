@@ -51,9 +51,9 @@ def ok_result(tok_s: float, peak_gib: float = 3.0) -> TrialResult:
                        duration_s=60.0)
 
 
-def told(study: optuna.Study, result: TrialResult, flags: dict | None = None) -> TrialState:
+def told(study: optuna.Study, result: TrialResult, flags: dict | None = None, env: dict | None = None) -> TrialState:
     trial = study.ask()
-    for k, v in outcome.config_attrs("/models/tiny", flags or {"max_num_seqs": 4}).items():
+    for k, v in outcome.config_attrs("/models/tiny", flags or {"max_num_seqs": 4}, env).items():
         trial.set_user_attr(k, v)
     return outcome.tell_result(study, trial, result)
 
@@ -134,6 +134,27 @@ def test_export_flags_parse_back_with_vllms_own_parser(spec, monkeypatch) -> Non
         assert getattr(ns, dest) == value, dest
     as_json = CliRunner().invoke(main, ["export", "--study", str(spec.path), "--format", "json"])
     assert json.loads(as_json.output)["flags"] == flags
+
+
+def test_export_carries_the_environment_the_trial_booted_with(spec, monkeypatch) -> None:
+    """In every format, and from the trial's record: the study file's [engine.env] (VLLM_CPU_KVCACHE_SPACE)
+    may have been edited since, so what this trial booted with (recorded by config_attrs) is what counts."""
+    assert spec.env == {"VLLM_CPU_KVCACHE_SPACE": "1"}
+    study = open_study(spec)
+    booted_with = {"VLLM_USE_FLASHINFER_SAMPLER": "0", "VLLM_CPU_KVCACHE_SPACE": "2"}
+    told(study, ok_result(700.0), {"max_num_seqs": 12}, booted_with)
+    monkeypatch.chdir(spec.path.parent)
+
+    def export(fmt: str) -> str:
+        out = CliRunner().invoke(main, ["export", "--study", str(spec.path), "--format", fmt])
+        assert out.exit_code == 0, out.output
+        return out.output
+
+    assert shlex.split(export("flags"))[:4] == ["VLLM_CPU_KVCACHE_SPACE=2", "VLLM_USE_FLASHINFER_SAMPLER=0",
+                                                "vllm", "serve"]
+    assert json.loads(export("json"))["env"] == booted_with
+    header = [line for line in export("yaml").splitlines() if line.startswith("#")]
+    assert "# VLLM_CPU_KVCACHE_SPACE=2" in header and "# VLLM_USE_FLASHINFER_SAMPLER=0" in header
 
 
 def test_export_without_a_feasible_trial_is_a_clear_error(spec) -> None:

@@ -109,3 +109,26 @@ def test_length_dist_check_names_key():
     LengthDist(mean=10).check("obj.toml", "workload.input_len")
     with pytest.raises(SpecError, match="obj.toml: workload.input_len: need 1 <= min <= max"):
         LengthDist(min=10, max=5).check("obj.toml", "workload.input_len")
+
+
+def test_text_prompts_are_the_same_ids_decoded_with_the_models_tokenizer(tmp_path) -> None:
+    """The tiny model's real tokenizer (tokenizers' WordLevel): the text re-encodes to exactly the ids drawn."""
+    from tokenizers import Tokenizer
+
+    from autotune.tinymodel import VOCAB_SIZE, write_tiny_model
+    from autotune.workload import prompt_decoder
+
+    model = write_tiny_model("dense", tmp_path / "dense")
+    ids_only = Workload(LengthDist(mean=32), LengthDist(mean=8), seed=3)
+    text = Workload(LengthDist(mean=32), LengthDist(mean=8), seed=3, prompt="text")
+    decode = prompt_decoder(str(model))
+    sent = text.requests(5, VOCAB_SIZE, seed_offset=2, decode=decode)
+    assert [r.prompt_token_ids for r in sent] == [r.prompt_token_ids for r in ids_only.requests(5, VOCAB_SIZE,
+                                                                                                 seed_offset=2)]
+    tokenizer = Tokenizer.from_file(str(model / "tokenizer.json"))
+    for r in sent:
+        assert isinstance(r.prompt_text, str) and r.prompt_text.startswith(f"w{r.prompt_token_ids[0]} ")
+        assert tuple(tokenizer.encode(r.prompt_text, add_special_tokens=False).ids) == r.prompt_token_ids
+    assert all(r.prompt_text is None for r in ids_only.requests(5, VOCAB_SIZE, decode=decode))
+    with pytest.raises(ValueError, match="tokenizer"):
+        text.requests(1, VOCAB_SIZE)
