@@ -9,6 +9,7 @@ from pathlib import Path
 
 import click
 from rich.console import Console
+from rich.markup import escape
 
 from autotune.errors import AutotuneError, SpecError
 
@@ -25,9 +26,7 @@ class _Group(click.Group):
         try:
             return super().invoke(ctx)
         except AutotuneError as e:
-            from rich.markup import escape
-
-            err_console.print(f"[bold red]error:[/] {escape(str(e))}", soft_wrap=True)
+            err_console.print(f"[bold red]error:[/] {escape(str(e))}", soft_wrap=True)  # paths, TOML [tables]
             sys.exit(e.exit_code)
 
 
@@ -106,15 +105,15 @@ def trial(model: str, objective_path: Path, sets: tuple[str, ...], envs: tuple[s
     from autotune import vllm_flags
     from autotune.engine import EngineSpec
     from autotune.spec import check_prompt_tokenizer, load_objective, parse_duration
-    from autotune.tinymodel import resolve_model
     from autotune.trial import TrialPlan, model_vocab_size, run_trial
     from autotune.views import print_trial
 
     objective = load_objective(objective_path)
-    path, defaults = resolve_model(model)
+    path, defaults = _resolve_model_option(model)
     check_prompt_tokenizer(objective, [path])
     flags = {**defaults, **parse_set(sets)}
     vllm_flags.check(("--set", k) for k in flags)
+    vllm_flags.check_values(("--set", k, k, v) for k, v in flags.items())
     gpu_indices = tuple(int(g) for g in gpus.split(",") if g.strip())
     if memory_cap is not None:
         from autotune import memcap
@@ -133,6 +132,22 @@ def trial(model: str, objective_path: Path, sets: tuple[str, ...], envs: tuple[s
         result = run_trial(plan, on_stage=lambda s: status.update(s))
     print_trial(console, result, objective)
     sys.exit(0 if result.status == "ok" else 1)
+
+
+def _resolve_model_option(model: str) -> tuple[str, dict[str, object]]:
+    """--model as tinymodel.resolve_model gives it, with a bad tiny:KIND or an unresolvable hub id as a one-line
+    error naming the flag."""
+    from autotune import feasibility
+    from autotune.errors import ModelUnavailable
+    from autotune.tinymodel import resolve_model
+
+    try:
+        path, defaults = resolve_model(model)
+        if not model.startswith("tiny:") and not Path(model).is_dir():
+            feasibility.model_shape(model)
+    except (ValueError, ModelUnavailable) as e:
+        raise SpecError("--model", model, str(e)) from None
+    return path, defaults
 
 
 def _study_ref(study: str | None, storage: str | None) -> tuple[str, str]:
@@ -194,11 +209,34 @@ def _slots(workers: int | None, gpus: str | None):
     return tuple(Slot(str(i)) for i in range(workers or 1))
 
 
+def _check_slots_fit(slots) -> None:
+    """--gpus names GPUs this machine has (the CPU build uses none); --workers runs at most one server per core:
+    more CPU-build servers than cores time-share them, and every figure measured would be the crowd's, not the
+    configuration's."""
+    import os
+
+    from autotune.engine import Build, detect_build
+    from autotune.hardware import detect_gpus
+
+    wanted = [i for slot in slots for i in slot.gpu_indices]
+    if wanted:
+        gpus = ",".join(map(str, wanted))
+        if detect_build() is Build.CPU:
+            raise SpecError("--gpus", gpus, "the installed vLLM is the CPU build, which uses no GPU; use --workers")
+        present = sorted(g.index for g in detect_gpus())
+        if missing := [i for i in wanted if i not in present]:
+            have = f"GPUs {', '.join(map(str, present))}" if present else "no GPU NVML can see"
+            raise SpecError("--gpus", gpus, f"no GPU {', '.join(map(str, missing))} on this machine (it has {have})")
+    elif len(slots) > (cores := len(os.sched_getaffinity(0))):
+        raise SpecError("--workers", str(len(slots)), f"more servers than the {cores} core(s) this process may use; "
+                                                     f"at most --workers {cores}")
+
+
 def _budget(budget: str | None, n_trials: int | None, spec):
     from autotune.budget import Budget
     from autotune.spec import parse_duration
 
-    seconds = parse_duration(budget, "--budget") if budget else spec.time_budget_s
+    seconds = parse_duration(budget, "--budget") if budget is not None else spec.time_budget_s
     if n_trials is not None and n_trials < 1:
         raise SpecError("--n-trials", None, f"must be at least 1, got {n_trials}")
     if seconds is None and n_trials is None and spec.max_trials is None:
@@ -267,14 +305,15 @@ def run(study_file: Path, budget: str | None, n_trials: int | None, storage: str
       autotune run studies/tiny-hybrid-cpu.toml --budget 30m --from-study tiny-cpu \\
           --from-storage sqlite:///studies/tiny-cpu.db
     """
-    from autotune import vllm_flags
     from autotune.spec import check_prompt_tokenizer, load_study, study_models
+    from autotune.study import check_inputs
 
     spec = load_study(study_file)
     check_prompt_tokenizer(spec.objective, study_models(spec))
     slots = _slots(workers, gpus)
+    _check_slots_fit(slots)
     plan = _budget(budget, n_trials, spec)
-    vllm_flags.check(vllm_flags.study_flag_names(spec))
+    check_inputs(spec)
     if from_study is not None:
         _warm_start(spec, storage, from_study, from_storage)
     _run(spec, plan, storage, slots)
@@ -289,7 +328,8 @@ def _warm_start(spec, storage: str | None, name: str, from_storage: str | None) 
     if source.study_name == spec.name and (from_storage or here) == here:
         raise SpecError("--from-study", name, "is this study itself; name an earlier one")
     queued = warm_start(open_study(spec, storage, say=console.print), source, spec.space)
-    console.print(f"warm start: {len(queued)} configuration(s) of study {source.study_name} queued after the baselines")
+    console.print(f"warm start: {len(queued)} configuration(s) of study {source.study_name} queued after the baselines",
+                  markup=False)
 
 
 @main.command()
@@ -309,11 +349,15 @@ def worker(name: str, storage: str, budget: str | None, n_trials: int | None, wo
       autotune worker --study qwen3.5-27b-rtx3090 --storage postgresql://tuner@db/autotune --budget 4h
     """
     from autotune.spec import check_prompt_tokenizer, study_models
-    from autotune.study import spec_from_storage
+    from autotune.study import check_inputs, spec_from_storage
 
+    slots = _slots(workers, gpus)
+    _check_slots_fit(slots)
     spec = spec_from_storage(name, storage, Path(".autotune-worker") / name)
     check_prompt_tokenizer(spec.objective, study_models(spec))
-    _run(spec, _budget(budget, n_trials, spec), storage, _slots(workers, gpus))
+    plan = _budget(budget, n_trials, spec)
+    check_inputs(spec)
+    _run(spec, plan, storage, slots)
 
 
 @main.command()
@@ -418,7 +462,7 @@ def estimate(study_file: Path | None, model: str | None, hardware: str | None, s
         console.print(estimates_table(rows, title=f"{spec.name} on {profile.name}: predicted before any boot"))
     else:
         profile = feasibility.resolve_profile(hardware or "auto", cpu_build)
-        path, defaults = resolve_model(model)
+        path, defaults = _resolve_model_option(model)
         flags = {**defaults, **parse_set(sets)}
         verdict = feasibility.judge(path, profile, flags, {})
         console.print(breakdown_table(verdict.estimate, title=f"{model} on {profile.name}"))
@@ -429,9 +473,10 @@ def estimate(study_file: Path | None, model: str | None, hardware: str | None, s
 @storage_option
 @click.option("--out", "out_dir", type=click.Path(path_type=Path), default=Path("reports"), show_default=True,
               help="Directory for the HTML report and the PNGs.")
-@click.option("--png/--no-png", default=True, show_default=True,
-              help="Also write PNGs of the two Pareto plots (rendered by a headless Chromium).")
-def report(study: str | None, storage: str | None, out_dir: Path, png: bool) -> None:
+@click.option("--png/--no-png", default=None,
+              help="PNGs of the two Pareto plots (a headless Chromium renders them). Default: when Chromium is "
+                   "there; --png: fail without it.")
+def report(study: str | None, storage: str | None, out_dir: Path, png: bool | None) -> None:
     """Write one offline HTML report of a study (Pareto plots, history, importances, load curves, top trials
     with their flags) and PNGs of the two Pareto plots.
 
@@ -440,10 +485,16 @@ def report(study: str | None, storage: str | None, out_dir: Path, png: bool) -> 
     """
     from autotune.report import write_report
 
-    files = write_report(_load_study(study, storage), out_dir, png=png)
-    console.print(f"report: {files.html}", soft_wrap=True)
+    loaded = _load_study(study, storage)
+    try:
+        files = write_report(loaded, out_dir, png=png)
+    except OSError as e:
+        raise SpecError("--out", str(out_dir), f"cannot write the report there: {e.strerror or e}") from None
+    console.print(f"report: {files.html}", soft_wrap=True, markup=False)
     for path in files.pngs:
-        console.print(f"image:  {path}", soft_wrap=True)
+        console.print(f"image:  {path}", soft_wrap=True, markup=False)
+    if files.png_error:  # the HTML is the report; the PNGs are extras that need Chromium
+        err_console.print(f"no PNGs: {files.png_error}", soft_wrap=True, markup=False)
 
 
 @main.command()
@@ -459,6 +510,8 @@ def dashboard(study: str | None, storage: str | None, port: int) -> None:
     """
     from autotune.dashboard import serve
 
+    if not 0 <= port <= 65535:
+        raise SpecError("--port", str(port), "must be a TCP port, 0 to 65535 (0: any free port)")
     name, url = _study_ref(study, storage)
 
     def announce(address: str) -> None:

@@ -28,3 +28,9 @@ class StorageError(AutotuneError):
     """The study storage cannot be reached or opened."""
 
     exit_code = 2
+
+
+class ModelUnavailable(AutotuneError):
+    """A model named by a hub id whose config.json is neither in the local cache nor reachable now."""
+
+    exit_code = 2

@@ -5,6 +5,7 @@ from __future__ import annotations
 from optuna.trial import FrozenTrial, TrialState
 from rich.console import Console, Group
 from rich.live import Live
+from rich.markup import escape
 from rich.spinner import Spinner
 from rich.text import Text
 
@@ -50,18 +51,19 @@ class LiveProgress:
     def trial_started(self, number: int, label: str, slot: str) -> None:
         self.running[number] = [label, slot, "starting"]
         if not self.console.is_terminal:
-            self.console.print(f"trial {number}: {label}" + (f"  [slot {slot}]" if slot != "0" else ""))
+            self.console.print(f"trial {number}: {label}" + (f"  [slot {slot}]" if slot != "0" else ""), markup=False)
 
     def stage(self, number: int, text: str) -> None:
         if number in self.running:
             self.running[number][2] = text
         if not self.console.is_terminal:
-            self.console.print(f"  trial {number}: {text}")
+            self.console.print(f"  trial {number}: {text}", markup=False)
 
     def trial_ended(self, number: int, state: TrialState, summary: str, best: FrozenTrial | None) -> None:
         self.running.pop(number, None)
         self.done += 1
         self.best = best
         colour = {TrialState.COMPLETE: "green", TrialState.PRUNED: "yellow"}.get(state, "red")
-        self.console.print(f"[{colour}]trial {number}[/] {summary}  [dim]({_hms(self.budget.remaining())} left)[/]",
+        # the summary carries flag values and vLLM's own words: text, never markup
+        self.console.print(f"[{colour}]trial {number}[/] {escape(summary)}  [dim]({_hms(self.budget.remaining())} left)[/]",
                            soft_wrap=True)

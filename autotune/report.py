@@ -448,10 +448,12 @@ pre{background:#f6f6f6;padding:8px}.best{color:#2ca02c}.bad{color:#d62728}"""
 class ReportFiles:
     html: Path
     pngs: tuple[Path, ...]
+    png_error: str | None = None  # why no PNGs were written when they were optional (no Chromium)
 
 
-def write_report(study: optuna.Study, out_dir: Path, *, png: bool = True) -> ReportFiles:
-    """One self-contained HTML file (plotly.js inline: it opens offline) and PNGs of the two Pareto plots."""
+def write_report(study: optuna.Study, out_dir: Path, *, png: bool | None = True) -> ReportFiles:
+    """One self-contained HTML file (plotly.js inline: it opens offline) and PNGs of the two Pareto plots.
+    png=None: the PNGs where Chromium can render them; the HTML is the report either way."""
     out_dir.mkdir(parents=True, exist_ok=True)
     figs = figures(study)
     divs = [fig.to_html(full_html=False, include_plotlyjs=(i == 0), div_id=key,
@@ -464,10 +466,15 @@ def write_report(study: optuna.Study, out_dir: Path, *, png: bool = True) -> Rep
             + "".join(divs[4:]) + "</body></html>")
     html_path = out_dir / f"{name}.html"
     html_path.write_text(page, encoding="utf-8")
-    pngs: tuple[Path, ...] = ()
-    if png:
-        pngs = (out_dir / f"{name}-pareto-latency.png", out_dir / f"{name}-pareto-memory.png")
+    if png is False:
+        return ReportFiles(html_path, ())
+    pngs = (out_dir / f"{name}-pareto-latency.png", out_dir / f"{name}-pareto-memory.png")
+    try:
         export_pngs([figs["pareto_ttft"], figs["pareto_memory"]], pngs)
+    except AutotuneError as e:
+        if png:
+            raise
+        return ReportFiles(html_path, (), str(e))
     return ReportFiles(html_path, pngs)
 
 
@@ -482,6 +489,7 @@ def export_pngs(figs: Sequence[go.Figure], paths: Sequence[Path], width: int = 1
         os.environ["BROWSER_PATH"] = chromium
     try:
         pio.write_images(list(figs), [str(p) for p in paths], format="png", width=width, height=height, scale=1)
-    except Exception as e:  # kaleido raises its own types for a missing or crashing browser
-        raise AutotuneError(f"PNG export failed ({type(e).__name__}: {e}); it needs Chromium: "
+    except Exception as e:  # kaleido raises its own types (and paragraphs) for a missing or crashing browser
+        detail = next((line.strip() for line in str(e).splitlines() if line.strip()), "")
+        raise AutotuneError(f"PNG export failed ({type(e).__name__}: {detail}); it needs Chromium: "
                             "`apt-get install chromium`, or run `plotly_get_chrome`, or pass --no-png") from e

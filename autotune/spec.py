@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from autotune.errors import SpecError
+from autotune.hardware import PROFILES
 from autotune.memcap import MemoryCap, parse_cap
 from autotune.metrics import Limits
 from autotune.remeasure import DEFAULT_TOP
@@ -189,6 +190,9 @@ def _read(path: Path, source: str) -> dict[str, Any]:
         raise SpecError(source, None, f"cannot read: {e.strerror}") from None
     except tomllib.TOMLDecodeError as e:
         raise SpecError(source, None, f"invalid TOML: {e}") from None
+    except UnicodeDecodeError as e:  # TOML is UTF-8 by definition
+        raise SpecError(source, None, f"not UTF-8 text (byte {e.start}: {e.object[e.start:e.start + 1]!r}); "
+                                      "save it as UTF-8") from None
 
 
 def check_study_name(name: str, source: str, key: str | None) -> str:
@@ -579,6 +583,9 @@ def load_study(path: str | Path) -> StudySpec:
         raise top.error("objective", f"file not found: {objective_path}")
     objective = load_objective(objective_path)
     hardware = top.text("hardware", "auto")
+    if hardware != "auto" and hardware.strip().lower() not in PROFILES:
+        raise top.error("hardware", f"unknown GPU profile {hardware!r}{_suggest(hardware.lower(), PROFILES)} "
+                                    f"(known: auto, {', '.join(sorted(PROFILES))})")
     storage = top.text("storage", None)
     model = _model(top, base)
     engine, env = _engine(top, base)

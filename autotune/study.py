@@ -217,6 +217,28 @@ def _changes(began: dict[str, object], now: dict[str, object]) -> list[str]:
     return out
 
 
+def check_inputs(spec: StudySpec) -> None:
+    """What a study file cannot show by itself, checked before anything is written (no database, no trial):
+    the flags the installed vLLM knows and the values they take, and that every model named can be resolved
+    (a hub id: from the cache, or the hub in one quick request)."""
+    from autotune import vllm_flags
+    from autotune.errors import ModelUnavailable, SpecError
+    from autotune.space import MODEL
+
+    vllm_flags.check(vllm_flags.study_flag_names(spec))
+    vllm_flags.check_values(vllm_flags.study_flag_values(spec))
+    models = [("model.path", spec.model.path)]
+    models += [("space.model.choices", c) for p in spec.space if p.name == MODEL for c in p.choices]
+    models += [(f"baselines[{i}].flags.model", b.flags[MODEL]) for i, b in enumerate(spec.baselines) if MODEL in b.flags]
+    for key, model in models:
+        if model.startswith("tiny:") or Path(model).is_dir():
+            continue
+        try:
+            feasibility.model_shape(model)
+        except ModelUnavailable as e:
+            raise SpecError(str(spec.path), key, f"cannot resolve {model!r}: {e}") from None
+
+
 @dataclass(frozen=True)
 class Slot:
     """Where one trial at a time runs: a GPU (or several, for one server) or, on the CPU build, a share of it."""

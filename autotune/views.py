@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from autotune.spec import Objective
@@ -31,7 +32,7 @@ def level_table(result: TrialResult, objective: Objective) -> Table:
             f"{value:g}" + (" *" if best else ""), *([f"{s.offered_req_s:.2f}"] if rate else []),
             str(s.completed), str(s.failed), f"{s.output_tok_s:,.0f}", f"{s.req_s:.2f}",
             *(f"{p.p50_ms:.0f} / {p.p95_ms:.0f} / {p.p99_ms:.0f}" for p in (s.ttft, s.tpot, s.itl, s.e2el)),
-            "[green]pass[/]" if o.verdict.passed else f"[red]{o.verdict.reason}[/]",
+            "[green]pass[/]" if o.verdict.passed else f"[red]{escape(o.verdict.reason)}[/]",
         )
     return t
 
@@ -41,7 +42,7 @@ def print_trial(console: Console, result: TrialResult, objective: Objective) -> 
         console.print(level_table(result, objective))
         for value, o in result.levels:
             for msg, n in o.stats.errors.items():
-                console.print(f"  level {value:g}: {n} request(s) failed: {msg}")
+                console.print(f"  level {value:g}: {n} request(s) failed: {msg}", markup=False)
     if result.boot is not None:
         b = result.boot
         kv = f"{b.kv_cache_tokens:,} KV-cache tokens" if b.kv_cache_tokens else "KV-cache size not reported"
@@ -58,11 +59,11 @@ def print_trial(console: Console, result: TrialResult, objective: Objective) -> 
             f"{result.best_level:g} (p95 TTFT {best.stats.ttft.p95_ms:.0f} ms, p95 TPOT {best.stats.tpot.p95_ms:.1f} ms)"
         )
     else:
-        console.print(f"[bold red]{result.status}:[/] {result.reason}")
+        console.print(f"[bold red]{result.status}:[/] {escape(result.reason)}")
         if result.failure is not None and result.failure.excerpt:
             console.print(result.failure.excerpt, markup=False, soft_wrap=True)
     if result.log_path is not None:
-        console.print(f"server log: {result.log_path}")
+        console.print(f"server log: {result.log_path}", markup=False)
 
 
 def trial_label(t) -> str:
@@ -91,20 +92,20 @@ def study_table(trials, *, limit: int = 15, title: str = "trials, best feasible 
 
     ordered = sorted(trials, key=key)
     shown = ordered[:limit] + [t for t in ordered[limit:] if "baseline" in t.user_attrs]
-    table = Table(title=title, title_justify="left")
+    table = Table(title=escape(title), title_justify="left")
     for col in ("#", "state", "out tok/s", "level", "p95 TTFT ms", "p95 TPOT ms", "peak mem", "configuration / reason"):
         table.add_column(col, justify="left" if col in ("state", "configuration / reason") else "right",
                          overflow="fold")
     for t in shown:
         a = t.user_attrs
-        state = "feasible" if feasible(t) else (a.get("status") or t.state.name.lower())
+        state = "feasible" if feasible(t) else escape(a.get("status") or t.state.name.lower())
         if t.state.name == "PRUNED":
             state = "pruned"
-        detail = trial_label(t)
+        detail = escape(trial_label(t))  # flag values and vLLM's words are text, never markup
         if (of := a.get(REMEASURE_ATTR)) is not None:
             detail = f"re-measure of trial {of}: {detail}"
         if not feasible(t) and a.get("reason"):
-            detail += f"\n[dim]{a['reason'][:160]}[/]"
+            detail += f"\n[dim]{escape(a['reason'][:160])}[/]"
         mem = a.get("peak_memory_gib")
         table.add_row(
             str(t.number), state, f"{t.value:,.0f}" if t.value else "-", _best_level(a),
@@ -117,21 +118,21 @@ def study_table(trials, *, limit: int = 15, title: str = "trials, best feasible 
 
 def estimates_table(rows, *, title: str) -> Table:
     """rows: (label, model, flags, feasibility.Verdict)."""
-    t = Table(title=title, title_justify="left")
+    t = Table(title=escape(title), title_justify="left")
     for col in ("configuration", "weights", "KV cache", "KV tokens", "conc. at max len", "fits / why not"):
         t.add_column(col, justify="left" if col in ("configuration", "fits / why not") else "right", overflow="fold")
     for label, model, flags, v in rows:
         e = v.estimate
-        t.add_row(f"{label}\n[dim]{model}[/]", f"{e.weights_bytes / 2**30:.1f} GiB", f"{e.kv_cache_bytes / 2**30:.2f} GiB",
+        t.add_row(f"{escape(label)}\n[dim]{escape(model)}[/]", f"{e.weights_bytes / 2**30:.1f} GiB", f"{e.kv_cache_bytes / 2**30:.2f} GiB",
                   f"{e.kv_tokens:,}", f"{e.max_concurrency_at_max_len:.1f}x",
-                  "[green]fits[/]" if v.fits else f"[red]no[/]: {v.reason}")
+                  "[green]fits[/]" if v.fits else f"[red]no[/]: {escape(v.reason)}")
     return t
 
 
 def breakdown_table(est, *, title: str) -> Table:
-    t = Table(title=title, title_justify="left", show_header=False)
+    t = Table(title=escape(title), title_justify="left", show_header=False)
     t.add_column("item")
     t.add_column("value", overflow="fold")
     for item, value in est.breakdown():
-        t.add_row(item, value)
+        t.add_row(escape(item), escape(value))
     return t

@@ -170,3 +170,30 @@ def test_report_from_a_real_cpu_run(cpu_study_db) -> None:
     for t in measured:  # each level of the best trials and the baselines is in the load-level figure
         for lv in t.user_attrs["levels"]:
             assert any(h.startswith(f"trial {t.number}") and f"{lv['output_tok_s']:,.0f} tok/s" in h for h in levels)
+
+
+def test_report_without_chromium_writes_the_html_and_says_why_there_are_no_pngs(
+        demo_study_db, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    db, name = demo_study_db
+    monkeypatch.setenv("BROWSER_PATH", str(tmp_path / "no-chromium-here"))  # where the PNG export looks first
+    args = ["report", "--storage", f"sqlite:///{db}", "--study", name, "--out", str(tmp_path / "r")]
+    optional = CliRunner().invoke(main, args)
+    assert optional.exit_code == 0, optional.output
+    assert (tmp_path / "r" / f"{name}.html").is_file() and not list((tmp_path / "r").glob("*.png"))
+    notes = [line for line in optional.output.splitlines() if line.startswith("no PNGs:")]
+    assert len(notes) == 1 and "Chromium" in notes[0], optional.output
+    asked = CliRunner().invoke(main, [*args, "--png"])
+    lines = [line for line in asked.output.splitlines() if line.strip()]
+    assert asked.exit_code == 1 and len(lines) == 1 and lines[0].startswith("error: PNG export failed"), asked.output
+    assert "Chromium" in lines[0]
+
+
+def test_report_to_an_unwritable_place_is_one_line_naming_out(demo_study_db, tmp_path: Path) -> None:
+    db, name = demo_study_db
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    out = CliRunner().invoke(main, ["report", "--storage", f"sqlite:///{db}", "--study", name,
+                                    "--out", str(blocker / "r"), "--no-png"])
+    lines = [line for line in out.output.splitlines() if line.strip()]
+    assert out.exit_code == 2 and len(lines) == 1 and lines[0].startswith(f"error: --out: {blocker / 'r'}: "), out.output
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a-file", "demo"]

@@ -52,6 +52,8 @@ BAD_FILES = [
     ("study-reserved-port.toml", "engine.port", "the engine picks it"),
     ("study-bad-default.toml", "space.enable_prefix_caching.default", "'yes' is not a value"),
     ("study-env-bool.toml", "engine.env.VLLM_CPU_KVCACHE_SPACE", "must be a string or a number"),
+    ("study-bad-hardware.toml", "hardware", "unknown GPU profile 'rtx3900'; did you mean 'rtx3090'?"),
+    ("study-not-utf8.toml", None, "not UTF-8 text (byte 66: b'\\xe9')"),
 ]
 
 
@@ -216,3 +218,28 @@ def test_text_prompts_need_the_models_tokenizer_before_anything_boots(tmp_path: 
         lines = (out.stdout + out.stderr).strip().splitlines()
         assert len(lines) == 1 and f"{objective}: workload.prompt:" in lines[0] and "tokenizer.json" in lines[0], lines
     assert sorted(p.name for p in tmp_path.iterdir()) == ["models", "s.toml", "text.toml"]  # nothing written
+
+
+@pytest.mark.parametrize(("dest", "value", "problem"), [
+    ("max_num_seqs", 16, None), ("max_num_seqs", "16", None), ("max_num_seqs", "lots", "must be an integer"),
+    ("max_num_seqs", 16.0, "must be an integer"), ("max_num_seqs", True, "takes a value, not true or false"),
+    ("max_num_batched_tokens", "2k", None), ("max_model_len", "auto", None),
+    ("max_num_batched_tokens", "auto", "must be an integer (or like '2k')"),
+    ("gpu_memory_utilization", 0.9, None), ("gpu_memory_utilization", "most", "must be a number"),
+    ("enforce_eager", True, None), ("enforce_eager", "yes", "must be true or false"),
+    ("kv_cache_dtype", "fp8", None), ("kv_cache_dtype", "fp7", "must be one of auto, "),
+    ("speculative_config", {"method": "mtp", "num_speculative_tokens": 2}, None),
+])
+def test_flag_values_are_judged_by_the_installed_vllms_parser_types(dest: str, value: object,
+                                                                    problem: str | None) -> None:
+    from autotune import vllm_flags
+
+    found = vllm_flags.value_problem(vllm_flags.flag_types()[dest], value)
+    assert found == problem if problem is None else (found or "").startswith(problem), found
+
+
+@pytest.mark.parametrize("path", sorted((ROOT / "studies").glob("*.toml")), ids=lambda p: p.name)
+def test_shipped_studies_give_vllm_values_it_takes(path: Path) -> None:
+    from autotune import vllm_flags
+
+    vllm_flags.check_values(vllm_flags.study_flag_values(load_study(path)))
