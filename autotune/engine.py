@@ -51,6 +51,7 @@ class FailureKind(str, Enum):
     CRASH = "crash"
     UNRESPONSIVE = "unresponsive"
     CANCELLED = "cancelled"
+    KILLED = "killed_from_outside"  # a signal autotune did not send, and no failure in the log
 
     @property
     def is_memory(self) -> bool:
@@ -213,6 +214,8 @@ class Server:
         self._failure_event = threading.Event()
         self._proc: subprocess.Popen[str] | None = None
         self._reader: threading.Thread | None = None
+        self._watchdog: subprocess.Popen[bytes] | None = None
+        self._stopping = False  # autotune signals the group from here on: an exit by signal is ours
 
     @property
     def model(self) -> str:
@@ -238,7 +241,13 @@ class Server:
         )
         self._reader = threading.Thread(target=self._read_log, args=(log,), daemon=True)
         self._reader.start()
-        _register(self._proc.pid)
+        record = _register(self._proc.pid)
+        # The parent-death signal alone is not enough: a SIGTERM that lands while vLLM spawns its engine core
+        # leaves both running. The watchdog kills the whole group once this process is gone, however it died.
+        self._watchdog = subprocess.Popen(
+            [sys.executable, "-m", "autotune.engine", "watch", str(os.getpid()), str(self._proc.pid), str(record)],
+            stdin=subprocess.DEVNULL, start_new_session=True,
+        )
 
     def wait_ready(self, cancel: threading.Event | None = None) -> BootInfo:
         """Block until /health answers 200; raise BootFailed as soon as a failure line or an exit is seen."""
@@ -251,8 +260,7 @@ class Server:
             if cancel is not None and cancel.is_set():
                 raise BootFailed(Failure(FailureKind.CANCELLED, "cancelled while booting"), time.monotonic() - t0)
             if self._proc.poll() is not None:
-                self._reader.join(timeout=5)  # type: ignore[union-attr]
-                raise BootFailed(self.failure or classify_log(list(self.lines)), time.monotonic() - t0)
+                raise BootFailed(self._exit_failure(), time.monotonic() - t0)
             if self.healthy():
                 return parse_boot_info(list(self.lines), time.monotonic() - t0)
             if time.monotonic() > deadline:
@@ -272,15 +280,30 @@ class Server:
         if self.failure is not None:
             return self.failure
         if self._proc is not None and self._proc.poll() is not None:
-            self._reader.join(timeout=5)  # type: ignore[union-attr]
-            return self.failure or classify_log(list(self.lines))
+            return self._exit_failure()
         return None
+
+    def _exit_failure(self) -> Failure:
+        """Why the exited server ended. Killed by a signal autotune did not send, with no failure in its log
+        (an outside `kill -9`), it says nothing about the configuration; an engine crash or an out-of-memory
+        error in the log does."""
+        assert self._proc is not None and self._reader is not None
+        self._reader.join(timeout=5)
+        if self.failure is not None:
+            return self.failure
+        lines, code = list(self.lines), self._proc.returncode
+        if (code is not None and code < 0 and not self._stopping and classify_log(lines, exited=False) is None
+                and not any(_ENGINE_DIED.search(line) for line in lines)):
+            return Failure(FailureKind.KILLED, f"the server was killed by {_signal_name(-code)}, a signal autotune "
+                           "did not send: says nothing about the configuration", "\n".join(lines[-12:]))
+        return classify_log(lines)
 
     def stop(self, grace_s: float = 15.0) -> None:
         """Stop the whole process group (API server, engine core, workers): SIGTERM, then SIGKILL."""
         if self._proc is None:
             return
         pgid = self._proc.pid  # start_new_session: the group id is the leader's pid
+        self._stopping = True
         with contextlib.suppress(ProcessLookupError):
             os.killpg(pgid, signal.SIGTERM)
         try:
@@ -294,6 +317,9 @@ class Server:
             self._proc.wait(timeout=5)
         _wait_group_gone(pgid, timeout_s=10)
         _unregister(pgid)
+        if self._watchdog is not None:  # the group is gone: nothing left to watch
+            self._watchdog.kill()
+            self._watchdog.wait()
         if self._reader is not None:
             self._reader.join(timeout=5)
 
@@ -333,10 +359,12 @@ def launch(spec: EngineSpec, log_path: Path, *, build: Build | None = None) -> I
 SERVERS_DIR = Path.home() / ".cache" / "autotune" / "servers"
 
 
-def _register(pgid: int) -> None:
+def _register(pgid: int) -> Path:
     # A record per live server: which tuner started which process group, so a later run can reap leftovers.
     SERVERS_DIR.mkdir(parents=True, exist_ok=True)
-    (SERVERS_DIR / f"{pgid}.json").write_text(json.dumps({"pgid": pgid, "owner": os.getpid()}))
+    record = SERVERS_DIR / f"{pgid}.json"
+    record.write_text(json.dumps({"pgid": pgid, "owner": os.getpid()}))
+    return record
 
 
 def _unregister(pgid: int) -> None:
@@ -378,15 +406,42 @@ def _die_with_parent() -> None:
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
 
 
+def watch(owner: int, pgid: int, record: Path, poll_s: float = 0.2, term_s: float = 3.0) -> None:
+    """The watchdog of one server (run as `python -m autotune.engine watch OWNER PGID RECORD`, a child of the
+    tuner in a session of its own): once the tuner is gone, SIGTERM the server's group again and again, SIGKILL
+    after `term_s`, until no process of it is left; then remove its record. Ends as soon as the group is gone."""
+    while os.getppid() == owner:
+        if not _group_alive(pgid):
+            return
+        time.sleep(poll_s)
+    deadline = time.monotonic() + term_s
+    while _group_alive(pgid) and time.monotonic() < deadline + 60:  # (zombies nobody reaps would keep it "alive")
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(pgid, signal.SIGTERM if time.monotonic() < deadline else signal.SIGKILL)
+        time.sleep(poll_s)
+    with contextlib.suppress(FileNotFoundError):
+        record.unlink()
+
+
+def _signal_name(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
+
+
+def _group_alive(pgid: int) -> bool:
+    """Whether any process of the group is left (a group of another user's is not ours: gone, to us)."""
+    try:
+        os.killpg(pgid, 0)
+    except (ProcessLookupError, PermissionError):
+        return False
+    return True
+
+
 def _wait_group_gone(pgid: int, timeout_s: float) -> None:
     deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        try:
-            os.killpg(pgid, 0)
-        except ProcessLookupError:
-            return
-        except PermissionError:
-            return
+    while time.monotonic() < deadline and _group_alive(pgid):
         time.sleep(0.1)
 
 
@@ -412,3 +467,7 @@ def _clip(line: str, n: int = 240) -> str:
 
 def _excerpt(lines: list[str], i: int, before: int = 3, after: int = 2) -> str:
     return "\n".join(lines[max(0, i - before): i + after + 1])
+
+
+if __name__ == "__main__" and sys.argv[1:2] == ["watch"]:
+    watch(int(sys.argv[2]), int(sys.argv[3]), Path(sys.argv[4]))

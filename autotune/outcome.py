@@ -3,7 +3,8 @@
 Optuna's samplers learn from COMPLETE (and TPE from PRUNED) trials and ignore FAIL ones, so a configuration that
 runs out of memory, cannot meet the latency limits or does not boot with its flags is a COMPLETE trial with a
 violated constraint (value > 0), never a bare FAIL. FAIL is kept for what says nothing about the configuration:
-another process holding the memory, a port conflict, the tuner being stopped.
+another process holding the memory, a port conflict, the tuner being stopped, the server killed by a
+signal autotune did not send.
 """
 
 from __future__ import annotations
@@ -25,7 +26,8 @@ BOOTS = "boots"  # the configuration does not boot for a reason other than memor
 CONSTRAINTS = (MEMORY, LATENCY, BOOTS)
 PRUNED = "pruned: throughput clearly below the other trials' at the same load level"
 
-_NOT_THE_CONFIGS_FAULT = (FailureKind.MEMORY_HELD, FailureKind.PORT_IN_USE, FailureKind.MODEL_NOT_FOUND)
+_NOT_THE_CONFIGS_FAULT = (FailureKind.MEMORY_HELD, FailureKind.PORT_IN_USE, FailureKind.MODEL_NOT_FOUND,
+                         FailureKind.KILLED)
 
 
 def set_constraints(trial: optuna.Trial, *, memory: float = 0.0, latency: float = 0.0, boots: float = 0.0) -> None:

@@ -7,6 +7,7 @@ a kill of the tuner loses at most the trial in flight, and the next run of the s
 from __future__ import annotations
 
 import contextlib
+import functools
 import importlib.util
 import json
 import re
@@ -29,7 +30,8 @@ from autotune.engine import Build, EngineSpec, FailureKind, detect_build, reap_l
 from autotune.errors import EngineError, SpecError, StorageError
 from autotune.hardware import GpuProfile, detect_gpus
 from autotune.samplers import make_pruner, make_sampler
-from autotune.space import EngineConfig, enqueue_baseline, engine_config, invalid_reason, suggest, trial_baseline
+from autotune.space import (BASELINE_ATTR, EngineConfig, enqueue_baseline, engine_config, invalid_reason, suggest,
+                            trial_baseline)
 from autotune.spec import StudySpec, check_study_name, load_study
 from autotune.tinymodel import resolve_model
 from autotune.trial import LevelOutcome, TrialPlan, TrialResult, model_vocab_size, run_trial
@@ -66,6 +68,19 @@ def default_storage(spec: StudySpec) -> str:
     return f"sqlite:///{spec.path.parent / (spec.name + '.db')}"
 
 
+def retry_stale_trial(study: optuna.Study, trial: FrozenTrial) -> None:
+    """Queue a trial whose worker died once more, as it was (Optuna's RetryHeartbeatStaleTrialCallback with
+    max_retry=1, and the same system attributes). It queues the params as fixed params, as enqueue_trial does:
+    a baseline's values may lie outside the space's ranges, which Optuna's callback cannot re-create."""
+    history = [*trial.system_attrs.get("retry_history", []), trial.number]
+    if len(history) > 1:
+        return
+    system_attrs = {**trial.system_attrs, "failed_trial": trial.system_attrs.get("failed_trial", trial.number),
+                    "retry_history": history, "fixed_params": dict(trial.params)}
+    study.add_trial(optuna.create_trial(state=TrialState.WAITING, user_attrs=trial.user_attrs,
+                                        system_attrs=system_attrs))
+
+
 _USER_PASSWORD = re.compile(r"(//[^/@:]*:)([^@/]*)@")  # in a URL too broken for SQLAlchemy to parse
 
 
@@ -96,13 +111,13 @@ def _database_url(url: str, read_only: bool) -> URL:
 def open_storage(url: str, read_only: bool = False) -> optuna.storages.BaseStorage:
     """An RDB storage with heartbeats, so a trial whose worker died is found and marked, not left RUNNING.
     Read-only (status, export, report, a worker looking its study up) creates no schema and no file."""
-    retry = optuna.storages.RetryHeartbeatStaleTrialCallback(max_retry=1)
     shown = shown_url(url)
     try:
         database = _database_url(url, read_only)
         return optuna.storages.RDBStorage(database.render_as_string(hide_password=False),
                                           heartbeat_interval=HEARTBEAT_S, grace_period=GRACE_S,
-                                          heartbeat_stale_trial_callback=retry, skip_table_creation=read_only)
+                                          heartbeat_stale_trial_callback=retry_stale_trial,
+                                          skip_table_creation=read_only)
     except StorageError:
         raise
     except Exception as e:  # sqlalchemy/driver errors vary by backend; all mean the same thing to a user
@@ -157,6 +172,7 @@ def open_study(spec: StudySpec, storage_url: str | None = None,
     else:
         _resume(spec, study, files, say)
     optuna.storages.fail_stale_trials(study)
+    _queue_unmeasured_baselines(study, spec)
     return study
 
 
@@ -237,6 +253,17 @@ def check_inputs(spec: StudySpec) -> None:
             feasibility.model_shape(model)
         except ModelUnavailable as e:
             raise SpecError(str(spec.path), key, f"cannot resolve {model!r}: {e}") from None
+
+
+def _queue_unmeasured_baselines(study: optuna.Study, spec: StudySpec) -> None:
+    """Queue every baseline that has no measured trial (COMPLETE or PRUNED) and none queued or running: one
+    interrupted, killed or otherwise failed through no fault of its own is measured when the study resumes."""
+    settled = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.WAITING, TrialState.RUNNING)
+    have = {(t.user_attrs.get(BASELINE_ATTR) or {}).get("name")
+            for t in study.get_trials(deepcopy=False, states=settled)}
+    for baseline in spec.baselines:
+        if baseline.name not in have:
+            enqueue_baseline(study, baseline, spec.space)
 
 
 @dataclass(frozen=True)
@@ -340,22 +367,48 @@ def run_study(
             rejected_in_a_row = 0
             budget.record(result.duration_s)
 
-    threads = [threading.Thread(target=worker, args=(slot,), name=f"slot-{slot.name}", daemon=True) for slot in slots]
-    for t in threads:
-        t.start()
-    try:
-        while any(t.is_alive() for t in threads):
-            for t in threads:
-                t.join(timeout=0.2)
-    except KeyboardInterrupt:
-        run.stop.set()  # each slot stops its server and records its trial as interrupted
-        for t in threads:
-            t.join()
-        reasons.insert(0, "interrupted")
+    def remeasure_top() -> None:
+        try:
+            remeasure.remeasure_top(study, budget, reserved, stop=run.stop, run_one=lambda: _one_trial(run, slots[0]))
+        except BaseException as e:
+            errors.append(e)
+
+    interrupted = _until_done([(f"slot-{slot.name}", functools.partial(worker, slot)) for slot in slots], run.stop)
     if errors:
         raise errors[0]
-    remeasure.remeasure_top(study, budget, reserved, stop=run.stop, run_one=lambda: _one_trial(run, slots[0]))
+    interrupted = _until_done([("remeasure", remeasure_top)], run.stop) or interrupted
+    if errors:
+        raise errors[0]
+    if interrupted:
+        reasons.insert(0, "interrupted")
     return RunSummary(counts["run"], reasons[0] if reasons else "", best_trial(study))
+
+
+def _until_done(targets: list[tuple[str, Callable[[], None]]], stop: threading.Event) -> bool:
+    """Run each target in a thread of its own until all have ended; on Ctrl-C set `stop` and keep waiting,
+    so that each stops its server and records its trial as interrupted. Returns whether Ctrl-C came.
+
+    Waits on events, never on Thread.join: on CPython 3.11 a join interrupted by Ctrl-C marks the live thread
+    as stopped, so the next join returns at once and the thread dies at exit with its trial RUNNING."""
+    ended = [threading.Event() for _ in targets]
+
+    def run(target: Callable[[], None], done: threading.Event) -> None:
+        try:
+            target()
+        finally:
+            done.set()
+
+    for (name, target), done in zip(targets, ended):
+        threading.Thread(target=run, args=(target, done), name=name, daemon=True).start()
+    interrupted = False
+    while not all(done.is_set() for done in ended):
+        try:
+            for done in ended:
+                done.wait(0.2)
+        except KeyboardInterrupt:  # a second Ctrl-C too: the slots are stopping, and their trials must be told
+            interrupted = True
+            stop.set()
+    return interrupted
 
 
 def preview_configs(spec: StudySpec, n: int, seed: int = 0) -> list[tuple[str, EngineConfig]]:

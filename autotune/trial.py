@@ -76,6 +76,9 @@ class TrialResult:
         return ""
 
 
+CANCELLED = "cancelled"  # a level's stop reason once the caller's cancel is set: its requests in flight end it
+
+
 class ServerDied(Exception):
     def __init__(self, failure: Failure):
         super().__init__(failure.reason)
@@ -130,7 +133,7 @@ def run_trial(
         def measure(value: float) -> LevelOutcome:
             k = len(levels)
             stage(f"level {k + 1}: {plan.objective.load.mode} {value:g}")
-            outcome = _measure(server, plan, value, seed_offset=k)
+            outcome = _measure(server, plan, value, seed_offset=k, cancel=cancel)
             levels.append((value, outcome))
             if (failure := server.died()) is not None:
                 raise ServerDied(failure)
@@ -165,7 +168,8 @@ def run_trial(
         server.stop(grace_s=15.0 if server.healthy() and not hung else 3.0)
 
 
-def _measure(server: Server, plan: TrialPlan, value: float, seed_offset: int) -> LevelOutcome:
+def _measure(server: Server, plan: TrialPlan, value: float, seed_offset: int,
+             cancel: threading.Event | None = None) -> LevelOutcome:
     search, limits = plan.objective.load, plan.objective.limits
     level = LoadLevel(search.mode, value)
     # As many requests as it takes to know each limited p95 well enough (sla.LoadSearch.stop_rule), within
@@ -175,8 +179,10 @@ def _measure(server: Server, plan: TrialPlan, value: float, seed_offset: int) ->
     workload = plan.objective.workload
     decode = prompt_decoder(plan.engine.model) if workload.prompt == "text" else None
     requests = workload.requests(rule.max_requests + w, plan.vocab_size, seed_offset=seed_offset, decode=decode)
+    cancelled = cancel or threading.Event()  # set: the level ends with the requests in flight (Ctrl-C)
     run = measure_level(server.base_url, server.model, requests[w:], level, warmup=requests[:w],
-                        seed=workload.arrival_seed(seed_offset), enough=lambda done: rule.reason(done, limits))
+                        seed=workload.arrival_seed(seed_offset),
+                        enough=lambda done: CANCELLED if cancelled.is_set() else rule.reason(done, limits))
     stats = level_stats(run, limits)
     return LevelOutcome(stats, judge(stats, limits), hung=run.hung)
 

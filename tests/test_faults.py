@@ -5,6 +5,7 @@ faults injected, survived, trials lost (must be 0).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -12,6 +13,7 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import optuna
@@ -25,18 +27,44 @@ from autotune import engine
 from autotune.budget import Budget
 from autotune.cli import main
 from autotune.spec import load_study
-from autotune.study import NoProgress, run_study
+from autotune.study import INTERRUPTED, NoProgress, run_study
 
 ROOT = Path(__file__).resolve().parents[1]
 QUICK = ROOT / "tests" / "data" / "quick"
 LEDGER: list[tuple[str, bool, int]] = []  # (fault, survived, trials lost)
+# Set in this module's environment, so inherited by its tuners and servers: other engineers' servers on the same
+# machine are not this suite's (a server orphaned by a kill is found by it too, unlike by parentage).
+RUN_MARK = ("AUTOTUNE_FAULT_SUITE", str(os.getpid()))
+
+
+@pytest.fixture(scope="module", autouse=True)
+def marked_environment():
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv(*RUN_MARK)
+        yield
+
+
+def ours() -> list[psutil.Process]:
+    """The vLLM processes this suite started, alive or orphaned."""
+    found = []
+    for p in vllm_processes():
+        with contextlib.suppress(psutil.Error):
+            if p.environ().get(RUN_MARK[0]) == RUN_MARK[1]:
+                found.append(p)
+    return found
 
 
 
 def engine_core() -> psutil.Process:
-    cores = [p for p in vllm_processes() if (p.info["name"] or "").startswith("VLLM::EngineCore")]
+    cores = [p for p in ours() if (p.info["name"] or "").startswith("VLLM::EngineCore")]
     assert len(cores) == 1, cores
     return cores[0]
+
+
+def api_server() -> psutil.Process:
+    servers = [p for p in ours() if "vllm.entrypoints" in " ".join(p.info["cmdline"] or [])]
+    assert len(servers) == 1, servers
+    return servers[0]
 
 
 def lost(study: optuna.Study) -> int:
@@ -72,9 +100,10 @@ def run_with(quick: Path, progress, trials: int = 2) -> optuna.Study:
 
 @pytest.fixture(scope="module")
 def faulted(tmp_path_factory: pytest.TempPathFactory) -> tuple[optuna.Study, Inject]:
-    """One real three-trial study with three faults (three boots, not six): trial 0's first port is taken by
+    """One real three-trial study with four faults (three boots, not seven): trial 0's first port is taken by
     another program and its engine is killed during load, trial 1's engine is stopped (SIGSTOP: alive, but no
-    token ever again), trial 2 runs untouched and shows the study went on."""
+    token ever again), trial 2 boots (the study went on) and its API server is killed from outside (kill -9)
+    during load."""
     work = tmp_path_factory.mktemp("faulted")
     for f in QUICK.iterdir():
         shutil.copy(f, work / f.name)
@@ -84,9 +113,11 @@ def faulted(tmp_path_factory: pytest.TempPathFactory) -> tuple[optuna.Study, Inj
     ports = iter([squatter.getsockname()[1]])
     real_free_port = engine.free_port
     inject = Inject({0: lambda: os.kill(engine_core().pid, signal.SIGKILL),
-                     1: lambda: os.kill(engine_core().pid, signal.SIGSTOP)})
+                     1: lambda: os.kill(engine_core().pid, signal.SIGSTOP),
+                     2: lambda: os.kill(api_server().pid, signal.SIGKILL)})
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(engine, "free_port", lambda: next(ports, None) or real_free_port())
+        patch.setattr(engine, "SERVERS_DIR", work / "servers")  # not the real ~/.cache
         try:
             study = run_with(work / "quick.toml", inject, trials=3)
         finally:
@@ -99,7 +130,7 @@ def test_a_taken_port_is_retried_on_another(faulted) -> None:
     study, inject = faulted
     first = study.trials[0]
     retried = (0, "booting (the port was taken; on another one)") in inject.stages
-    survived = retried and first.user_attrs.get("kv_cache_tokens") == 524_288 and vllm_processes() == []
+    survived = retried and first.user_attrs.get("kv_cache_tokens") == 524_288 and ours() == []
     LEDGER.append(("port already taken", survived, lost(study)))
     assert survived, first.user_attrs
 
@@ -109,7 +140,7 @@ def test_engine_killed_during_load_is_recorded_and_the_study_goes_on(faulted) ->
     study, inject = faulted
     first, last = study.trials[0], study.trials[2]
     survived = (0 in inject.done and first.state == TrialState.COMPLETE and first.constraints["boots"] == 1.0
-                and last.user_attrs.get("kv_cache_tokens") == 524_288 and vllm_processes() == [])
+                and last.user_attrs.get("kv_cache_tokens") == 524_288 and ours() == [])
     LEDGER.append(("engine process killed during load", survived, lost(study)))
     assert survived, (first.user_attrs.get("reason"), last.user_attrs.get("status"))
     assert first.user_attrs["failure_kind"] in ("crash", "unresponsive")
@@ -120,10 +151,131 @@ def test_a_hung_server_is_recorded_and_the_study_goes_on(faulted) -> None:
     study, inject = faulted
     hung, last = study.trials[1], study.trials[2]
     survived = (1 in inject.done and hung.user_attrs.get("failure_kind") == "unresponsive"
-                and "no data for" in hung.user_attrs["reason"] and last.state == TrialState.COMPLETE
-                and last.user_attrs.get("kv_cache_tokens") == 524_288 and vllm_processes() == [])
+                and "no data for" in hung.user_attrs["reason"]
+                and last.user_attrs.get("kv_cache_tokens") == 524_288 and ours() == [])
     LEDGER.append(("server hung (engine stopped with SIGSTOP)", survived, lost(study)))
     assert survived, hung.user_attrs.get("reason")
+
+
+@pytest.mark.engine
+def test_an_outside_kill_9_of_the_server_is_not_the_configurations_fault(faulted) -> None:
+    """A server killed by a signal autotune did not send says nothing about its configuration: FAIL (the sampler
+    ignores it) with the reason, not COMPLETE with the boots constraint violated."""
+    study, inject = faulted
+    killed = study.trials[2]
+    survived = (2 in inject.done and killed.state == TrialState.FAIL
+                and killed.user_attrs.get("failure_kind") == "killed_from_outside"
+                and "killed by SIGKILL" in killed.user_attrs.get("reason", "") and ours() == [])
+    LEDGER.append(("vLLM server killed from outside (kill -9) during load", survived, lost(study)))
+    assert survived, (killed.state, killed.user_attrs.get("reason"))
+
+
+def tuner(study_dir: Path, home: Path, *args: str) -> subprocess.Popen[str]:
+    """`autotune run quick.toml` in a subprocess, its server records under home/.cache (not the real one)."""
+    return subprocess.Popen([sys.executable, "-m", "autotune.cli", "run", "quick.toml", *args], cwd=study_dir,
+                            env={**os.environ, "HOME": str(home), "COLUMNS": "200"},
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def engine_spawning(proc: subprocess.Popen[str], servers: Path) -> int:
+    """Wait for the tuner's server to start spawning its engine core (the moment a signal used to leave both
+    running); returns the server's process group."""
+    deadline = time.monotonic() + 300
+    while True:
+        assert proc.poll() is None, proc.stdout.read() if proc.stdout else ""
+        assert time.monotonic() < deadline, "no server spawned an engine core"
+        records = list(servers.glob("*.json")) if servers.is_dir() else []
+        if records:
+            pgid = int(records[0].stem)
+            with contextlib.suppress(psutil.NoSuchProcess):
+                if psutil.Process(pgid).children():
+                    return pgid
+        time.sleep(0.05)
+
+
+def within(seconds: float, condition) -> bool:
+    """Polls (a busy 2-core machine can be slow): whether `condition()` comes true in time."""
+    deadline = time.monotonic() + seconds
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.2)
+    return True
+
+
+def group_gone(pgid: int) -> bool:
+    """No process of the group is left, within a generous minute."""
+    def gone() -> bool:
+        try:
+            os.killpg(pgid, 0)
+        except ProcessLookupError:
+            return True
+        return False
+    return within(60, gone)
+
+
+@pytest.mark.engine
+def test_ctrl_c_and_kill_9_during_boots_leave_no_server_and_no_running_trial(quick: Path, tmp_path: Path) -> None:
+    """Ctrl-C while the server spawns its engine core: exit 130, the trial recorded as interrupted (not left
+    RUNNING, in the database or the printed table), no server process, no server record. Then the run resumes
+    (the interrupted baseline is queued again) and the tuner is killed with -9 at the same moment: nothing of
+    its server is left a few seconds later. Two partial boots, no full one."""
+    home, storage = tmp_path / "home", f"sqlite:///{quick.parent / 'quick.db'}"
+    servers = home / ".cache" / "autotune" / "servers"
+    run = tuner(quick.parent, home, "--n-trials", "2")
+    pgid = engine_spawning(run, servers)
+    run.send_signal(signal.SIGINT)
+    printed = run.communicate(timeout=300)[0]
+    study = optuna.load_study(study_name="quick", storage=storage)
+    first = study.trials[0]
+    survived = (run.returncode == 130 and first.state == TrialState.FAIL
+                and first.user_attrs.get("reason") == INTERRUPTED and group_gone(pgid) and within(60, lambda: ours() == [])
+                and within(10, lambda: list(servers.glob("*.json")) == []) and "running" not in printed.lower())
+    LEDGER.append(("Ctrl-C during a boot", survived, lost(study)))
+    assert survived, (run.returncode, first.state, first.user_attrs.get("reason"), printed[-3000:])
+
+    run = tuner(quick.parent, home, "--n-trials", "1")
+    pgid = engine_spawning(run, servers)
+    os.kill(run.pid, signal.SIGKILL)
+    run.communicate(timeout=60)
+    study = optuna.load_study(study_name="quick", storage=storage)
+    resumed = study.trials[-1]
+    gone = group_gone(pgid) and within(60, lambda: ours() == [])
+    survived = (gone and within(10, lambda: list(servers.glob("*.json")) == [])
+                and resumed.user_attrs.get("baseline", {}).get("name") == "vllm-defaults")
+    LEDGER.append(("kill -9 of the tuner while its server spawns the engine core", survived, 0))
+    assert survived, (gone, list(servers.glob("*.json")), resumed.number, resumed.user_attrs.get("baseline"))
+
+
+def test_the_watchdog_kills_a_server_group_that_outlives_its_tuner(tmp_path: Path) -> None:
+    """Real processes, no vLLM: a stand-in tuner starts a process group that ignores SIGTERM (as a server caught
+    mid-spawn does) and its watchdog, as Server.start does; kill -9 of the tuner; the group and its record go."""
+    record = tmp_path / "servers" / "record.json"
+    record.parent.mkdir()
+    record.write_text("{}")
+    stand_in = (
+        "import os, subprocess, sys, time\n"
+        "group = subprocess.Popen([sys.executable, '-c', 'import signal, time; "
+        "signal.signal(signal.SIGTERM, signal.SIG_IGN); print(1, flush=True); time.sleep(600)'], "
+        "start_new_session=True, stdout=subprocess.PIPE)\n"
+        "group.stdout.readline()\n"
+        "subprocess.Popen([sys.executable, '-m', 'autotune.engine', 'watch', str(os.getpid()), str(group.pid), "
+        "sys.argv[1]], start_new_session=True)\n"
+        "print(group.pid, flush=True)\n"
+        "time.sleep(600)\n"
+    )
+    stand_in_tuner = subprocess.Popen([sys.executable, "-c", stand_in, str(record)], stdout=subprocess.PIPE, text=True)
+    assert stand_in_tuner.stdout is not None
+    pgid = int(stand_in_tuner.stdout.readline())
+    time.sleep(1)  # the watchdog is watching
+    os.kill(stand_in_tuner.pid, signal.SIGKILL)
+    stand_in_tuner.wait()
+    gone = group_gone(pgid)
+    if not gone:
+        os.killpg(pgid, signal.SIGKILL)  # what the test started, it ends
+    survived = gone and within(10, lambda: not record.exists())
+    LEDGER.append(("tuner killed while its server ignores SIGTERM (watchdog)", survived, 0))
+    assert survived
 
 
 @pytest.mark.engine
@@ -133,7 +285,7 @@ def test_a_server_answering_errors_is_recorded_with_the_reason(quick: Path) -> N
     quick.write_text(text)
     study = run_with(quick, NoProgress(), trials=1)
     t = study.trials[0]
-    survived = t.state == TrialState.COMPLETE and "400" in t.user_attrs.get("reason", "") and vllm_processes() == []
+    survived = t.state == TrialState.COMPLETE and "400" in t.user_attrs.get("reason", "") and ours() == []
     LEDGER.append(("server answering errors (HTTP 400)", survived, lost(study)))
     assert survived, t.user_attrs.get("reason")
 
@@ -148,7 +300,7 @@ def test_a_full_disk_for_logs_stops_the_run_cleanly(quick: Path) -> None:
     study = optuna.load_study(study_name="quick", storage=f"sqlite:///{quick.parent / 'quick.db'}")
     t = study.trials[0]
     survived = (out.returncode == 1 and "No space left on device" in out.stderr and t.state == TrialState.FAIL
-                and vllm_processes() == [])
+                and ours() == [])
     LEDGER.append(("disk full for server logs", survived, lost(study)))
     assert survived, out.stderr[-2000:]
     assert len([line for line in out.stderr.splitlines() if line.startswith("error:")]) == 1

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import shlex
+import sqlite3
 from pathlib import Path
 
 import optuna
@@ -19,7 +20,8 @@ from autotune.load import LoadLevel
 from autotune.metrics import LevelStats, Limits, Percentiles, Verdict
 from autotune.spec import load_study
 from autotune.remeasure import feasible
-from autotune.study import best_trial, open_study
+from autotune.space import suggest, trial_baseline
+from autotune.study import INTERRUPTED, best_trial, open_study
 from autotune.trial import LevelOutcome, TrialResult
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -70,6 +72,46 @@ def test_open_study_enqueues_baselines_once_and_resumes(spec) -> None:
     assert again.user_attrs["objective"] == "tiny-cpu"
 
 
+def test_a_stale_baseline_outside_the_space_is_retried_as_it_was(spec) -> None:
+    """vllm-defaults runs max_num_seqs=128, outside the space's 1-64 (allowed by design). Its worker died
+    (kill -9 during the boot): the next run must queue it again as it was, not raise ValueError."""
+    study = open_study(spec)
+    trial = study.ask()
+    params = suggest(trial, spec.space)
+    assert trial_baseline(trial) == {} and params["max_num_seqs"] == 128
+    study._storage.record_heartbeat(trial._trial_id)
+    with sqlite3.connect(spec.path.parent / "tiny-cpu.db") as db:  # the worker's last beat, an hour ago
+        db.execute("UPDATE trial_heartbeats SET heartbeat = datetime('now', '-1 hour')")
+    resumed = open_study(spec)  # the next `autotune run`
+    assert resumed.trials[0].state == TrialState.FAIL
+    retries = [t for t in resumed.trials if t.system_attrs.get("failed_trial") == 0]
+    assert [t.state for t in retries] == [TrialState.WAITING]
+    assert [t.user_attrs["baseline"]["name"] for t in resumed.trials if t.state == TrialState.WAITING] == [
+        "recipe", "vllm-defaults"]  # the retry stands for the baseline: it is not queued a second time
+    resumed.ask()  # recipe
+    again = resumed.ask()
+    assert again.number == retries[0].number and trial_baseline(again) == {}
+    assert suggest(again, spec.space) == params
+
+
+def test_a_baseline_that_failed_through_no_fault_of_its_own_is_measured_when_the_study_resumes(spec) -> None:
+    study = open_study(spec)
+    interrupted = study.ask()
+    outcome.tell_failed(study, interrupted, INTERRUPTED)
+    study = open_study(spec)  # resumed: vllm-defaults has no measurement, so it is queued once more
+    waiting = [t.user_attrs["baseline"]["name"] for t in study.trials if t.state == TrialState.WAITING]
+    assert waiting == ["recipe", "vllm-defaults"]
+    assert told(study, ok_result(500.0)) == TrialState.COMPLETE  # recipe
+    killed = study.ask()
+    assert killed.user_attrs["baseline"]["name"] == "vllm-defaults"
+    outcome.tell_failed(study, killed, "the tuner was killed")  # failed a second time, through no fault of its own
+    study = open_study(spec)
+    assert [t.user_attrs["baseline"]["name"] for t in study.trials if t.state == TrialState.WAITING] == ["vllm-defaults"]
+    assert told(study, ok_result(400.0)) == TrialState.COMPLETE
+    study = open_study(spec)  # measured now: nothing queued again
+    assert not [t for t in study.trials if t.state == TrialState.WAITING]
+
+
 def test_outcomes_the_sampler_can_learn_from(spec) -> None:
     study = open_study(spec)
     assert told(study, ok_result(400.0)) == TrialState.COMPLETE
@@ -81,6 +123,8 @@ def test_outcomes_the_sampler_can_learn_from(spec) -> None:
     assert told(study, crash) == TrialState.COMPLETE
     held = TrialResult("failed", failure=Failure(FailureKind.MEMORY_HELD, "another process holds the GPU"))
     assert told(study, held) == TrialState.FAIL  # says nothing about the configuration
+    killed = TrialResult("failed", failure=Failure(FailureKind.KILLED, "the server was killed by SIGKILL"))
+    assert told(study, killed) == TrialState.FAIL  # neither does an outside kill -9 of the server
     pruned = TrialResult("stopped", levels=(level(1, 50, True),), stop_reason=outcome.PRUNED)
     assert told(study, pruned) == TrialState.PRUNED
 
