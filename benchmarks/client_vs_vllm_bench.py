@@ -5,7 +5,7 @@ flight, 128 requests), alternately, 3 runs each. The table shows whether the two
 throughput and TTFT, and what each costs in client CPU per request: on a small machine the client shares cores
 with the engine, so a costly client lowers the throughput it reports.
 
-    .venv/bin/python benchmarks/client_vs_vllm_bench.py [--runs 3]
+    .venv/bin/python -m benchmarks.client_vs_vllm_bench [--runs 3]
 
 Takes /tmp/autotune-engine.lock for the whole run, so only one vLLM server runs on this machine at a time.
 """
@@ -17,19 +17,17 @@ import contextlib
 import io
 import os
 import statistics
-import sys
 import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+from autotune.load import LoadLevel, measure_level
+from autotune.metrics import Limits, level_stats
+from autotune.workload import LengthDist, Workload
+from benchmarks.engine_lock import engine_lock
 
-from autotune.load import LoadLevel, measure_level  # noqa: E402
-from autotune.metrics import Limits, level_stats  # noqa: E402
-from autotune.workload import LengthDist, Workload  # noqa: E402
-from engine_lock import engine_lock  # noqa: E402  (benchmarks/engine_lock.py)
+REPO = Path(__file__).resolve().parents[1]
 
 INPUT_LEN, OUTPUT_LEN, CONCURRENCY, PROMPTS = 256, 128, 16, 128
 SERVED_NAME = "tiny"

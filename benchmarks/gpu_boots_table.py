@@ -1,8 +1,8 @@
 """Table of the real CUDA vLLM boots kept in tests/data/gpu-boots/ (issue 13: the memory estimator's ground truth).
 
     python -m benchmarks.gpu_boots_table              # table from tests/data/gpu-boots/boots.json
-    python benchmarks/gpu_boots_table.py DIR          # the same for another folder
-    python benchmarks/gpu_boots_table.py --parse LOG  # the figures one vLLM server log printed, as JSON
+    python -m benchmarks.gpu_boots_table DIR          # the same for another folder
+    python -m benchmarks.gpu_boots_table --parse LOG  # the figures one vLLM server log printed, as JSON
 
 The figures are parsed from the logs (parse_log); boots.json holds them beside each boot's flags and outcome.
 Standard library only.

@@ -8,7 +8,7 @@
    SQLite study (ask, judge, tell_rejected), side by side with the ratio.
 3. Predicted against observed KV-cache tokens for every configuration booted here.
 
-    .venv/bin/python benchmarks/oom_pruning.py [--calls 2000] [--no-boot]
+    .venv/bin/python -m benchmarks.oom_pruning [--calls 2000] [--no-boot]
 
 Takes /tmp/autotune-engine.lock around each boot, so only one vLLM server runs on this machine at a time.
 """
@@ -18,31 +18,29 @@ from __future__ import annotations
 import argparse
 import functools
 import statistics
-import sys
 import tempfile
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+import optuna
 
-import optuna  # noqa: E402
-
-from autotune import outcome  # noqa: E402
-from autotune.engine import BootFailed, EngineSpec, Failure, Server  # noqa: E402
-from autotune.estimate import estimate  # noqa: E402
-from autotune.feasibility import (  # noqa: E402
+from autotune import outcome
+from autotune.engine import BootFailed, EngineSpec, Failure, Server
+from autotune.estimate import estimate
+from autotune.feasibility import (
     Observation,
     installed_vllm_version,
     judge,
     model_shape,
     prediction_attrs,
 )
-from autotune.hardware import GiB, GpuProfile, MiB, cpu_profile, get_profile  # noqa: E402
-from autotune.tinymodel import resolve_model  # noqa: E402
-from engine_lock import engine_lock  # noqa: E402  (benchmarks/engine_lock.py)
+from autotune.hardware import GiB, GpuProfile, MiB, cpu_profile, get_profile
+from autotune.tinymodel import resolve_model
+from benchmarks.engine_lock import engine_lock
+
+REPO = Path(__file__).resolve().parents[1]
 
 EAGER = {"load_format": "dummy", "enforce_eager": True}
 

@@ -7,7 +7,7 @@ The ladder starts at 4: the benchmark's objective is tiny-cpu's limits for a ser
 machine time. Per level the file keeps the summary figures and every request's timings, so the replay benchmark
 (benchmarks/search_efficiency.py) can judge the same table under other rules without booting anything.
 
-    nohup .venv/bin/python benchmarks/record_surface.py > /tmp/record-surface.log 2>&1 &
+    nohup .venv/bin/python -m benchmarks.record_surface > /tmp/record-surface.log 2>&1 &
 
 The machine's engine lock (/tmp/autotune-engine.lock) is taken around each configuration separately, so other
 users of the machine get turns between configurations. The output is rewritten after every configuration, and
@@ -26,22 +26,20 @@ import json
 import os
 import platform
 import random
-import sys
 import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+from autotune.engine import BootFailed, EngineSpec, Server
+from autotune.load import LevelRun, LoadLevel, measure_level
+from autotune.metrics import judge, level_stats
+from autotune.space import invalid_reason
+from autotune.spec import load_study
+from autotune.tinymodel import resolve_model
+from autotune.trial import model_vocab_size
 
-from autotune.engine import BootFailed, EngineSpec, Server  # noqa: E402
-from autotune.load import LevelRun, LoadLevel, measure_level  # noqa: E402
-from autotune.metrics import judge, level_stats  # noqa: E402
-from autotune.space import invalid_reason  # noqa: E402
-from autotune.spec import load_study  # noqa: E402
-from autotune.tinymodel import resolve_model  # noqa: E402
-from autotune.trial import model_vocab_size  # noqa: E402
+REPO = Path(__file__).resolve().parents[1]
 
 OUT = REPO / "benchmarks" / "data" / "surface-tiny-cpu.json"
 STUDY = REPO / "studies" / "tiny-cpu.toml"

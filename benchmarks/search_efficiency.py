@@ -6,7 +6,7 @@ configuration did at each rung of a load ladder, with every request's timings. R
 is looked up instead of measured, with the constraint semantics of autotune/outcome.py, so methods compare over
 many seeds in minutes (most of it the GP sampler's model fits; the other methods take seconds):
 
-    .venv/bin/python benchmarks/search_efficiency.py [--seeds 50] [--tuning] [--limit ttft_p95_ms=150]
+    .venv/bin/python -m benchmarks.search_efficiency [--seeds 50] [--tuning] [--limit ttft_p95_ms=150]
 
 Reported per method: the median number of booted trials (and engine minutes) until a configuration within 5% of
 the surface's best feasible throughput has been measured, the share of that effort spent on infeasible
@@ -36,13 +36,12 @@ from pathlib import Path
 import optuna
 from optuna.trial import TrialState
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+from autotune import outcome
+from autotune.load import LevelRun, LoadLevel, RequestRecord
+from autotune.metrics import Limits, judge, level_stats, percentile_interval
+from autotune.samplers import BelowBestPruner, sampler_for
 
-from autotune import outcome  # noqa: E402
-from autotune.load import LevelRun, LoadLevel, RequestRecord  # noqa: E402
-from autotune.metrics import Limits, judge, level_stats, percentile_interval  # noqa: E402
-from autotune.samplers import BelowBestPruner, sampler_for  # noqa: E402
+REPO = Path(__file__).resolve().parents[1]
 
 SURFACE = REPO / "benchmarks" / "data" / "surface-tiny-cpu.json"
 WITHIN = 0.05

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import math
-import sys
 from pathlib import Path
 
 import optuna
@@ -18,11 +17,9 @@ from autotune.samplers import (GP_STARTUP_TRIALS, WARM_START_ATTR, BelowBestPrun
                                sampler_for, transfer_params, warm_start)
 from autotune.space import Param
 from autotune.spec import load_study
+from benchmarks import search_efficiency as se
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "benchmarks"))
-
-import search_efficiency as se  # noqa: E402
 
 
 def test_samplers_by_name_and_the_study_default():
