@@ -51,7 +51,7 @@ CPU_COMPILE_RSS_BYTES = 512 * MiB  # torch.compile / inductor in the worker when
 ACTIVATION_FUDGE = 1.3  # allocator slack over the sum of live intermediates
 SAMPLER_BYTES_PER_LOGIT = 20  # fp32 logits, probs, sorted values + int64 indices in the top-k/p warm-up
 CUDAGRAPH_BYTES_PER_LAYER = 64 * 1024  # per captured graph and decoder layer, plus 1 MiB per graph
-# Measured on the H200 with vLLM 0.25.0 (benchmarks/gpu/results-h200.json), Qwen3.5-27B shape (64 layers): with
+# Measured on the H200 with vLLM 0.25.0 (benchmarks/data/results-h200.json), Qwen3.5-27B shape (64 layers): with
 # torch.compile and CUDA graphs, what the profile run took beside the weights was ~2.9-3.1 GiB whether
 # max_num_batched_tokens was 2048 or 8192 (eager: 0.67 and 1.52 GiB). So a compiled boot's activation peak has a
 # floor; charged per decoder layer, fitted so that both boots are met or over-predicted.

@@ -256,7 +256,7 @@ def test_qwen35_does_not_fit_a_3090_above_4_bit(name):
 def test_qwen35_4bit_fits_a_3090(checkpoint, max_model_len, max_num_seqs):
     shape = ModelShape.from_config(load(checkpoint))
     # Text-only, as the 3090 study serves it: with the vision tower (0.86 GiB) and CUDA graphs, whose compiled profile
-    # run took ~3 GiB beside the weights on the H200 (vLLM 0.25, benchmarks/gpu/results-h200.json), less than 1.5 GiB
+    # run took ~3 GiB beside the weights on the H200 (vLLM 0.25, benchmarks/data/results-h200.json), less than 1.5 GiB
     # of KV cache would be left.
     cfg = {"max_model_len": max_model_len, "max_num_seqs": max_num_seqs, "max_num_batched_tokens": 8192,
            "language_model_only": True}

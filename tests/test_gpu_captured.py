@@ -1,5 +1,6 @@
 """GPU-only code paths, exercised on CPU machines with real output captured on the lent H200 (vLLM 0.25.0 CUDA,
-Qwen3.5-27B-shaped AWQ model with random weights, capped to behave as a 24 GiB card; benchmarks/gpu/).
+Qwen3.5-27B-shaped AWQ model with random weights, capped to behave as a 24 GiB card; the runbook is
+benchmarks/h200/).
 
 Logs, NVML readings and nvidia-smi readings under tests/data/gpu are verbatim from that run (the NVML and
 nvidia-smi series thinned to one sample a second, their peaks kept).
@@ -27,7 +28,7 @@ from autotune.spec import load_study
 
 DATA = Path(__file__).parent / "data" / "gpu"
 ROOT = Path(__file__).parents[1]
-MODEL = ROOT / "benchmarks" / "gpu" / "qwen3.5-27b-awq-dummy"
+CONFIG = ROOT / "autotune" / "known_models" / "qwen3.5-27b-awq.json"  # the model the run served
 
 
 def lines(name: str) -> list[str]:
@@ -151,16 +152,14 @@ def test_memcap_keeps_explicit_batch_flags_and_chunked_prefill_rules():
 
 
 def test_study_memory_cap_key():
-    spec = load_study(ROOT / "benchmarks" / "gpu" / "smoke-study.toml")
+    spec = load_study(DATA / "smoke-study.toml")
     assert spec.memory_cap == memcap.parse_cap(24)
     assert load_study(ROOT / "studies" / "qwen3.5-27b-h200-as-3090.toml").memory_cap == memcap.parse_cap("rtx3090")
 
 
 def test_study_memory_cap_key_errors_name_the_key(tmp_path):
-    text = (ROOT / "benchmarks" / "gpu" / "smoke-study.toml").read_text().replace("memory_cap_gib = 24",
-                                                                                  'memory_cap_gib = "huge"')
-    text = text.replace('"./qwen3.5-27b-awq-dummy"', json.dumps(str(MODEL)))
-    (tmp_path / "smoke-objective.toml").write_text((ROOT / "benchmarks" / "gpu" / "smoke-objective.toml").read_text())
+    text = (DATA / "smoke-study.toml").read_text().replace("memory_cap_gib = 24", 'memory_cap_gib = "huge"')
+    (tmp_path / "smoke-objective.toml").write_text((DATA / "smoke-objective.toml").read_text())
     (tmp_path / "s.toml").write_text(text)
     with pytest.raises(SpecError, match="memory_cap_gib"):
         load_study(tmp_path / "s.toml")
@@ -189,7 +188,8 @@ BOOTS = [
 @pytest.mark.parametrize("flags,blocks,booted", BOOTS)
 def test_estimator_against_cuda_boots(flags, blocks, booted):
     capped = memcap.capped_profile(profile_for(h200()), memcap.parse_cap(24))
-    est = estimate(ModelShape.from_dir(MODEL), capped, {**FIXED, **flags}, vllm_version="0.25.0")
+    shape = ModelShape.from_config(json.loads(CONFIG.read_text()))
+    est = estimate(shape, capped, {**FIXED, **flags}, vllm_version="0.25.0")
     assert est.fits == booted, est.reasons
     assert abs(est.weights_bytes / GiB - 17.21) < 0.05  # "Model loading took 17.21 GiB"
     assert est.blocks_per_request == math.ceil(est.max_model_len / 784) + 3  # no prefix caching for hybrids in 0.25

@@ -1,14 +1,20 @@
-"""The device run of issue 8: autotune against CUDA vLLM on one H200 capped to behave as a 24 GiB card.
+"""The H200 device run: autotune against CUDA vLLM on one H200 capped to behave as a 24 GiB card.
 
-Run on the device by run_h200.sh (after vLLM 0.25.0 is installed into /tmp/site, see ../shared/gpu/README.md):
+Run on the device by run_h200.sh, from the repository root, after vLLM 0.25.0 is installed into /tmp/site
+(benchmarks/h200/run_h200.sh's header has the whole runbook):
 
-    python3 benchmarks/gpu/run_h200.py idle            # NVML, nvidia-smi and CUDA's view of the idle card
-    python3 benchmarks/gpu/run_h200.py trials          # `autotune trial` of vLLM's defaults (must fail), two eager trials
-    python3 benchmarks/gpu/run_h200.py study           # `autotune run` of smoke-study.toml (2 booted trials), export
+    python3 -m benchmarks.h200.run_h200 idle     # NVML, nvidia-smi and CUDA's view of the idle card
+    python3 -m benchmarks.h200.run_h200 trials   # `autotune trial` of vLLM's defaults (must fail), two eager trials
+    python3 -m benchmarks.h200.run_h200 study    # `autotune run` of tests/data/gpu/smoke-study.toml (2 booted
+                                                 # trials), status, export
 
+The model is the Qwen3.5-27B AWQ shape autotune ships (autotune/known_models/qwen3.5-27b-awq.json): every phase
+first writes it as a model folder (that file as its config.json; the weights are random, --load-format dummy)
+under WORK, and the study phase gives `autotune run` a copy of the study file whose [model] path points there.
 Every phase samples NVML (its own raw series, beside the trial's MemorySampler) and nvidia-smi in the background,
 and appends what it measured to WORK/results-raw.json, so a phase killed at the device's time limit still leaves
-its finished steps. collect_h200.py (on the workstation) turns the raw files into results-h200.json.
+its finished steps. collect_h200.py (on the workstation) turns the raw files into
+benchmarks/data/results-h200.json.
 """
 
 from __future__ import annotations
@@ -22,12 +28,12 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT))
-HERE = Path(__file__).resolve().parent
+DATA = ROOT / "tests" / "data" / "gpu"
 WORK = Path(os.environ.get("GPURUN", "/tmp/gpurun"))
-MODEL = HERE / "qwen3.5-27b-awq-dummy"
-OBJECTIVE = HERE / "smoke-objective.toml"
-STUDY = HERE / "smoke-study.toml"
+CONFIG = ROOT / "autotune" / "known_models" / "qwen3.5-27b-awq.json"  # shipped for "QuantTrio/Qwen3.5-27B-AWQ"
+MODEL = WORK / "qwen3.5-27b-awq-dummy"  # written by write_model(): CONFIG as its config.json, no weights
+OBJECTIVE = DATA / "smoke-objective.toml"
+STUDY = DATA / "smoke-study.toml"
 PY = sys.executable
 FIXED = {"load_format": "dummy", "language_model_only": True, "skip_tokenizer_init": True,
          "gdn_prefill_backend": "triton", "max_model_len": 4096}
@@ -37,6 +43,24 @@ TRIALS = {  # booted by the library (the same path `autotune trial` takes), each
     "eager-s32-b8192": {**FIXED, "enforce_eager": True, "max_num_seqs": 32, "max_num_batched_tokens": 8192,
                         "max_model_len": 8192},
 }
+
+
+def write_model() -> None:
+    """The model folder vLLM serves (with --load-format dummy): the shipped config as config.json."""
+    MODEL.mkdir(parents=True, exist_ok=True)
+    (MODEL / "config.json").write_bytes(CONFIG.read_bytes())
+
+
+def study_file() -> Path:
+    """A copy of the smoke study (and its objective) under WORK whose [model] path is the folder write_model made."""
+    text = STUDY.read_text()
+    hub_id = 'path = "QuantTrio/Qwen3.5-27B-AWQ"'
+    if hub_id not in text:
+        raise SystemExit(f"{STUDY}: expected the line {hub_id!r} in [model]")
+    copy = WORK / STUDY.name
+    copy.write_text(text.replace(hub_id, f"path = {json.dumps(str(MODEL))}"))
+    (WORK / OBJECTIVE.name).write_text(OBJECTIVE.read_text())
+    return copy
 
 
 def record(key: str, value: object) -> None:
@@ -154,7 +178,7 @@ def study() -> None:
     db = WORK / "smoke-study.db"
     url = f"sqlite:///{db}"
     t0 = time.time()
-    run = subprocess.run([PY, "-m", "autotune.cli", "run", str(STUDY), "--n-trials", "2", "--budget", "9m",
+    run = subprocess.run([PY, "-m", "autotune.cli", "run", str(study_file()), "--n-trials", "2", "--budget", "9m",
                           "--gpus", "0", "--storage", url], capture_output=True, text=True, cwd=ROOT, timeout=560)
     t1 = time.time()
     steps = {"run": {"rc": run.returncode, "stdout": run.stdout[-8000:], "stderr": run.stderr[-4000:]}}
@@ -175,8 +199,11 @@ def study() -> None:
 
 
 def main() -> None:
-    WORK.mkdir(parents=True, exist_ok=True)
+    if len(sys.argv) != 2 or sys.argv[1] not in ("idle", "trials", "study"):
+        raise SystemExit(__doc__)
     phase = sys.argv[1]
+    WORK.mkdir(parents=True, exist_ok=True)
+    write_model()
     if phase == "idle":
         idle()
         return

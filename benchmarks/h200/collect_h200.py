@@ -1,6 +1,7 @@
-"""Turn what run_h200.sh brought back from the device into results-h200.json (and the captured test data).
+"""Turn what run_h200.sh brought back from the device into benchmarks/data/results-h200.json (and the captured
+test data under tests/data/gpu).
 
-    python benchmarks/gpu/collect_h200.py DIR...      # folders holding trials.tgz / study.tgz / g3.tgz, unpacked
+    python -m benchmarks.h200.collect_h200 DIR...   # folders holding trials.tgz / study.tgz / g3.tgz, unpacked
 
 For every booted configuration it sets the estimator's prediction (for the H200 capped to 24 GiB, vLLM 0.25.0:
 before this run's fixes, read from git, and now) against what vLLM printed, and the NVML peak against nvidia-smi
@@ -20,22 +21,20 @@ import sys
 import tempfile
 from pathlib import Path
 
+from autotune import memcap
+from autotune.engine import classify_log, parse_boot_info
+from autotune.estimate import ModelShape, estimate
+from autotune.hardware import GiB, GpuInfo, profile_for
+
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT))
-
-from autotune import memcap  # noqa: E402
-from autotune.engine import classify_log, parse_boot_info  # noqa: E402
-from autotune.estimate import ModelShape, estimate  # noqa: E402
-from autotune.hardware import GiB, GpuInfo, profile_for  # noqa: E402
-
-HERE = Path(__file__).resolve().parent
-MODEL = HERE / "qwen3.5-27b-awq-dummy"
+RESULTS = ROOT / "benchmarks" / "data" / "results-h200.json"
+CONFIG = ROOT / "autotune" / "known_models" / "qwen3.5-27b-awq.json"  # the model run_h200.py served
 FIXED = {"load_format": "dummy", "language_model_only": True, "skip_tokenizer_init": True,
          "gdn_prefill_backend": "triton"}
 BEFORE_COMMIT = "bd557e6"  # the estimator as it was when the device run was made
 NOTES = [
-    "The run used a copy of the tree (.gpusnap) with benchmarks/gpu/study-memcap.patch applied: autotune/study.py "
-    "does not apply memory_cap_gib until the lead wires it in.",
+    "The run used a copy of the tree (.gpusnap) with a patch that made autotune/study.py apply memory_cap_gib "
+    "(the study applies it itself now).",
     "NVML v1 'used' (what hardware.read_nvml and so peak_memory_gib record) includes the driver's reserve "
     "(615 MiB on the H200); nvidia-smi's memory.used equals NVML v2 'used', which excludes it.",
     "vLLM 0.25 reported 17.21 GiB of weights where the estimator counted 16.52 GiB: AWQ runs through Machete on "
@@ -113,9 +112,10 @@ def main(folders: list[Path]) -> None:
     real = profile_for(info)
     cap = memcap.parse_cap(24)
     capped = memcap.capped_profile(real, cap)
-    shape = ModelShape.from_dir(MODEL)
+    config = json.loads(CONFIG.read_text())
+    shape = ModelShape.from_config(config)
     before = old_estimator()
-    before_shape = before.ModelShape.from_dir(MODEL)
+    before_shape = before.ModelShape.from_config(config)
     cuda_total_torch = int(idle["cuda_mem_get_info"].split()[1])
 
     # (name, logical flags, source): every configuration vLLM booted (or tried to) under the cap
@@ -182,8 +182,8 @@ def main(folders: list[Path]) -> None:
         r = raw[key]["result"]
         trials.append({"name": key.split(":")[1], "via": "autotune.trial.run_trial (the path of `autotune trial`)",
                        "status": r["status"], "output_tok_s": r["output_tok_s"], "boot_s": r["boot_s"],
-                       "reason": r.get("reason"), "objective": "benchmarks/gpu/smoke-objective.toml with its first limits "
-                       "(p95 TTFT <= 1 s, p95 TPOT <= 50 ms)", "levels": r["levels"]})
+                       "reason": r.get("reason"), "objective": "tests/data/gpu/smoke-objective.toml with its first "
+                       "limits (p95 TTFT <= 1 s, p95 TPOT <= 50 ms)", "levels": r["levels"]})
     for number in (1, 2):
         a = study_trials[number]["user_attrs"]
         trials.append({"name": f"study trial {number}", "via": "autotune run (smoke-study.toml, --gpus 0)",
@@ -199,15 +199,15 @@ def main(folders: list[Path]) -> None:
         "provenance": {
             "device": "one NVIDIA H200 (lent 'nvidia-h200' machine), " + idle["nvidia_smi"].splitlines()[1],
             "driver": "580.159.04", "cuda_runtime": "13.0 (torch 2.11.0+cu130 of the device image)",
-            "vllm": idle["vllm_version"] + " (CUDA build, wheels from ../shared/gpu/fetch-wheels.sh)",
+            "vllm": idle["vllm_version"] + " (CUDA build, wheels from benchmarks/h200/fetch-wheels.sh)",
             "python": idle["python"], "date": "2026-12-02",
-            "model": "Qwen3.5-27B shape (benchmarks/gpu/qwen3.5-27b-awq-dummy/config.json = "
-                     "autotune/known_models/qwen3.5-27b-awq.json): Qwen3_5ForConditionalGeneration, 64 layers "
+            "model": "Qwen3.5-27B shape (a folder holding autotune/known_models/qwen3.5-27b-awq.json as its "
+                     "config.json): Qwen3_5ForConditionalGeneration, 64 layers "
                      "(48 Gated DeltaNet + 16 full attention), AWQ 4-bit g128 config, random weights "
                      "(--load-format dummy), text only (--language-model-only), --skip-tokenizer-init, "
                      "--gdn-prefill-backend triton, VLLM_USE_FLASHINFER_SAMPLER=0",
             "memory_cap": memcap.describe(real, cap),
-            "script": "benchmarks/gpu/run_h200.sh (phases trials, study) + run_h200.py; this file by collect_h200.py",
+            "script": "benchmarks/h200/run_h200.sh (phases trials, study) + run_h200.py; this file by collect_h200.py",
             "device_time_s": 1233, "estimator_before": f"git {BEFORE_COMMIT}:autotune/estimate.py",
         },
         "idle_card": {"nvml_total_bytes": info.total_bytes, "nvml_reserved_bytes": info.reserved_bytes,
@@ -224,7 +224,7 @@ def main(folders: list[Path]) -> None:
         "notes": NOTES,
         "configurations": rows,
         "trials": trials,
-        "study": {"command": "autotune run benchmarks/gpu/smoke-study.toml --n-trials 2 --budget 9m --gpus 0",
+        "study": {"command": "autotune run tests/data/gpu/smoke-study.toml --n-trials 2 --budget 9m --gpus 0",
                   "rc": study["steps"]["run"]["rc"], "wall_s": round(study["t1"] - study["t0"], 1),
                   "trials": [{"number": t["number"], "state": t["state"], "value": t["value"],
                               "constraints": t["constraints"], "status": t["user_attrs"].get("status"),
@@ -232,7 +232,7 @@ def main(folders: list[Path]) -> None:
                   "export_flags": study["steps"]["export"]["stdout"].strip(),
                   "export_yaml": study["steps"]["export_yaml"]["stdout"]},
     }
-    (HERE / "results-h200.json").write_text(json.dumps(out, indent=1) + "\n")
+    RESULTS.write_text(json.dumps(out, indent=1) + "\n")
     for row in rows:
         o, b, n = row["observed"], row["predicted_before"], row["predicted_now"]
         print(f"{row['name']:46} weights {o.get('weights_gib')} | {b['weights_gib']} -> {n['weights_gib']}   "
@@ -241,4 +241,6 @@ def main(folders: list[Path]) -> None:
 
 
 if __name__ == "__main__":
+    if len(sys.argv) < 2 or sys.argv[1] in ("-h", "--help"):
+        raise SystemExit(__doc__)
     main([Path(a) for a in sys.argv[1:]])

@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# Download vLLM 0.25.0 (CUDA 13 build, matching the device image's torch 2.11.0+cu130) and the pure-Python and
+# small native packages it needs that the device image lacks, then split them into carry folders of at most
+# 60 MiB each: .gpu1 ... .gpuN in the current directory (the repository's .gitignore ignores /.gpu*/).
+# Usage: bash benchmarks/h200/fetch-wheels.sh            (run in the repository root; see run_h200.sh)
+set -euo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+dl=$(mktemp -d)
+plat=(--platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_17_x86_64
+      --platform manylinux2014_x86_64 --platform manylinux1_x86_64 --platform manylinux_2_24_x86_64
+      --platform manylinux_2_26_x86_64 --platform manylinux_2_31_x86_64 --platform manylinux_2_34_x86_64
+      --platform manylinux_2_35_x86_64)
+while read -r req; do
+  [ -n "$req" ] || continue
+  python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+    "${plat[@]}" -d "$dl" "$req" 2>&1 | grep -v '^WARNING' || true
+done < "$here/wheels-vllm-0.25.0.txt"
+rm -rf .gpu[0-9]*
+n=1; mkdir -p .gpu1
+# the big vLLM wheel goes in 60 MiB pieces, the rest fill the last folder
+vw=$(ls "$dl"/vllm-0.25.0-*.whl)
+split -b 62914560 -d -a 1 "$vw" "$dl/vllm-part."
+rm "$vw"
+for p in "$dl"/vllm-part.*; do mkdir -p ".gpu$n"; mv "$p" ".gpu$n/"; n=$((n + 1)); done
+mkdir -p ".gpu$n"; mv "$dl"/*.whl ".gpu$n/"
+du -sh .gpu*
+echo "carry .gpu1 ... .gpu$n, one folder per device call, each copying it to /tmp/acc; then bash benchmarks/h200/device-install.sh"

@@ -1,0 +1,56 @@
+#!/usr/bin/env bash
+# The H200 device run: autotune against the real CUDA vLLM 0.25.0 on one lent H200 capped to behave as a 24 GiB
+# card (the Qwen3.5-27B shape with random weights and a 4-bit AWQ config). Everything it needs is in this folder:
+#   fetch-wheels.sh + wheels-vllm-0.25.0.txt   vLLM 0.25.0 (CUDA 13, for the device image's torch 2.11.0+cu130) and
+#                                              the packages it needs that the image lacks, split into .gpu1 ... .gpuN
+#   device-install.sh                          on the device: reassembles the vLLM wheel, installs into /tmp/site
+#   run_h200.py                                the phases; collect_h200.py turns what they bring back into
+#                                              benchmarks/data/results-h200.json
+# The study and objective are tests/data/gpu/smoke-study.toml and smoke-objective.toml; the model is the shipped
+# config autotune/known_models/qwen3.5-27b-awq.json, which run_h200.py writes as a model folder under $GPURUN.
+#
+# Here, once (in the repository root; .gitignore already ignores /.gpu*/ and /.whl/):
+#   bash benchmarks/h200/fetch-wheels.sh                               # -> .gpu1 ... .gpu5
+#   autotune's own dependencies that the device image lacks (seen 2026-12-03), as wheels into .whl:
+#   python3 -m pip download -d .whl --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+#     --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
+#     optuna==5.1.0 sqlalchemy==2.1.9 alembic==1.20.1 colorlog==6.12.0 mako==1.4.3 \
+#     plotly optuna-dashboard bottle kaleido choreographer logistro orjson platformdirs
+#   (the first five are what `autotune trial` and `autotune run` import; the rest are for reports and the
+#   dashboard. There is no Chrome or Chromium on the image, so PNG export cannot run there.)
+# Device calls, back to back on one warm machine (each carries one folder; /tmp survives between them, and the
+# machine is given back after about 30 s idle):
+#   1-4: bash benchmarks/h200/run_h200.sh stage 1   ... stage 4         carry [".gpuN"]
+#   5:   bash benchmarks/h200/run_h200.sh trials                          carry [".gpu5", ".whl"]
+#        (stages .gpu5 and .whl, installs, reads the idle card, then: `autotune trial --memory-cap 24` of vLLM's
+#         defaults, which must fail and be classified, and two eager trials capped to 24 GiB)
+#   6:   bash benchmarks/h200/run_h200.sh study                           (`autotune run` of smoke-study.toml,
+#         2 booted trials, one with CUDA graphs; status; export)
+# Each phase leaves $OUT/<phase>.tgz: server logs, NVML and nvidia-smi series, results-raw.json.
+# Then, here: python -m benchmarks.h200.collect_h200 <folders the tgz files were unpacked into>
+#   -> benchmarks/data/results-h200.json.
+# What to know: set VLLM_USE_FLASHINFER_SAMPLER=0 and --gdn-prefill-backend triton (FlashInfer is not carried);
+# the first boot on a fresh machine is cold (torch.compile, Triton JIT) and its memory figures are not the
+# configuration's; boots take about 1-2.5 min eager and about 4 min with CUDA graphs: plan the 30-minute device
+# budget around three or four boots.
+set -uo pipefail
+phase=$1
+here=$(cd "$(dirname "$0")" && pwd)
+export GPURUN=/tmp/gpurun PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1 VLLM_USE_FLASHINFER_SAMPLER=0 \
+  HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 VLLM_NO_USAGE_STATS=1 DO_NOT_TRACK=1
+mkdir -p /tmp/acc "$GPURUN"
+case $phase in
+  stage)
+    cp ".gpu$2"/* /tmp/acc/ && ls /tmp/acc | wc -l ;;
+  trials)
+    cp .gpu5/* .whl/*.whl /tmp/acc/
+    bash "$here/device-install.sh" | tail -3
+    echo "installed after ${SECONDS}s"
+    python3 -m benchmarks.h200.run_h200 idle 2>&1 | tail -8
+    timeout -k 10 $((575 - SECONDS)) python3 -m benchmarks.h200.run_h200 trials 2>&1 | tee "$GPURUN/trials.out" | grep -v '^\[' | tail -40
+    tar czf "$OUT/trials.tgz" -C "$GPURUN" . ;;
+  study)
+    timeout -k 10 $((580 - SECONDS)) python3 -m benchmarks.h200.run_h200 study 2>&1 | tee "$GPURUN/study.out" | tail -60
+    tar czf "$OUT/study.tgz" -C "$GPURUN" . ;;
+  *) echo "unknown phase $phase"; exit 2 ;;
+esac
