@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import statistics
 import sys
 from pathlib import Path
 
@@ -216,25 +215,12 @@ def _run(spec, plan, storage: str | None, slots) -> None:
         summary = run_study(spec, plan, storage_url=storage, progress=progress, slots=slots)
     study = _load_study(spec.name, storage) if storage else _load_study(str(spec.path), None)
     console.print(study_table(study.trials))
-    console.print(f"{summary.trials_run} trial(s) this run; stopped: {summary.stopped_because or 'done'}")
-    if summary.best is None:
-        console.print("[yellow]no feasible configuration yet[/]")
-    else:
-        console.print(f"[bold green]best:[/] trial {summary.best.number}, {_figure(summary.best, study.trials)}")
-        console.print(summary.best.user_attrs.get("vllm_command", ""), markup=False, soft_wrap=True)
+    for line in summary.lines():
+        console.print(line, markup=False, soft_wrap=True)
+    if summary.best is not None:
+        console.print(summary.best.trial.user_attrs.get("vllm_command", ""), markup=False, soft_wrap=True)
     if summary.stopped_because == "interrupted":
         sys.exit(130)
-
-
-def _figure(best, trials) -> str:
-    """The winner's throughput as it was chosen: the median of its re-measurements when it has them."""
-    from autotune.remeasure import remeasured
-
-    again = remeasured(trials).get(best.number)
-    if not again:
-        return f"{best.value:,.0f} output tok/s"
-    return (f"{statistics.median(again):,.0f} output tok/s (median of {len(again)} re-measurement(s); "
-            f"first figure {best.value:,.0f})")
 
 
 budget_option = click.option("--budget", default=None, help="Wall-clock budget: 4h, 90m, 1h30m (default: the study file's).")
@@ -325,8 +311,13 @@ def status(study: str | None, storage: str | None, limit: int) -> None:
     """
     from autotune.views import study_table
 
+    from autotune.study import best_trial
+
     s = _load_study(study, storage)
     console.print(study_table(s.trials, limit=limit, title=f"study {s.study_name}: {len(s.trials)} trial(s)"))
+    best = best_trial(s)
+    console.print(f"best: {best.text}" if best is not None else "no feasible configuration yet", markup=False,
+                  soft_wrap=True)
 
 
 @main.command()
@@ -358,18 +349,22 @@ def export(study: str | None, storage: str | None, fmt: str, max_vram: float | N
     if best is None:
         raise AutotuneError(f"study {s.study_name}: no feasible trial" + (" within the filters" if
                             max_vram is not None or max_p95_ttft_ms is not None else ""))
-    model, flags = best.user_attrs["model"], json.loads(best.user_attrs["flags"])
+    winner = best.trial
+    model, flags = winner.user_attrs["model"], json.loads(winner.user_attrs["flags"])
     if fmt == "flags":
+        click.echo(f"# best: {best.text}", err=True)  # stdout stays a command to paste or capture
         click.echo(serve_command(model, flags))
     elif fmt == "yaml":
-        click.echo(to_yaml(flags, model=model), nl=False)
+        click.echo(f"# best: {best.text}\n" + to_yaml(flags, model=model), nl=False)
     else:
-        from autotune.remeasure import remeasured
-
-        metrics = {k: v for k, v in best.user_attrs.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
-        if again := remeasured(s.get_trials(deepcopy=False)).get(best.number):
-            metrics["remeasured_output_tok_s"] = [round(v, 1) for v in again]
-        click.echo(to_json(model, flags, {"trial": best.number, **metrics}))
+        # The first measurement's figures (latencies, memory, ...), with the throughput every reader gives.
+        metrics = {k: v for k, v in winner.user_attrs.items()
+                   if isinstance(v, (int, float)) and not isinstance(v, bool)}
+        metrics["output_tok_s"] = round(best.figure, 1)
+        metrics["best"] = f"best: {best.text}"
+        metrics["measurements"] = [{"trial": m.trial, "output_tok_s": m.output_tok_s,
+                                    "met_limits": m.output_tok_s is not None} for m in best.measurements]
+        click.echo(to_json(model, flags, {"trial": winner.number, **metrics}))
 
 
 @main.command()

@@ -227,6 +227,19 @@ def profile_for(info: GpuInfo) -> GpuProfile:
 
 # ---- the memory sampler -------------------------------------------------------------------------------------
 
+MemorySource = Literal["nvml", "rss"]
+# How a peak is named wherever it is shown: a GPU's memory and a process tree's host memory are not comparable.
+MEMORY_SOURCE_NAMES: dict[str, str] = {"nvml": "GPU memory (NVML)", "rss": "host memory (RSS of the server's processes)"}
+
+
+def memory_source_name(source: str | None) -> str:
+    return MEMORY_SOURCE_NAMES.get(source or "", "memory (source not recorded)")
+
+
+def memory_text(gib: float | None, source: str | None) -> str:
+    """'20.57 GiB GPU memory (NVML)', '3.40 GiB host memory (RSS of ...)': a peak with what it measured."""
+    return "-" if gib is None else f"{gib:.2f} GiB {memory_source_name(source)}"
+
 
 @dataclass(frozen=True)
 class MemoryPeak:

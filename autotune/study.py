@@ -42,20 +42,31 @@ class Progress(Protocol):
 
     def trial_started(self, number: int, label: str, slot: str) -> None: ...
     def stage(self, number: int, text: str) -> None: ...
-    def trial_ended(self, number: int, state: TrialState, summary: str, best: FrozenTrial | None) -> None: ...
+    def trial_ended(self, number: int, state: TrialState, summary: str, best: remeasure.Best | None) -> None: ...
 
 
 class NoProgress:
     def trial_started(self, number: int, label: str, slot: str) -> None: ...
     def stage(self, number: int, text: str) -> None: ...
-    def trial_ended(self, number: int, state: TrialState, summary: str, best: FrozenTrial | None) -> None: ...
+    def trial_ended(self, number: int, state: TrialState, summary: str, best: remeasure.Best | None) -> None: ...
 
 
 @dataclass(frozen=True)
 class RunSummary:
-    trials_run: int
-    stopped_because: str
-    best: FrozenTrial | None
+    """What one `run_study` did, counted as it did it, and the study's winner afterwards."""
+
+    booted: int  # trials of the search that booted a server
+    refused: int  # refused before boot (vLLM would reject the flags, or predicted not to fit): cost nothing
+    remeasured: int  # re-measurements that booted
+    stopped_because: str  # why the run ended ("" when the search and the re-measuring ran their course)
+    best: remeasure.Best | None
+
+    def lines(self) -> list[str]:
+        """The summary a person reads at the end of the run (without the best configuration's command)."""
+        out = [f"this run: {self.booted} booted, {self.refused} refused before boot, {self.remeasured} re-measured; "
+               f"stopped: {self.stopped_because or 'done'}"]
+        out.append(f"best: {self.best.text}" if self.best is not None else "no feasible configuration yet")
+        return out
 
 
 def default_storage(spec: StudySpec) -> str:
@@ -167,7 +178,7 @@ def run_study(
     profile = memcap.capped_profile(real_profile, spec.memory_cap) if spec.memory_cap else real_profile
     run = _Run(spec, study, budget, progress or NoProgress(), artifacts_dir, profile, real_profile,
                open_artifact_store(artifacts_dir), threading.Event())
-    counts = {"run": 0}
+    counts = {"booted": 0, "refused": 0}
     reasons: list[str] = []
     errors: list[BaseException] = []
 
@@ -185,9 +196,9 @@ def run_study(
             if not fits:
                 reasons.append(why)
                 return
-            counts["run"] += 1
             result = _one_trial(run, slot)
             if result is None:  # rejected before boot: costs nothing, so it does not count against --n-trials
+                counts["refused"] += 1
                 budget.release()
                 rejected_in_a_row += 1
                 if rejected_in_a_row >= MAX_REJECTED_IN_A_ROW:
@@ -195,6 +206,7 @@ def run_study(
                     return
                 continue
             rejected_in_a_row = 0
+            counts["booted"] += 1
             budget.record(result.duration_s)
 
     threads = [threading.Thread(target=worker, args=(slot,), name=f"slot-{slot.name}", daemon=True) for slot in slots]
@@ -211,8 +223,11 @@ def run_study(
         reasons.insert(0, "interrupted")
     if errors:
         raise errors[0]
-    remeasure.remeasure_top(study, budget, reserved, stop=run.stop, run_one=lambda: _one_trial(run, slots[0]))
-    return RunSummary(counts["run"], reasons[0] if reasons else "", best_trial(study))
+    again = remeasure.remeasure_top(study, budget, reserved, stop=run.stop, run_one=lambda: _one_trial(run, slots[0]))
+    refused_again = len(again.done) - again.booted
+    # The last thing that stopped the run is why it ended: the re-measuring's want of time, else the search's.
+    why = again.stopped_because or (reasons[0] if reasons else "")
+    return RunSummary(counts["booted"], counts["refused"] + refused_again, again.booted, why, best_trial(study))
 
 
 def preview_configs(spec: StudySpec, n: int, seed: int = 0) -> list[tuple[str, EngineConfig]]:
@@ -354,7 +369,7 @@ def _heartbeat(study: optuna.Study, trial: optuna.Trial) -> Iterator[None]:
         thread.join()
 
 
-def best_trial(study: optuna.Study, keep: Callable[[FrozenTrial], bool] = lambda t: True) -> FrozenTrial | None:
-    """The best feasible configuration, as its original trial: chosen on re-measured medians once the top ones
-    were re-measured (remeasure.best), else on single figures. Optuna's own best_trial ignores constraints."""
+def best_trial(study: optuna.Study, keep: Callable[[FrozenTrial], bool] = lambda t: True) -> remeasure.Best | None:
+    """The winner (its original trial) and the figure every reader gives for it (remeasure.best): chosen on
+    all measurements once the top configurations were re-measured. Optuna's own best_trial ignores constraints."""
     return remeasure.best(study.get_trials(deepcopy=False), keep)

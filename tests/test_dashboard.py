@@ -120,7 +120,7 @@ def dashboard_server(db: Path, name: str) -> Iterator[str]:
 def check_dashboard(db: Path, name: str, screenshot: Path) -> str:
     study = optuna.load_study(study_name=name, storage=f"sqlite:///{db}")
     booted = [t for t in study.trials if "peak_memory_gib" in t.user_attrs]
-    best = best_trial(study) or booted[0]  # a trial with every kind of user attribute
+    best = best_trial(study).trial if best_trial(study) else booted[0]  # a trial with every kind of user attribute
     with dashboard_server(db, name) as url, chromium_page() as page:
         overview = page.open(url, lambda text: name in text and "output_tok_s" in text)
         assert name in overview and "output_tok_s" in overview  # the study and its named objective
