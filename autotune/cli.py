@@ -324,7 +324,8 @@ def status(study: str | None, storage: str | None, limit: int) -> None:
 @study_option
 @storage_option
 @click.option("--format", "fmt", type=click.Choice(["flags", "yaml", "json"]), default="flags", show_default=True)
-@click.option("--max-vram", type=float, default=None, help="Only trials whose peak memory was at most this (GiB).")
+@click.option("--max-vram", type=float, default=None,
+              help="Only trials whose peak GPU memory (NVML) was at most this (GiB).")
 @click.option("--max-p95-ttft-ms", type=float, default=None, help="Only trials whose p95 TTFT was at most this.")
 def export(study: str | None, storage: str | None, fmt: str, max_vram: float | None,
            max_p95_ttft_ms: float | None) -> None:
@@ -339,10 +340,14 @@ def export(study: str | None, storage: str | None, fmt: str, max_vram: float | N
     from autotune.study import best_trial
 
     s = _load_study(study, storage)
+    if max_vram is not None and not any(t.user_attrs.get("memory_source") == "nvml" for t in s.trials):
+        raise SpecError("--max-vram", None, "this study's peaks are host memory (RSS of the server's processes, the "
+                        "CPU build), not GPU memory: nothing to filter on")
 
     def keep(t) -> bool:
         a = t.user_attrs
-        return ((max_vram is None or a.get("peak_memory_gib", float("inf")) <= max_vram)
+        vram = a.get("peak_memory_gib", float("inf")) if a.get("memory_source") == "nvml" else float("inf")
+        return ((max_vram is None or vram <= max_vram)
                 and (max_p95_ttft_ms is None or a.get("ttft_p95_ms", float("inf")) <= max_p95_ttft_ms))
 
     best = best_trial(s, keep)

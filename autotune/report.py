@@ -29,7 +29,7 @@ from autotune.views import trial_label
 LATENCY_TITLES = {"ttft_p95_ms": "p95 time to first token (ms)", "tpot_p95_ms": "p95 time per output token (ms)"}
 BLUE, GREEN, ORANGE, GREY, RED = "#1f77b4", "#2ca02c", "#ff7f0e", "#9e9e9e", "#d62728"
 PALETTE = ("#1f77b4", "#2ca02c", "#9467bd", "#8c564b", "#e377c2", "#17becf", "#bcbd22", "#ff7f0e", "#7f7f7f")
-MIN_IMPORTANCE_TRIALS = 3
+MIN_IMPORTANCE_CONFIGS = 4  # distinct booted configurations: fewer say nothing about which parameter matters
 THROUGHPUT = "output tokens/s (best level within the limits)"
 
 
@@ -268,10 +268,23 @@ def latency_figure(study: optuna.Study, metric: str = "ttft_p95_ms") -> go.Figur
     return _tradeoff(study, lambda v: getattr(v, metric), LATENCY_TITLES[metric], title, limit)
 
 
+def memory_axis_title(study: optuna.Study) -> str:
+    """What the memory axis measures, from the sources recorded with the peaks: one, or each with its count."""
+    counts: dict[str | None, int] = {}
+    for t in study.get_trials(deepcopy=False):
+        if "peak_memory_gib" in t.user_attrs:
+            source = t.user_attrs.get("memory_source")
+            counts[source] = counts.get(source, 0) + 1
+    if not counts:
+        return "peak memory, GiB"
+    if len(counts) == 1:
+        return f"peak {memory_source_name(next(iter(counts)))}, GiB"
+    parts = ", ".join(f"{memory_source_name(s)} for {n} trial(s)" for s, n in counts.items())
+    return f"peak memory, GiB: {parts} (not comparable)"
+
+
 def memory_figure(study: optuna.Study) -> go.Figure:
-    sources = {t.user_attrs.get("memory_source") for t in study.get_trials(deepcopy=False)}
-    what = "peak GPU memory (GiB, NVML)" if "nvml" in sources else "peak memory of the server processes (GiB, RSS)"
-    return _tradeoff(study, lambda v: v.peak_memory_gib, what, "Throughput against peak memory")
+    return _tradeoff(study, lambda v: v.peak_memory_gib, memory_axis_title(study), "Throughput against peak memory")
 
 
 def history_figure(study: optuna.Study) -> go.Figure:
@@ -310,39 +323,72 @@ def history_figure(study: optuna.Study) -> go.Figure:
     return fig
 
 
+@dataclass(frozen=True)
+class ImportanceBasis:
+    """What an importance chart stands on: the finished trials it is computed from (re-measurements left out)
+    and how many distinct configurations among them booted a server (the rest were refused before boot)."""
+
+    trials: tuple[FrozenTrial, ...]
+    booted_configs: int
+
+    @property
+    def enough(self) -> bool:
+        return self.booted_configs >= MIN_IMPORTANCE_CONFIGS
+
+    def describe(self) -> str:
+        return f"{len(self.trials)} finished trials, {self.booted_configs} booted configurations"
+
+
+def importance_basis(study: optuna.Study) -> ImportanceBasis:
+    done = tuple(t for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+                 if REMEASURE_ATTR not in t.user_attrs)
+    booted = {t.user_attrs.get("flags", str(t.params)) for t in done if t.user_attrs.get("booted") is not False}
+    return ImportanceBasis(done, len(booted))
+
+
 def param_importances(study: optuna.Study) -> dict[str, float]:
     """PED-ANOVA importances: which parameters it takes to reach the top trials by feasible throughput
-    (infeasible trials count as 0). PED-ANOVA needs no scikit-learn, unlike fANOVA. Empty when there are too
-    few finished trials, or too little variety, to say."""
+    (infeasible trials count as 0). PED-ANOVA needs no scikit-learn, unlike fANOVA. Empty when fewer than
+    MIN_IMPORTANCE_CONFIGS distinct configurations booted, or there is too little variety, to say."""
     import warnings
 
-    done = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
-    if len(done) < MIN_IMPORTANCE_TRIALS:
+    basis = importance_basis(study)
+    if not basis.enough:
         return {}
-    evaluator = optuna.importance.PedAnovaImportanceEvaluator(target_quantile=min(0.5, max(0.1, 2 / len(done))))
+    storage = optuna.storages.InMemoryStorage()  # the originals only; a baseline may lie outside the space, as
+    done = optuna.create_study(storage=storage, directions=study.directions)  # add_trials would refuse
+    study_id = storage.get_study_id_from_name(done.study_name)
+    for t in basis.trials:
+        storage.create_new_trial(study_id, template_trial=t)
+    evaluator = optuna.importance.PedAnovaImportanceEvaluator(
+        target_quantile=min(0.5, max(0.1, 2 / len(basis.trials))))
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             imp = optuna.importance.get_param_importances(
-                study, evaluator=evaluator, target=lambda t: -((t.value or 0.0) if feasible(t) else 0.0))
+                done, evaluator=evaluator, target=lambda t: -((t.value or 0.0) if feasible(t) else 0.0))
     except (ValueError, RuntimeError, ZeroDivisionError):  # no shared parameters, a single distinct value, ...
         return {}
     return imp if any(v > 0 for v in imp.values()) else {}
 
 
 def importance_figure(study: optuna.Study) -> go.Figure:
+    basis = importance_basis(study)
     imp = param_importances(study)
     fig = go.Figure()
+    title = "Which parameters it takes to reach the top trials (PED-ANOVA importance)"
     if imp:
         names = list(imp)[::-1]
         fig.add_trace(go.Bar(x=[imp[n] for n in names], y=names, orientation="h", marker_color=BLUE,
                              text=[f"{imp[n]:.2f}" for n in names], textposition="auto"))
+        title += f"<br><sup>based on {basis.describe()}</sup>"
     else:
-        fig.add_annotation(text=f"Not enough trials yet: importances need at least {MIN_IMPORTANCE_TRIALS} finished "
-                           "trials whose parameters differ.", xref="paper", yref="paper", x=0.5, y=0.5,
-                           showarrow=False)
-    fig.update_layout(title="Which parameters it takes to reach the top trials (PED-ANOVA importance)",
-                      template="plotly_white",
+        why = (f"Not enough trials yet: importances need at least {MIN_IMPORTANCE_CONFIGS} booted configurations; "
+               f"this study has {basis.booted_configs} booted configuration(s) of {len(basis.trials)} finished "
+               "trials." if not basis.enough else
+               f"No importance to show: the {basis.describe()} do not differ enough in their parameters or results.")
+        fig.add_annotation(text=why, xref="paper", yref="paper", x=0.5, y=0.5, showarrow=False)
+    fig.update_layout(title=title, template="plotly_white",
                       xaxis_title="importance (sums to 1)", height=max(300, 80 + 40 * len(imp)))
     return fig
 
@@ -450,7 +496,7 @@ def trials_table_html(study: optuna.Study, limit: int | None = 10) -> str:
                     f"<td>{_num(v.level if v.kind == 'feasible' else None, 'g')}</td>"
                     f"<td>{_num(v.ttft_p95_ms if v.kind == 'feasible' else None, ',.0f', ' ms')}</td>"
                     f"<td>{_num(v.tpot_p95_ms if v.kind == 'feasible' else None, ',.1f', ' ms')}</td>"
-                    f"<td>{_num(v.peak_memory_gib, '.2f', ' GiB')}</td>"
+                    f"<td>{html.escape(memory_text(v.peak_memory_gib, v.memory_source, short=True))}</td>"
                     f"<td>{html.escape(v.label)}<br><code>{html.escape(v.command)}</code></td></tr>")
     return (f"<table><thead><tr>{''.join(f'<th>{h}</th>' for h in head)}</tr></thead>"
             f"<tbody>{''.join(rows)}</tbody></table>")

@@ -23,6 +23,7 @@ from autotune.budget import Budget
 from autotune.dashboard import attach_log, open_artifact_store, save_trial_note
 from autotune.engine import Build, EngineSpec, FailureKind, detect_build, reap_leftover_servers
 from autotune.errors import EngineError, StorageError
+from autotune.export import value_text
 from autotune.hardware import GpuProfile, detect_gpus
 from autotune.samplers import make_pruner, make_sampler
 from autotune.space import EngineConfig, enqueue_baseline, engine_config, invalid_reason, suggest, trial_baseline
@@ -236,7 +237,7 @@ def preview_configs(spec: StudySpec, n: int, seed: int = 0) -> list[tuple[str, E
     scratch = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=seed))
     for _ in range(n):
         params = suggest(scratch.ask(), spec.space)
-        out.append((", ".join(f"{k}={v}" for k, v in params.items()), engine_config(spec, params)))
+        out.append((", ".join(f"{k}={value_text(v)}" for k, v in params.items()), engine_config(spec, params)))
     return out
 
 
@@ -253,7 +254,8 @@ def _one_trial(run: _Run, slot: Slot) -> TrialResult | None:
     flags = {**model_defaults, **config.flags}
     for key, value in outcome.config_attrs(model_path, flags).items():
         trial.set_user_attr(key, value)
-    label = (trial.user_attrs.get("baseline") or {}).get("name") or ", ".join(f"{k}={v}" for k, v in params.items())
+    label = ((trial.user_attrs.get("baseline") or {}).get("name")
+             or ", ".join(f"{k}={value_text(v)}" for k, v in params.items()))
     run.progress.trial_started(trial.number, label, slot.name)
 
     if reason := invalid_reason(flags):
