@@ -55,7 +55,7 @@ class Budget:
             return False, "time budget spent"
         expected = expected_s if expected_s is not None else self.expected_trial_s()
         if expected is not None and expected > left:
-            return False, f"{left:.0f} s left, a trial takes about {expected:.0f} s"
+            return False, f"{left:.0f} s left, less than one trial (~{expected:.0f} s)"
         return True, ""
 
     def claim(self, expected_s: float | None = None) -> tuple[bool, str]:

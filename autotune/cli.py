@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import statistics
 import sys
 from pathlib import Path
 
@@ -254,25 +253,12 @@ def _run(spec, plan, storage: str | None, slots) -> None:
         summary = run_study(spec, plan, storage_url=storage, progress=progress, slots=slots)
     study = _load_study(spec.name, storage) if storage else _load_study(str(spec.path), None)
     console.print(study_table(study.trials))
-    console.print(f"{summary.trials_run} trial(s) this run; stopped: {summary.stopped_because or 'done'}")
-    if summary.best is None:
-        console.print("[yellow]no feasible configuration yet[/]")
-    else:
-        console.print(f"[bold green]best:[/] trial {summary.best.number}, {_figure(summary.best, study.trials)}")
-        console.print(summary.best.user_attrs.get("vllm_command", ""), markup=False, soft_wrap=True)
+    for line in summary.lines():
+        console.print(line, markup=False, soft_wrap=True)
+    if summary.best is not None:
+        console.print(summary.best.trial.user_attrs.get("vllm_command", ""), markup=False, soft_wrap=True)
     if summary.stopped_because == "interrupted":
         sys.exit(130)
-
-
-def _figure(best, trials) -> str:
-    """The winner's throughput as it was chosen: the median of its re-measurements when it has them."""
-    from autotune.remeasure import remeasured
-
-    again = remeasured(trials).get(best.number)
-    if not again:
-        return f"{best.value:,.0f} output tok/s"
-    return (f"{statistics.median(again):,.0f} output tok/s (median of {len(again)} re-measurement(s); "
-            f"first figure {best.value:,.0f})")
 
 
 budget_option = click.option("--budget", default=None, help="Wall-clock budget: 4h, 90m, 1h30m (default: the study file's).")
@@ -372,15 +358,21 @@ def status(study: str | None, storage: str | None, limit: int) -> None:
     """
     from autotune.views import study_table
 
+    from autotune.study import best_trial
+
     s = _load_study(study, storage)
     console.print(study_table(s.trials, limit=limit, title=f"study {s.study_name}: {len(s.trials)} trial(s)"))
+    best = best_trial(s)
+    console.print(f"best: {best.text}" if best is not None else "no feasible configuration yet", markup=False,
+                  soft_wrap=True)
 
 
 @main.command()
 @study_option
 @storage_option
 @click.option("--format", "fmt", type=click.Choice(["flags", "yaml", "json"]), default="flags", show_default=True)
-@click.option("--max-vram", type=float, default=None, help="Only trials whose peak memory was at most this (GiB).")
+@click.option("--max-vram", type=float, default=None,
+              help="Only trials whose peak GPU memory (NVML) was at most this (GiB).")
 @click.option("--max-p95-ttft-ms", type=float, default=None, help="Only trials whose p95 TTFT was at most this.")
 def export(study: str | None, storage: str | None, fmt: str, max_vram: float | None,
            max_p95_ttft_ms: float | None) -> None:
@@ -397,29 +389,37 @@ def export(study: str | None, storage: str | None, fmt: str, max_vram: float | N
     from autotune.study import best_trial
 
     s = _load_study(study, storage)
+    if max_vram is not None and not any(t.user_attrs.get("memory_source") == "nvml" for t in s.trials):
+        raise SpecError("--max-vram", None, "this study's peaks are host memory (RSS of the server's processes, the "
+                        "CPU build), not GPU memory: nothing to filter on")
 
     def keep(t) -> bool:
         a = t.user_attrs
-        return ((max_vram is None or a.get("peak_memory_gib", float("inf")) <= max_vram)
+        vram = a.get("peak_memory_gib", float("inf")) if a.get("memory_source") == "nvml" else float("inf")
+        return ((max_vram is None or vram <= max_vram)
                 and (max_p95_ttft_ms is None or a.get("ttft_p95_ms", float("inf")) <= max_p95_ttft_ms))
 
     best = best_trial(s, keep)
     if best is None:
         raise AutotuneError(f"study {s.study_name}: no feasible trial" + (" within the filters" if
                             max_vram is not None or max_p95_ttft_ms is not None else ""))
-    model, flags = best.user_attrs["model"], json.loads(best.user_attrs["flags"])
-    env = json.loads(best.user_attrs.get("env", "{}"))  # as booted (older trials: none recorded)
+    winner = best.trial
+    model, flags = winner.user_attrs["model"], json.loads(winner.user_attrs["flags"])
+    env = json.loads(winner.user_attrs.get("env", "{}"))  # as booted (older trials: none recorded)
     if fmt == "flags":
+        click.echo(f"# best: {best.text}", err=True)  # stdout stays a command to paste or capture
         click.echo(serve_command(model, flags, env))
     elif fmt == "yaml":
-        click.echo(to_yaml(flags, model=model, env=env), nl=False)
+        click.echo(f"# best: {best.text}\n" + to_yaml(flags, model=model, env=env), nl=False)
     else:
-        from autotune.remeasure import remeasured
-
-        metrics = {k: v for k, v in best.user_attrs.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
-        if again := remeasured(s.get_trials(deepcopy=False)).get(best.number):
-            metrics["remeasured_output_tok_s"] = [round(v, 1) for v in again]
-        click.echo(to_json(model, flags, {"trial": best.number, **metrics}, env))
+        # The first measurement's figures (latencies, memory, ...), with the throughput every reader gives.
+        metrics = {k: v for k, v in winner.user_attrs.items()
+                   if isinstance(v, (int, float)) and not isinstance(v, bool)}
+        metrics["output_tok_s"] = round(best.figure, 1)
+        metrics["best"] = f"best: {best.text}"
+        metrics["measurements"] = [{"trial": m.trial, "output_tok_s": m.output_tok_s,
+                                    "met_limits": m.output_tok_s is not None} for m in best.measurements]
+        click.echo(to_json(model, flags, {"trial": winner.number, **metrics}, env))
 
 
 @main.command()

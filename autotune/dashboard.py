@@ -46,6 +46,7 @@ def attach_log(study: optuna.Study, trial: optuna.Trial, log_path: Path,
 def trial_note(t: FrozenTrial, has_log: bool = False) -> str:
     """What the trial's page should say first, in words: its result (or why it is not feasible) and the command
     it booted, one flag a line. The user attributes panel shows the numbers but cuts long values off."""
+    from autotune.hardware import memory_text
     from autotune.report import at_level, view, why_not
 
     v = view(t)
@@ -56,7 +57,7 @@ def trial_note(t: FrozenTrial, has_log: bool = False) -> str:
         kind = {"pruned": "Pruned (stopped early)", "failed": "Failed (not the configuration's fault)"}
         head = f"**{kind.get(v.kind) or 'Not feasible: ' + why_not(t)}**" + (f". {v.reason}" if v.reason else "")
     if v.peak_memory_gib is not None:
-        head += f"; peak memory {v.peak_memory_gib:.2f} GiB"
+        head += f"; peak {memory_text(v.peak_memory_gib, v.memory_source)}"
     what = f"Baseline **{v.baseline}**" if v.baseline else "Configuration"
     body = f"{head}\n\n{what}, booted as:\n\n```\n{_one_flag_a_line(v.command)}\n```\n" if v.command else head
     return body + ("\nThe server log is attached below (Artifacts).\n" if has_log else "")

@@ -36,12 +36,37 @@ def option(dest: str) -> str:
     return "--" + dest.replace("_", "-")
 
 
-def _text(value: object) -> str:
+def float_text(x: float) -> str:
+    """A float for people, and for vLLM: the fewest significant digits (up to 12) that read back within 1e-9 of
+    it, so a sampled 0.92 is 0.92, not 0.9199999999999999 (its float sum). Always with a point or an exponent."""
+    text = repr(x)
+    for digits in range(1, 13):
+        short = f"{x:.{digits}g}"
+        if abs(float(short) - x) <= 1e-9 * abs(x):
+            text = short
+            break
+    return text if any(c in text for c in ".eEn") else text + ".0"
+
+
+def value_text(value: object) -> str:
+    """The one way a flag's or parameter's value is printed: in commands, labels, tables and exports."""
     if isinstance(value, Mapping):
-        return json.dumps(value, separators=(",", ":"))
+        return json.dumps(_rounded(value), separators=(",", ":"))
     if isinstance(value, float):
-        return repr(value)
+        return float_text(value)
     return str(value)
+
+
+def _rounded(value: object) -> object:
+    """The same value with its floats as value_text prints them (for YAML and JSON)."""
+    if isinstance(value, float):
+        return float(float_text(value))
+    if isinstance(value, Mapping):
+        return {k: _rounded(v) for k, v in value.items()}
+    if isinstance(value, Sequence) and not isinstance(value, str):
+        return [_rounded(v) for v in value]
+    return value
+
 
 
 def to_argv(flags: Mapping[str, object]) -> list[str]:
@@ -58,9 +83,9 @@ def to_argv(flags: Mapping[str, object]) -> list[str]:
                 argv.append("--no-" + opt[2:])
         elif isinstance(value, Sequence) and not isinstance(value, str):
             if value:  # nargs="+" flags: --cudagraph-capture-sizes 1 2 4
-                argv += [opt, *map(_text, value)]
+                argv += [opt, *map(value_text, value)]
         else:
-            text = _text(value)
+            text = value_text(value)
             # "--x=-1": a value starting with "-" would otherwise be read as an option.
             argv += [f"{opt}={text}"] if text.startswith("-") else [opt, text]
     return argv
@@ -88,8 +113,7 @@ def to_yaml(flags: Mapping[str, object], model: str | None = None, env: Mapping[
     for dest, value in flags.items():
         if value is None or (value is False and dest in STORE_TRUE_ONLY):
             continue
-        doc[option(dest)[2:]] = dict(value) if isinstance(value, Mapping) else (
-            list(value) if isinstance(value, Sequence) and not isinstance(value, str) else value)
+        doc[option(dest)[2:]] = _rounded(value)
     body = yaml.safe_dump(doc, sort_keys=False, default_flow_style=False)
     if not env:
         return body
@@ -101,6 +125,6 @@ def to_yaml(flags: Mapping[str, object], model: str | None = None, env: Mapping[
 def to_json(model: str, flags: Mapping[str, object], metrics: Mapping[str, object],
             env: Mapping[str, str] | None = None) -> str:
     """Everything about one configuration, for scripts: flags, environment, argv, the command and its measurements."""
-    doc = {"model": model, "flags": dict(flags), "env": dict(env or {}), "argv": to_argv(flags),
+    doc = {"model": model, "flags": _rounded(dict(flags)), "env": dict(env or {}), "argv": to_argv(flags),
            "command": serve_command(model, flags, env), "metrics": dict(metrics)}
     return json.dumps(doc, indent=2, sort_keys=False)

@@ -13,12 +13,12 @@ import re
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, NamedTuple
 
 import psutil
 import pynvml
 
-from autotune.errors import SpecError
+from autotune.errors import EngineError, SpecError
 
 MiB = 1 << 20
 GiB = 1 << 30
@@ -227,6 +227,55 @@ def profile_for(info: GpuInfo) -> GpuProfile:
 
 # ---- the memory sampler -------------------------------------------------------------------------------------
 
+MemorySource = Literal["nvml", "rss"]
+# How a peak is named wherever it is shown: a GPU's memory and a process tree's host memory are not comparable.
+MEMORY_SOURCE_NAMES: dict[str, str] = {"nvml": "GPU memory (NVML)", "rss": "host memory (RSS of the server's processes)"}
+
+
+def memory_source_name(source: str | None) -> str:
+    return MEMORY_SOURCE_NAMES.get(source or "", "memory (source not recorded)")
+
+
+MEMORY_SOURCE_SHORT: dict[str, str] = {"nvml": "GPU (NVML)", "rss": "host RSS"}
+
+
+def memory_text(gib: float | None, source: str | None, short: bool = False) -> str:
+    """'20.57 GiB GPU memory (NVML)', '3.40 GiB host RSS' (short): a peak with what it measured."""
+    if gib is None:
+        return "-"
+    return f"{gib:.2f} GiB " + (MEMORY_SOURCE_SHORT.get(source or "", "(source?)") if short
+                                else memory_source_name(source))
+
+
+class MemoryWatch(NamedTuple):
+    source: MemorySource
+    gpu_indices: tuple[int, ...]  # NVML indices; empty for RSS
+
+
+def memory_watch(cuda_build: bool, slot_gpus: Sequence[int], cuda_visible_devices: str | None,
+                 gpus: Sequence[GpuInfo]) -> MemoryWatch:
+    """What a trial's memory sampler reads. With CUDA vLLM the server's memory is on the GPU, always: NVML on
+    the slot's GPUs, else on those the environment's CUDA_VISIBLE_DEVICES names (indices or UUIDs), else on
+    every GPU NVML sees. The host RSS of the server's processes only on the CPU build, where it is the memory."""
+    if not cuda_build:
+        return MemoryWatch("rss", ())
+    if slot_gpus:
+        return MemoryWatch("nvml", tuple(slot_gpus))
+    if not gpus:
+        raise EngineError("the CUDA build of vLLM is installed but NVML sees no GPU: the server's GPU memory "
+                          "cannot be measured")
+    named = [d.strip() for d in (cuda_visible_devices or "").split(",") if d.strip()]
+    if not named:
+        return MemoryWatch("nvml", tuple(g.index for g in gpus))
+    indices = []
+    for d in named:
+        match = [g.index for g in gpus if (str(g.index) == d if d.isdigit() else g.uuid.startswith(d))]
+        if len(match) != 1:
+            raise EngineError(f"CUDA_VISIBLE_DEVICES={cuda_visible_devices}: {d!r} is not one GPU that NVML sees "
+                              f"({', '.join(str(g.index) for g in gpus)})")
+        indices.append(match[0])
+    return MemoryWatch("nvml", tuple(indices))
+
 
 @dataclass(frozen=True)
 class MemoryPeak:
@@ -333,7 +382,7 @@ class MemorySampler:
         gpu_indices: Sequence[int] | None = None,
         interval_s: float = 0.2,
         reader: Callable[[], MemoryReading] | None = None,
-        source: Literal["nvml", "rss"] | None = None,
+        source: MemorySource | None = None,
     ):
         if reader is None and not gpu_indices and root_pid is None:
             raise ValueError("MemorySampler needs gpu_indices (NVML) or root_pid (RSS)")

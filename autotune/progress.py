@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from optuna.trial import FrozenTrial, TrialState
+from optuna.trial import TrialState
 from rich.console import Console, Group
 from rich.live import Live
 from rich.markup import escape
@@ -10,6 +10,7 @@ from rich.spinner import Spinner
 from rich.text import Text
 
 from autotune.budget import Budget
+from autotune.remeasure import Best
 
 
 def _hms(seconds: float) -> str:
@@ -26,7 +27,7 @@ class LiveProgress:
     def __init__(self, console: Console, budget: Budget):
         self.console, self.budget = console, budget
         self.running: dict[int, list[str]] = {}  # trial number -> [label, slot, stage]
-        self.best: FrozenTrial | None = None
+        self.best: Best | None = None
         self.done = 0
         self._live = Live(console=console, refresh_per_second=4, transient=True, get_renderable=self._render)
 
@@ -40,7 +41,7 @@ class LiveProgress:
             self._live.__exit__(None, None, None)
 
     def _render(self) -> Group:
-        best = f"{self.best.value:,.0f} tok/s (trial {self.best.number})" if self.best else "none feasible yet"
+        best = f"{self.best.figure:,.0f} tok/s (trial {self.best.trial.number})" if self.best else "none feasible yet"
         lines = [Text(f"best {best}  ·  {self.done} done  ·  {_hms(self.budget.remaining())} left", style="bold")]
         for number, (label, slot, stage) in sorted(self.running.items()):
             where = f"[slot {slot}] " if len(self.running) > 1 or slot != "0" else ""
@@ -59,7 +60,7 @@ class LiveProgress:
         if not self.console.is_terminal:
             self.console.print(f"  trial {number}: {text}", markup=False)
 
-    def trial_ended(self, number: int, state: TrialState, summary: str, best: FrozenTrial | None) -> None:
+    def trial_ended(self, number: int, state: TrialState, summary: str, best: Best | None) -> None:
         self.running.pop(number, None)
         self.done += 1
         self.best = best

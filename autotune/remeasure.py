@@ -3,8 +3,9 @@
 A search keeps the configuration whose one measurement came out highest, and among several close ones that is
 partly luck: its figure is biased upwards (the winner's curse) and may not hold when the user deploys it. So
 part of the budget is set aside (`reserve`) and spent at the end (`remeasure_top`) booting the top few
-configurations again, each as a new trial marked `remeasure_of`. The winner is then chosen on the median of
-its re-measurements alone (the first figure is the biased one) and reported with the spread of all of them.
+configurations again, each as a new trial marked `remeasure_of`. The winner is then chosen among the re-measured
+configurations, on all of each one's measurements (`best`): every reader (the run's summary, status, the report,
+export) takes the winner and its figure from there, so that they cannot disagree.
 """
 
 from __future__ import annotations
@@ -74,22 +75,77 @@ def remeasured(trials: Sequence[FrozenTrial]) -> dict[int, list[float]]:
 
 
 def score(t: FrozenTrial, trials: Sequence[FrozenTrial]) -> float:
-    """What a trial's configuration is ranked by: the median of its re-measurements, else its one figure."""
-    again = remeasured(trials).get(t.number)
-    return statistics.median(again) if again else float(t.value or 0.0)
+    """What a trial's configuration is ranked by: its figure over all its measurements (see Best.figure)."""
+    return _best_of(t, trials).figure
 
 
-def best(trials: Sequence[FrozenTrial], keep: Callable[[FrozenTrial], bool] = lambda t: True) -> FrozenTrial | None:
-    """The best feasible configuration (its original trial). Once some were re-measured, the winner is chosen
-    among those (on their medians); the others' single figures are not comparable with medians."""
-    again = remeasured(trials)
-    originals = [t for t in trials if feasible(t) and keep(t) and REMEASURE_ATTR not in t.user_attrs]
-    pool = [t for t in originals if statistics.median(again.get(t.number) or [0.0]) > 0] or originals
+@dataclass(frozen=True)
+class Measurement:
+    """One boot and measurement of a configuration: the original trial or one of its re-measurements."""
 
-    def rank(t: FrozenTrial) -> float:
-        return statistics.median(again[t.number]) if t.number in again else float(t.value or 0.0)
+    trial: int
+    output_tok_s: float | None  # None: it missed the limits (or ran out of memory): no throughput within them
 
-    return max(pool, key=rank, default=None)
+
+@dataclass(frozen=True)
+class Best:
+    """The winning configuration and the one figure every reader gives for it.
+
+    The figure is the median of the measurements that met the limits, unless most of its measurements missed
+    them (then 0: the configuration does not hold its limits). A re-measurement that misses a limit by noise is
+    counted and said ("1 of 2 measurements met the limits"), but it does not pull a figure measured within the
+    limits towards 0, which no run of the configuration ever delivered."""
+
+    trial: FrozenTrial  # the original trial of the configuration (its flags, its command)
+    measurements: tuple[Measurement, ...]  # the first figure first, then each re-measurement in order
+
+    @property
+    def passing(self) -> list[float]:
+        return [m.output_tok_s for m in self.measurements if m.output_tok_s is not None]
+
+    @property
+    def holds(self) -> bool:
+        return 2 * len(self.passing) >= len(self.measurements) and bool(self.passing)
+
+    @property
+    def figure(self) -> float:
+        return statistics.median(self.passing) if self.holds else 0.0
+
+    def describe(self) -> str:
+        """"181 output tok/s (1 of 2 measurements met the limits)": the figure and what it stands on."""
+        n, ok = len(self.measurements), self.passing
+        head = f"{self.figure:,.0f} output tok/s"
+        if n == 1:
+            return f"{head} (one measurement)"
+        if not self.holds:
+            return f"{head} ({n - len(ok)} of {n} measurements missed the limits)"
+        spread = f", {min(ok):,.0f}-{max(ok):,.0f}" if len(ok) > 1 else ""
+        if len(ok) == n:
+            return f"{head} (median of {n} measurements{spread})"
+        if len(ok) == 1:
+            return f"{head} (1 of {n} measurements met the limits)"
+        return f"{head} (median of the {len(ok)} of {n} measurements that met the limits{spread})"
+
+    @property
+    def text(self) -> str:
+        """What each reader prints after "best: "."""
+        return f"trial {self.trial.number}, {self.describe()}"
+
+
+def _best_of(t: FrozenTrial, trials: Sequence[FrozenTrial]) -> Best:
+    again = [r for r in sorted(trials, key=lambda r: r.number)
+             if r.user_attrs.get(REMEASURE_ATTR) == t.number and r.state == TrialState.COMPLETE]
+    return Best(t, tuple(Measurement(r.number, float(r.value or 0.0) if feasible(r) else None) for r in [t, *again]))
+
+
+def best(trials: Sequence[FrozenTrial], keep: Callable[[FrozenTrial], bool] = lambda t: True) -> Best | None:
+    """The winner and its figure: the one place that decides them. Once some configurations were re-measured,
+    the winner is chosen among those that hold their limits; the others' single figures are biased upwards
+    (the winner's curse) and are not comparable with figures of several measurements."""
+    candidates = [_best_of(t, trials) for t in trials
+                  if feasible(t) and keep(t) and REMEASURE_ATTR not in t.user_attrs]
+    pool = [b for b in candidates if len(b.measurements) > 1 and b.holds] or candidates
+    return max(pool, key=lambda b: b.figure, default=None)
 
 
 def top_configs(trials: Sequence[FrozenTrial], n: int) -> list[FrozenTrial]:
@@ -106,38 +162,58 @@ def top_configs(trials: Sequence[FrozenTrial], n: int) -> list[FrozenTrial]:
 
 
 def summary(trials: Sequence[FrozenTrial]) -> dict[str, dict[str, object]]:
-    """Per re-measured configuration: every figure (the first one first), the median, min and max."""
+    """Per re-measured configuration: every figure (the first one first; None where it missed the limits), and
+    the figure it is reported with (Best.figure) with the min and max of those that met the limits."""
     by_number = {t.number: t for t in trials}
     out: dict[str, dict[str, object]] = {}
     for number, values in remeasured(trials).items():
-        first = by_number[number].value if number in by_number else None
-        figures = ([round(float(first), 1)] if first is not None else []) + [round(v, 1) for v in values]
-        out[str(number)] = {"output_tok_s": figures, "remeasured_output_tok_s": [round(v, 1) for v in values],
-                            "median": round(statistics.median(values), 1), "min": min(figures), "max": max(figures)}
+        if number not in by_number:
+            continue
+        b = _best_of(by_number[number], trials)
+        figures = [None if m.output_tok_s is None else round(m.output_tok_s, 1) for m in b.measurements]
+        ok = b.passing or [0.0]
+        out[str(number)] = {"output_tok_s": figures, "median": round(b.figure, 1),
+                            "min": round(min(ok), 1), "max": round(max(ok), 1)}
     return out
 
 
+@dataclass(frozen=True)
+class RemeasureRun:
+    """What `remeasure_top` did: the original trial numbers re-measured (in order), how many of those booted,
+    and why it stopped when it stopped for want of time ("" when every round ran or nothing was to be done)."""
+
+    done: tuple[int, ...] = ()
+    booted: int = 0
+    stopped_because: str = ""
+
+
 def remeasure_top(study: optuna.Study, budget: Budget, reserved: Reserve, run_one: Callable[[], object | None],
-                  stop: threading.Event | None = None) -> list[int]:
+                  stop: threading.Event | None = None) -> RemeasureRun:
     """Give the reserve back to `budget` and spend it booting the top configurations again, in rounds (each
     configuration once, best first, then again), while a trial still fits. `run_one` runs the next queued
     trial (the study loop's own trial function) and returns its result, or None when it was rejected before
-    boot. Returns the original trial numbers re-measured, in order; the study's SUMMARY_ATTR holds the figures."""
+    boot. The study's SUMMARY_ATTR holds the figures."""
     _release(budget, reserved)
     trials = study.get_trials(deepcopy=False)
     if reserved.top <= 0 or (stop is not None and stop.is_set()):
-        return []
+        return RemeasureRun()
     if any(t.state == TrialState.WAITING for t in trials):  # queued trials would run first, unmarked
-        return []
+        return RemeasureRun()
     top = top_configs(trials, reserved.top)
     done: list[int] = []
+    booted = 0
+    why = ""
     for _ in range(MAX_ROUNDS if top else 0):
         for t in top:
             if stop is not None and stop.is_set():
                 break
             length = t.user_attrs.get("duration_s")  # this configuration's own trial
-            fits, _why = budget.claim(LENGTH_MARGIN * length if length is not None else None)
+            needed = LENGTH_MARGIN * length if length is not None else None
+            fits, why = budget.claim(needed)
             if not fits:
+                if needed is not None and "left" in why:
+                    why = (f"{budget.remaining():.0f} s left, less than one re-measurement of trial {t.number} "
+                           f"(~{needed:.0f} s with a quarter to spare)")
                 break
             attrs: dict[str, object] = {REMEASURE_ATTR: t.number}
             if BASELINE_ATTR in t.user_attrs:  # boot exactly what the baseline booted
@@ -147,6 +223,7 @@ def remeasure_top(study: optuna.Study, budget: Budget, reserved: Reserve, run_on
             if result is None:
                 budget.release()
             else:
+                booted += 1
                 budget.record(float(getattr(result, "duration_s", 0.0)))
             done.append(t.number)
         else:
@@ -154,4 +231,4 @@ def remeasure_top(study: optuna.Study, budget: Budget, reserved: Reserve, run_on
         break
     if done:
         study.set_user_attr(SUMMARY_ATTR, summary(study.get_trials(deepcopy=False)))
-    return done
+    return RemeasureRun(tuple(done), booted, why)

@@ -21,14 +21,15 @@ from optuna.trial import FrozenTrial, TrialState
 from plotly.subplots import make_subplots
 
 from autotune.errors import AutotuneError
-from autotune.remeasure import feasible
+from autotune.hardware import memory_source_name, memory_text
+from autotune.remeasure import REMEASURE_ATTR, feasible
 from autotune.study import best_trial
 from autotune.views import trial_label
 
 LATENCY_TITLES = {"ttft_p95_ms": "p95 time to first token (ms)", "tpot_p95_ms": "p95 time per output token (ms)"}
 BLUE, GREEN, ORANGE, GREY, RED = "#1f77b4", "#2ca02c", "#ff7f0e", "#9e9e9e", "#d62728"
 PALETTE = ("#1f77b4", "#2ca02c", "#9467bd", "#8c564b", "#e377c2", "#17becf", "#bcbd22", "#ff7f0e", "#7f7f7f")
-MIN_IMPORTANCE_TRIALS = 3
+MIN_IMPORTANCE_CONFIGS = 4  # distinct booted configurations: fewer say nothing about which parameter matters
 THROUGHPUT = "output tokens/s (best level within the limits)"
 
 
@@ -38,6 +39,7 @@ class TrialView:
 
     number: int
     kind: str  # feasible | infeasible | pruned | failed | running
+    remeasure_of: int | None  # a re-measurement: the trial whose configuration it measured again
     label: str  # "baseline: NAME" or the sampled parameters
     baseline: str | None
     throughput: float | None  # output tok/s
@@ -46,6 +48,7 @@ class TrialView:
     ttft_p95_ms: float | None
     tpot_p95_ms: float | None
     peak_memory_gib: float | None
+    memory_source: str | None  # "nvml" (GPU) or "rss" (host): what peak_memory_gib measured
     reason: str
     completed: datetime | None
     command: str
@@ -74,15 +77,21 @@ def view(t: FrozenTrial) -> TrialView:
         at, level = {}, None
     kind = _kind(t)
     baseline = a.get("baseline")
+    of = a.get(REMEASURE_ATTR)
     return TrialView(
-        number=t.number, kind=kind, label=trial_label(t),
+        number=t.number, kind=kind, remeasure_of=of,
+        label=trial_label(t) if of is None else f"re-measure of trial {of}: {trial_label(t)}",
         baseline=baseline.get("name") if isinstance(baseline, dict) else None,
         throughput=t.value if kind == "feasible" else at.get("output_tok_s"), level=level,
         level_unit="req/s" if any("rate_req_s" in lv for lv in levels) else "concurrency",
         ttft_p95_ms=at.get("ttft_p95_ms"), tpot_p95_ms=at.get("tpot_p95_ms"),
-        peak_memory_gib=a.get("peak_memory_gib"), reason=a.get("reason", ""),
+        peak_memory_gib=a.get("peak_memory_gib"), memory_source=a.get("memory_source"), reason=a.get("reason", ""),
         completed=t.datetime_complete, command=a.get("vllm_command", ""), levels=levels,
     )
+
+
+def _memory_text(v: TrialView) -> str:
+    return f"peak {memory_text(v.peak_memory_gib, v.memory_source)}"
 
 
 def at_level(v: TrialView) -> str:
@@ -92,7 +101,15 @@ def at_level(v: TrialView) -> str:
 
 
 def views(study: optuna.Study) -> list[TrialView]:
-    return [view(t) for t in study.get_trials(deepcopy=False) if t.state != TrialState.WAITING]
+    """One view per configuration tried: re-measurements are points of their configuration (remeasure_views),
+    not configurations of their own."""
+    return [view(t) for t in study.get_trials(deepcopy=False)
+            if t.state != TrialState.WAITING and REMEASURE_ATTR not in t.user_attrs]
+
+
+def remeasure_views(study: optuna.Study) -> list[TrialView]:
+    return [view(t) for t in study.get_trials(deepcopy=False)
+            if t.state.is_finished() and REMEASURE_ATTR in t.user_attrs]
 
 
 def _level_of(level: dict) -> float | None:
@@ -124,13 +141,14 @@ class Gain:
 
 
 def gains(study: optuna.Study) -> list[Gain]:
+    """Against each baseline's own measurement, the winner's figure (remeasure.best)."""
     best = best_trial(study)
     out = []
     for v in views(study):
         if v.baseline is None or v.kind == "running":
             continue
         ok = v.kind == "feasible" and v.throughput
-        pct = (best.value / v.throughput - 1) * 100 if ok and best is not None and best.value else None
+        pct = (best.figure / v.throughput - 1) * 100 if ok and best is not None and best.figure else None
         out.append(Gain(v.baseline, v.number, v.throughput if ok else None, pct, "" if ok else v.reason or v.kind))
     return out
 
@@ -142,7 +160,7 @@ def _hover(v: TrialView) -> str:
     if v.ttft_p95_ms is not None:
         lines.append(f"p95 TTFT {v.ttft_p95_ms:,.0f} ms, p95 TPOT {v.tpot_p95_ms or 0:,.1f} ms")
     if v.peak_memory_gib is not None:
-        lines.append(f"peak memory {v.peak_memory_gib:.2f} GiB")
+        lines.append(_memory_text(v))
     if v.kind != "feasible" and v.reason:
         lines.append("<i>" + _wrap(v.reason) + "</i>")
     return "<br>".join(lines)
@@ -187,12 +205,15 @@ def _tradeoff(study: optuna.Study, x: Callable[[TrialView], float | None], x_tit
     for v in base:
         fig.add_annotation(x=x(v), y=v.throughput, text=v.baseline, showarrow=False, yshift=-16,
                            font={"color": ORANGE})
+    _remeasurements(fig, study, x)
     best = best_trial(study)
-    if best is not None and x(bv := view(best)) is not None:
-        fig.add_trace(go.Scatter(x=[x(bv)], y=[bv.throughput], mode="markers", name=f"best: trial {bv.number}",
-                                 hovertext=[_hover(bv)], hoverinfo="text",
+    if best is not None and x(bv := view(best.trial)) is not None:
+        # On the configuration's figure (all its measurements), at the cost its first measurement showed.
+        fig.add_trace(go.Scatter(x=[x(bv)], y=[best.figure], mode="markers", name=f"best: trial {bv.number}",
+                                 hovertext=[f"<b>best: {html.escape(best.text)}</b><br>{_hover(bv)}"],
+                                 hoverinfo="text",
                                  marker={"size": 20, "symbol": "circle-open", "color": GREEN, "line": {"width": 3}}))
-        fig.add_annotation(x=x(bv), y=bv.throughput, text=_best_text(study, bv), showarrow=True, arrowhead=2, ax=-60,
+        fig.add_annotation(x=x(bv), y=best.figure, text=_best_text(study, bv), showarrow=True, arrowhead=2, ax=-60,
                            ay=-30, font={"color": GREEN}, align="right", xanchor="right")
     if limit is not None:
         fig.add_vline(x=limit, line={"color": RED, "dash": "dash"}, annotation_text=f"limit {limit:g}",
@@ -209,6 +230,30 @@ def _tradeoff(study: optuna.Study, x: Callable[[TrialView], float | None], x_tit
     return fig
 
 
+def _remeasurements(fig: go.Figure, study: optuna.Study, x: Callable[[TrialView], float | None]) -> None:
+    """Each re-measurement as a point joined by a thin line to its configuration's first measurement (filled:
+    it met the limits; open: it missed them, drawn at its lowest load level)."""
+    first = {v.number: v for v in views(study)}
+    again = [v for v in remeasure_views(study) if x(v) is not None and v.throughput is not None]
+    if not again:
+        return
+    xs: list[object] = []
+    ys: list[object] = []
+    for v in again:
+        o = first.get(v.remeasure_of)  # type: ignore[arg-type]
+        if o is not None and x(o) is not None and o.throughput is not None:
+            xs += [x(o), x(v), None]
+            ys += [o.throughput, v.throughput, None]
+    fig.add_trace(go.Scatter(x=xs, y=ys, mode="lines", line={"color": BLUE, "width": 1, "dash": "dot"},
+                             hoverinfo="skip", showlegend=False))
+    fig.add_trace(go.Scatter(
+        x=[x(v) for v in again], y=[v.throughput for v in again], mode="markers",
+        name="re-measurement (joined to its trial)", hovertext=[_hover(v) for v in again], hoverinfo="text",
+        marker={"size": 9, "color": BLUE, "line": {"width": 1, "color": BLUE},
+                "symbol": ["diamond" if v.kind == "feasible" else "diamond-open" for v in again]},
+    ))
+
+
 def _best_text(study: optuna.Study, best: TrialView) -> str:
     text = f"best: trial {best.number}" + (f" ({best.baseline})" if best.baseline else "")
     for g in gains(study):
@@ -223,10 +268,23 @@ def latency_figure(study: optuna.Study, metric: str = "ttft_p95_ms") -> go.Figur
     return _tradeoff(study, lambda v: getattr(v, metric), LATENCY_TITLES[metric], title, limit)
 
 
+def memory_axis_title(study: optuna.Study) -> str:
+    """What the memory axis measures, from the sources recorded with the peaks: one, or each with its count."""
+    counts: dict[str | None, int] = {}
+    for t in study.get_trials(deepcopy=False):
+        if "peak_memory_gib" in t.user_attrs:
+            source = t.user_attrs.get("memory_source")
+            counts[source] = counts.get(source, 0) + 1
+    if not counts:
+        return "peak memory, GiB"
+    if len(counts) == 1:
+        return f"peak {memory_source_name(next(iter(counts)))}, GiB"
+    parts = ", ".join(f"{memory_source_name(s)} for {n} trial(s)" for s, n in counts.items())
+    return f"peak memory, GiB: {parts} (not comparable)"
+
+
 def memory_figure(study: optuna.Study) -> go.Figure:
-    sources = {t.user_attrs.get("memory_source") for t in study.get_trials(deepcopy=False)}
-    what = "peak GPU memory (GiB, NVML)" if "nvml" in sources else "peak memory of the server processes (GiB, RSS)"
-    return _tradeoff(study, lambda v: v.peak_memory_gib, what, "Throughput against peak memory")
+    return _tradeoff(study, lambda v: v.peak_memory_gib, memory_axis_title(study), "Throughput against peak memory")
 
 
 def history_figure(study: optuna.Study) -> go.Figure:
@@ -265,39 +323,72 @@ def history_figure(study: optuna.Study) -> go.Figure:
     return fig
 
 
+@dataclass(frozen=True)
+class ImportanceBasis:
+    """What an importance chart stands on: the finished trials it is computed from (re-measurements left out)
+    and how many distinct configurations among them booted a server (the rest were refused before boot)."""
+
+    trials: tuple[FrozenTrial, ...]
+    booted_configs: int
+
+    @property
+    def enough(self) -> bool:
+        return self.booted_configs >= MIN_IMPORTANCE_CONFIGS
+
+    def describe(self) -> str:
+        return f"{len(self.trials)} finished trials, {self.booted_configs} booted configurations"
+
+
+def importance_basis(study: optuna.Study) -> ImportanceBasis:
+    done = tuple(t for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+                 if REMEASURE_ATTR not in t.user_attrs)
+    booted = {t.user_attrs.get("flags", str(t.params)) for t in done if t.user_attrs.get("booted") is not False}
+    return ImportanceBasis(done, len(booted))
+
+
 def param_importances(study: optuna.Study) -> dict[str, float]:
     """PED-ANOVA importances: which parameters it takes to reach the top trials by feasible throughput
-    (infeasible trials count as 0). PED-ANOVA needs no scikit-learn, unlike fANOVA. Empty when there are too
-    few finished trials, or too little variety, to say."""
+    (infeasible trials count as 0). PED-ANOVA needs no scikit-learn, unlike fANOVA. Empty when fewer than
+    MIN_IMPORTANCE_CONFIGS distinct configurations booted, or there is too little variety, to say."""
     import warnings
 
-    done = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
-    if len(done) < MIN_IMPORTANCE_TRIALS:
+    basis = importance_basis(study)
+    if not basis.enough:
         return {}
-    evaluator = optuna.importance.PedAnovaImportanceEvaluator(target_quantile=min(0.5, max(0.1, 2 / len(done))))
+    storage = optuna.storages.InMemoryStorage()  # the originals only; a baseline may lie outside the space, as
+    done = optuna.create_study(storage=storage, directions=study.directions)  # add_trials would refuse
+    study_id = storage.get_study_id_from_name(done.study_name)
+    for t in basis.trials:
+        storage.create_new_trial(study_id, template_trial=t)
+    evaluator = optuna.importance.PedAnovaImportanceEvaluator(
+        target_quantile=min(0.5, max(0.1, 2 / len(basis.trials))))
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             imp = optuna.importance.get_param_importances(
-                study, evaluator=evaluator, target=lambda t: -((t.value or 0.0) if feasible(t) else 0.0))
+                done, evaluator=evaluator, target=lambda t: -((t.value or 0.0) if feasible(t) else 0.0))
     except (ValueError, RuntimeError, ZeroDivisionError):  # no shared parameters, a single distinct value, ...
         return {}
     return imp if any(v > 0 for v in imp.values()) else {}
 
 
 def importance_figure(study: optuna.Study) -> go.Figure:
+    basis = importance_basis(study)
     imp = param_importances(study)
     fig = go.Figure()
+    title = "Which parameters it takes to reach the top trials (PED-ANOVA importance)"
     if imp:
         names = list(imp)[::-1]
         fig.add_trace(go.Bar(x=[imp[n] for n in names], y=names, orientation="h", marker_color=BLUE,
                              text=[f"{imp[n]:.2f}" for n in names], textposition="auto"))
+        title += f"<br><sup>based on {basis.describe()}</sup>"
     else:
-        fig.add_annotation(text=f"Not enough trials yet: importances need at least {MIN_IMPORTANCE_TRIALS} finished "
-                           "trials whose parameters differ.", xref="paper", yref="paper", x=0.5, y=0.5,
-                           showarrow=False)
-    fig.update_layout(title="Which parameters it takes to reach the top trials (PED-ANOVA importance)",
-                      template="plotly_white",
+        why = (f"Not enough trials yet: importances need at least {MIN_IMPORTANCE_CONFIGS} booted configurations; "
+               f"this study has {basis.booted_configs} booted configuration(s) of {len(basis.trials)} finished "
+               "trials." if not basis.enough else
+               f"No importance to show: the {basis.describe()} do not differ enough in their parameters or results.")
+        fig.add_annotation(text=why, xref="paper", yref="paper", x=0.5, y=0.5, showarrow=False)
+    fig.update_layout(title=title, template="plotly_white",
                       xaxis_title="importance (sums to 1)", height=max(300, 80 + 40 * len(imp)))
     return fig
 
@@ -405,7 +496,7 @@ def trials_table_html(study: optuna.Study, limit: int | None = 10) -> str:
                     f"<td>{_num(v.level if v.kind == 'feasible' else None, 'g')}</td>"
                     f"<td>{_num(v.ttft_p95_ms if v.kind == 'feasible' else None, ',.0f', ' ms')}</td>"
                     f"<td>{_num(v.tpot_p95_ms if v.kind == 'feasible' else None, ',.1f', ' ms')}</td>"
-                    f"<td>{_num(v.peak_memory_gib, '.2f', ' GiB')}</td>"
+                    f"<td>{html.escape(memory_text(v.peak_memory_gib, v.memory_source, short=True))}</td>"
                     f"<td>{html.escape(v.label)}<br><code>{html.escape(v.command)}</code></td></tr>")
     return (f"<table><thead><tr>{''.join(f'<th>{h}</th>' for h in head)}</tr></thead>"
             f"<tbody>{''.join(rows)}</tbody></table>")
@@ -414,22 +505,24 @@ def trials_table_html(study: optuna.Study, limit: int | None = 10) -> str:
 def summary_html(study: optuna.Study) -> str:
     vs = views(study)
     counts = {k: sum(v.kind == k for v in vs) for k in ("feasible", "infeasible", "pruned", "failed", "running")}
+    again = remeasure_views(study)
     a = study.user_attrs
     limits = ", ".join(f"{k} &le; {v:g}" for k, v in (a.get("limits") or {}).items()) or "none recorded"
     parts = [f"<p>Objective <b>{html.escape(str(a.get('objective', '?')))}</b> (limits: {limits}) on hardware "
              f"<b>{html.escape(str(a.get('hardware', '?')))}</b>. {len(vs)} trials: "
-             + ", ".join(f"{n} {k}" for k, n in counts.items() if n) + ".</p>"]
+             + ", ".join(f"{n} {k}" for k, n in counts.items() if n)
+             + (f"; {len(again)} re-measurement(s) of the top ones" if again else "") + ".</p>"]
     best = best_trial(study)
     if best is None:
         parts.append("<p class='bad'>No feasible configuration yet.</p>")
     else:
-        b = view(best)
-        parts.append(f"<p class='best'>Best: trial {b.number}, <b>{b.throughput:,.0f} output tok/s</b> "
-                     f"{at_level(b)} (p95 TTFT {_num(b.ttft_p95_ms, ',.0f', ' ms')}, p95 TPOT "
-                     f"{_num(b.tpot_p95_ms, ',.1f', ' ms')}, peak memory {_num(b.peak_memory_gib, '.2f', ' GiB')})"
-                     f"</p><pre>{html.escape(b.command)}</pre>")
+        b = view(best.trial)
+        parts.append(f"<p class='best'><b>best: {html.escape(best.text)}</b></p>"
+                     f"<p>Its first measurement: {_num(b.throughput, ',.0f', ' output tok/s')} {at_level(b)} "
+                     f"(p95 TTFT {_num(b.ttft_p95_ms, ',.0f', ' ms')}, p95 TPOT {_num(b.tpot_p95_ms, ',.1f', ' ms')}, "
+                     f"{_memory_text(b)})</p><pre>{html.escape(b.command)}</pre>")
     items = [f"<li>{html.escape(g.baseline)} (trial {g.number}): "
-             + ("the best trial itself" if best is not None and g.number == best.number
+             + ("the best trial itself" if best is not None and g.number == best.trial.number
                 else f"{g.throughput:,.0f} tok/s; best is <b>{g.gain_pct:+.0f}%</b>" if g.gain_pct is not None
                 else f"{_num(g.throughput, ',.0f', ' tok/s')}" if g.throughput is not None
                 else f"not feasible ({html.escape(g.reason)})") + "</li>" for g in gains(study)]

@@ -28,6 +28,7 @@ from autotune.budget import Budget
 from autotune.dashboard import attach_log, open_artifact_store, save_trial_note
 from autotune.engine import Build, EngineSpec, FailureKind, detect_build, reap_leftover_servers
 from autotune.errors import EngineError, SpecError, StorageError
+from autotune.export import value_text
 from autotune.hardware import GpuProfile, detect_gpus
 from autotune.samplers import make_pruner, make_sampler
 from autotune.space import (BASELINE_ATTR, EngineConfig, enqueue_baseline, engine_config, invalid_reason, suggest,
@@ -48,20 +49,31 @@ class Progress(Protocol):
 
     def trial_started(self, number: int, label: str, slot: str) -> None: ...
     def stage(self, number: int, text: str) -> None: ...
-    def trial_ended(self, number: int, state: TrialState, summary: str, best: FrozenTrial | None) -> None: ...
+    def trial_ended(self, number: int, state: TrialState, summary: str, best: remeasure.Best | None) -> None: ...
 
 
 class NoProgress:
     def trial_started(self, number: int, label: str, slot: str) -> None: ...
     def stage(self, number: int, text: str) -> None: ...
-    def trial_ended(self, number: int, state: TrialState, summary: str, best: FrozenTrial | None) -> None: ...
+    def trial_ended(self, number: int, state: TrialState, summary: str, best: remeasure.Best | None) -> None: ...
 
 
 @dataclass(frozen=True)
 class RunSummary:
-    trials_run: int
-    stopped_because: str
-    best: FrozenTrial | None
+    """What one `run_study` did, counted as it did it, and the study's winner afterwards."""
+
+    booted: int  # trials of the search that booted a server
+    refused: int  # refused before boot (vLLM would reject the flags, or predicted not to fit): cost nothing
+    remeasured: int  # re-measurements that booted
+    stopped_because: str  # why the run ended ("" when the search and the re-measuring ran their course)
+    best: remeasure.Best | None
+
+    def lines(self) -> list[str]:
+        """The summary a person reads at the end of the run (without the best configuration's command)."""
+        out = [f"this run: {self.booted} booted, {self.refused} refused before boot, {self.remeasured} re-measured; "
+               f"stopped: {self.stopped_because or 'done'}"]
+        out.append(f"best: {self.best.text}" if self.best is not None else "no feasible configuration yet")
+        return out
 
 
 def default_storage(spec: StudySpec) -> str:
@@ -337,7 +349,7 @@ def run_study(
     profile = memcap.capped_profile(real_profile, spec.memory_cap) if spec.memory_cap else real_profile
     run = _Run(spec, study, budget, progress or NoProgress(), artifacts_dir, profile, real_profile,
                open_artifact_store(artifacts_dir), threading.Event())
-    counts = {"run": 0}
+    counts = {"booted": 0, "refused": 0}
     reasons: list[str] = []
     errors: list[BaseException] = []
 
@@ -355,9 +367,9 @@ def run_study(
             if not fits:
                 reasons.append(why)
                 return
-            counts["run"] += 1
             result = _one_trial(run, slot)
             if result is None:  # rejected before boot: costs nothing, so it does not count against --n-trials
+                counts["refused"] += 1
                 budget.release()
                 rejected_in_a_row += 1
                 if rejected_in_a_row >= MAX_REJECTED_IN_A_ROW:
@@ -365,11 +377,15 @@ def run_study(
                     return
                 continue
             rejected_in_a_row = 0
+            counts["booted"] += 1
             budget.record(result.duration_s)
+
+    remeasured: list[remeasure.RemeasureRun] = []
 
     def remeasure_top() -> None:
         try:
-            remeasure.remeasure_top(study, budget, reserved, stop=run.stop, run_one=lambda: _one_trial(run, slots[0]))
+            remeasured.append(remeasure.remeasure_top(study, budget, reserved, stop=run.stop,
+                                                      run_one=lambda: _one_trial(run, slots[0])))
         except BaseException as e:
             errors.append(e)
 
@@ -379,9 +395,12 @@ def run_study(
     interrupted = _until_done([("remeasure", remeasure_top)], run.stop) or interrupted
     if errors:
         raise errors[0]
-    if interrupted:
-        reasons.insert(0, "interrupted")
-    return RunSummary(counts["run"], reasons[0] if reasons else "", best_trial(study))
+    again = remeasured[0]
+    refused_again = len(again.done) - again.booted
+    # The last thing that stopped the run is why it ended: Ctrl-C, else the re-measuring's want of time, else the
+    # search's.
+    why = "interrupted" if interrupted else again.stopped_because or (reasons[0] if reasons else "")
+    return RunSummary(counts["booted"], counts["refused"] + refused_again, again.booted, why, best_trial(study))
 
 
 def _until_done(targets: list[tuple[str, Callable[[], None]]], stop: threading.Event) -> bool:
@@ -417,7 +436,7 @@ def preview_configs(spec: StudySpec, n: int, seed: int = 0) -> list[tuple[str, E
     scratch = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=seed))
     for _ in range(n):
         params = suggest(scratch.ask(), spec.space)
-        out.append((", ".join(f"{k}={v}" for k, v in params.items()), engine_config(spec, params)))
+        out.append((", ".join(f"{k}={value_text(v)}" for k, v in params.items()), engine_config(spec, params)))
     return out
 
 
@@ -434,7 +453,8 @@ def _one_trial(run: _Run, slot: Slot) -> TrialResult | None:
     flags = {**model_defaults, **config.flags}
     for key, value in outcome.config_attrs(model_path, flags, spec.env).items():
         trial.set_user_attr(key, value)
-    label = (trial.user_attrs.get("baseline") or {}).get("name") or ", ".join(f"{k}={v}" for k, v in params.items())
+    label = ((trial.user_attrs.get("baseline") or {}).get("name")
+             or ", ".join(f"{k}={value_text(v)}" for k, v in params.items()))
     run.progress.trial_started(trial.number, label, slot.name)
 
     if reason := invalid_reason(flags):
@@ -550,7 +570,7 @@ def _heartbeat(study: optuna.Study, trial: optuna.Trial) -> Iterator[None]:
         thread.join()
 
 
-def best_trial(study: optuna.Study, keep: Callable[[FrozenTrial], bool] = lambda t: True) -> FrozenTrial | None:
-    """The best feasible configuration, as its original trial: chosen on re-measured medians once the top ones
-    were re-measured (remeasure.best), else on single figures. Optuna's own best_trial ignores constraints."""
+def best_trial(study: optuna.Study, keep: Callable[[FrozenTrial], bool] = lambda t: True) -> remeasure.Best | None:
+    """The winner (its original trial) and the figure every reader gives for it (remeasure.best): chosen on
+    all measurements once the top configurations were re-measured. Optuna's own best_trial ignores constraints."""
     return remeasure.best(study.get_trials(deepcopy=False), keep)

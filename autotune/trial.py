@@ -8,14 +8,15 @@ stop the server. Every way this can go wrong becomes a field of the result, neve
 from __future__ import annotations
 
 import json
+import os
 import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Literal
 
-from autotune.engine import BootFailed, BootInfo, EngineSpec, Failure, FailureKind, Server
-from autotune.hardware import MemoryPeak, MemorySampler
+from autotune.engine import BootFailed, BootInfo, Build, EngineSpec, Failure, FailureKind, Server, detect_build
+from autotune.hardware import MemoryPeak, MemorySampler, MemoryWatch, detect_gpus, memory_watch
 from autotune.load import STALLED, LoadLevel, measure_level
 from autotune.metrics import LevelStats, Verdict, judge, level_stats
 from autotune.sla import find_sustainable
@@ -39,7 +40,7 @@ class TrialPlan:
     objective: Objective
     vocab_size: int
     log_path: Path
-    gpu_indices: tuple[int, ...] = ()  # NVML devices to sample; empty on the CPU build (process-tree RSS instead)
+    gpu_indices: tuple[int, ...] = ()  # the slot's GPUs (NVML indices); empty: every GPU the server may use
 
 
 @dataclass(frozen=True)
@@ -111,11 +112,13 @@ def run_trial(
                            log_path=plan.log_path, memory=memory, log_error=server.log_error, **kw)
 
     hung = False
+    watch = _memory_watch(plan)
     stage("booting")
     try:
         for attempt in (1, 2):
             server.start()
-            sampler = MemorySampler(root_pid=server.pid, gpu_indices=plan.gpu_indices or None).start()
+            sampler = MemorySampler(root_pid=server.pid, gpu_indices=watch.gpu_indices or None,
+                                    source=watch.source).start()
             try:
                 boot = server.wait_ready(cancel)
                 break
@@ -166,6 +169,13 @@ def run_trial(
             sampler.stop()
         # A failed boot or a hung server has nothing to drain.
         server.stop(grace_s=15.0 if server.healthy() and not hung else 3.0)
+
+
+def _memory_watch(plan: TrialPlan) -> MemoryWatch:
+    """NVML whenever vLLM is the CUDA build (hardware.memory_watch), on the GPUs the server may use."""
+    cuda = detect_build() is Build.CUDA
+    visible = plan.engine.env.get("CUDA_VISIBLE_DEVICES", os.environ.get("CUDA_VISIBLE_DEVICES"))
+    return memory_watch(cuda, plan.gpu_indices, visible, detect_gpus() if cuda else [])
 
 
 def _measure(server: Server, plan: TrialPlan, value: float, seed_offset: int,

@@ -6,6 +6,8 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from autotune.export import value_text
+from autotune.hardware import memory_text
 from autotune.spec import Objective
 from autotune.trial import TrialResult
 
@@ -70,7 +72,7 @@ def trial_label(t) -> str:
     mark = t.user_attrs.get("baseline")
     if isinstance(mark, dict):
         return f"baseline: {mark.get('name')}"
-    return ", ".join(f"{k}={v}" for k, v in t.params.items())
+    return ", ".join(f"{k}={value_text(v)}" for k, v in t.params.items())
 
 
 def _best_level(attrs) -> str:
@@ -93,7 +95,8 @@ def study_table(trials, *, limit: int = 15, title: str = "trials, best feasible 
     ordered = sorted(trials, key=key)
     shown = ordered[:limit] + [t for t in ordered[limit:] if "baseline" in t.user_attrs]
     table = Table(title=escape(title), title_justify="left")
-    for col in ("#", "state", "out tok/s", "level", "p95 TTFT ms", "p95 TPOT ms", "peak mem", "configuration / reason"):
+    # A GPU's memory (NVML) and a process tree's host memory (RSS) are different figures: each says which it is.
+    for col in ("#", "state", "out tok/s", "level", "p95 TTFT ms", "p95 TPOT ms", "peak memory", "configuration / reason"):
         table.add_column(col, justify="left" if col in ("state", "configuration / reason") else "right",
                          overflow="fold")
     for t in shown:
@@ -111,7 +114,7 @@ def study_table(trials, *, limit: int = 15, title: str = "trials, best feasible 
             str(t.number), state, f"{t.value:,.0f}" if t.value else "-", _best_level(a),
             f"{a['ttft_p95_ms']:.0f}" if "ttft_p95_ms" in a else "-",
             f"{a['tpot_p95_ms']:.1f}" if "tpot_p95_ms" in a else "-",
-            f"{mem:.2f} GiB" if mem is not None else "-", detail,
+            memory_text(mem, a.get("memory_source"), short=True), detail,
         )
     return table
 

@@ -120,7 +120,7 @@ def dashboard_server(db: Path, name: str) -> Iterator[str]:
 def check_dashboard(db: Path, name: str, screenshot: Path) -> str:
     study = optuna.load_study(study_name=name, storage=f"sqlite:///{db}")
     booted = [t for t in study.trials if "peak_memory_gib" in t.user_attrs]
-    best = best_trial(study) or booted[0]  # a trial with every kind of user attribute
+    best = best_trial(study).trial if best_trial(study) else booted[0]  # a trial with every kind of user attribute
     with dashboard_server(db, name) as url, chromium_page() as page:
         overview = page.open(url, lambda text: name in text and "output_tok_s" in text)
         assert name in overview and "output_tok_s" in overview  # the study and its named objective
@@ -154,7 +154,7 @@ def test_trial_notes_say_the_result_in_words(demo_study_db) -> None:
     assert add_missing_notes(study) == 8 and add_missing_notes(study) == 0  # written once, not rewritten
     t = {t.number: t for t in study.trials}
     assert get_note(optuna.Trial(study, t[0]._trial_id)).startswith(
-        "**Feasible**: 900 output tok/s at concurrency 4 (p95 TTFT 300 ms, p95 TPOT 20.0 ms); peak memory 3.20 GiB"
+        "**Feasible**: 900 output tok/s at concurrency 4 (p95 TTFT 300 ms, p95 TPOT 20.0 ms); peak 3.20 GiB host memory (RSS of the server's processes)"
         "\n\nBaseline **vllm-defaults**, booted as:\n\n```\nvllm serve tiny:dense \\\n  --load-format dummy")
     assert trial_note(t[4]).startswith("**Not feasible: missed the latency limits**. no load level met the limits")
     assert trial_note(t[6]).startswith("**Not feasible: rejected before boot**. predicted not to fit")

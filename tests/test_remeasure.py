@@ -89,23 +89,23 @@ def test_the_top_configurations_are_re_measured_in_the_reserved_time():
                "e": [200.0], "f": [300.0], "g": [400.0], "h": [500.0]}, clock)
     r = reserve(budget, top=3)
     assert lab.search(budget) == 8  # 892.5 s: at t = 800 only 92.5 s are left for a 100 s trial
-    done = remeasure_top(lab.study, budget, r, lab.run_one)
+    done = remeasure_top(lab.study, budget, r, lab.run_one).done
     # 157.5 s given back: 250 s left, two more trials with a quarter to spare (125 s each): the best
     # (a, trial 0) and the second (b, trial 1).
-    assert done == [0, 1] and clock.t == 1000.0
+    assert done == (0, 1) and clock.t == 1000.0
     trials = lab.study.get_trials()
     assert [t.user_attrs.get(REMEASURE_ATTR) for t in trials[8:]] == [0, 1]
     assert [t.params["c"] for t in trials[8:]] == ["a", "b"]
     assert remeasured(trials) == {0: [800.0], 1: [940.0]}
-    # a's first figure was luck: on re-measured figures b wins, though a's single figure is the highest.
-    assert best(trials).params["c"] == "b"
-    assert best_trial(lab.study).number == 1  # what status, export and the run's summary report
-    assert score(trials[0], trials) == 800.0 and score(trials[2], trials) == 900.0
+    # a's first figure was luck: on all their measurements b (945) wins over a (900), though a's single figure
+    # is the highest.
+    assert best(trials).trial.params["c"] == "b"
+    assert best_trial(lab.study).trial.number == 1  # what status, export and the run's summary report
+    assert best_trial(lab.study).figure == 945.0
+    assert score(trials[0], trials) == 900.0 and score(trials[2], trials) == 900.0
     assert lab.study.user_attrs[SUMMARY_ATTR] == {
-        "0": {"output_tok_s": [1000.0, 800.0], "remeasured_output_tok_s": [800.0], "median": 800.0,
-              "min": 800.0, "max": 1000.0},
-        "1": {"output_tok_s": [950.0, 940.0], "remeasured_output_tok_s": [940.0], "median": 940.0,
-              "min": 940.0, "max": 950.0},
+        "0": {"output_tok_s": [1000.0, 800.0], "median": 900.0, "min": 800.0, "max": 1000.0},
+        "1": {"output_tok_s": [950.0, 940.0], "median": 945.0, "min": 940.0, "max": 950.0},
     }
 
 
@@ -118,7 +118,7 @@ def test_the_reserve_is_never_shorter_than_a_trial():
     r = reserve(budget, top=3)
     assert budget.remaining() == 490 - 73.5  # before any trial: 15%
     assert lab.search(budget) == 3  # at t = 300 the search sees 490 - 100 - 300 = 90 s: a trial does not fit
-    assert remeasure_top(lab.study, budget, r, lab.run_one) == [0]
+    assert remeasure_top(lab.study, budget, r, lab.run_one).done == (0,)
     assert clock.t == 400.0
 
 
@@ -131,7 +131,9 @@ def test_a_configuration_is_re_measured_only_when_its_own_trial_length_fits():
     assert lab.search(budget) == 7  # 4 x 100 + 180 s, then two more 100 s trials; 1000 - 780 - 150 = 70 s left
     # 220 s left: the median trial (100 s) would fit, and the best configuration's 180 s too, but not with the
     # quarter to spare that a boot's variation asks for (225 s): not started, rather than cut off at the end.
-    assert remeasure_top(lab.study, budget, r, lab.run_one) == []
+    ran = remeasure_top(lab.study, budget, r, lab.run_one)
+    assert ran.done == () and ran.booted == 0
+    assert ran.stopped_because == "220 s left, less than one re-measurement of trial 3 (~225 s with a quarter to spare)"
     assert clock.t == 780.0 and budget.started_trials == 7
 
 
@@ -144,14 +146,14 @@ def test_more_time_means_more_rounds_and_the_median_decides():
     budget.trials -= 3  # leave the search 7
     assert lab.search(budget) == 7
     budget.trials += 3  # 5 for re-measuring
-    done = remeasure_top(lab.study, budget, r, lab.run_one)
-    assert done == [0, 1, 0, 1, 0]  # rounds: each top config once, best first, then again
+    done = remeasure_top(lab.study, budget, r, lab.run_one).done
+    assert done == (0, 1, 0, 1, 0)  # rounds: each top config once, best first, then again
     trials = lab.study.get_trials()
     assert remeasured(trials) == {0: [800.0, 990.0, 995.0], 1: [940.0, 930.0]}
-    assert best(trials).params["c"] == "a"  # median 990 > 935
+    assert best(trials).trial.params["c"] == "a"  # median of all four 992.5 > 940 (of three)
 
 
-def test_an_infeasible_re_measurement_counts_as_zero_and_top_configs_are_distinct():
+def test_a_re_measurement_that_misses_the_limits_is_a_failed_measurement_not_a_zero_figure():
     clock = Clock()
     lab = Lab({"a": [1000.0], "b": [900.0]}, clock, infeasible=frozenset())
     lab.order = ["a", "a", "b"]
@@ -163,7 +165,17 @@ def test_an_infeasible_re_measurement_counts_as_zero_and_top_configs_are_distinc
     lab.run_one()
     trials = lab.study.get_trials()
     assert remeasured(trials) == {0: [0.0]}
-    assert best(trials).params["c"] == "a" and best(trials).number == 1  # no re-measured config held: originals
+    # One of two measurements met the limits: the configuration keeps its measured figure, and says so.
+    winner = best(trials)
+    assert winner.trial.number == 0 and winner.figure == 1000.0
+    assert winner.describe() == "1,000 output tok/s (1 of 2 measurements met the limits)"
+    # Most of its measurements missed them: it does not hold its limits (0), and an original that was not
+    # re-measured wins on its single figure.
+    lab.study.enqueue_trial({"c": "a"}, user_attrs={REMEASURE_ATTR: 0})
+    lab.run_one()
+    trials = lab.study.get_trials()
+    assert score(trials[0], trials) == 0.0
+    assert best(trials).trial.number == 1 and best(trials).describe() == "1,000 output tok/s (one measurement)"
 
 
 def test_nothing_is_re_measured_after_a_stop_or_with_trials_still_queued():
@@ -174,10 +186,10 @@ def test_nothing_is_re_measured_after_a_stop_or_with_trials_still_queued():
     lab.search(Budget(trials=2))
     stop = threading.Event()
     stop.set()
-    assert remeasure_top(lab.study, budget, r, lab.run_one, stop) == []
+    assert remeasure_top(lab.study, budget, r, lab.run_one, stop).done == ()
     assert budget.held_s == 0 and budget.remaining() == 800.0  # the reserve came back all the same
     lab.study.enqueue_trial({"c": "b"})
-    assert remeasure_top(lab.study, budget, Reserve(top=3), lab.run_one) == []
+    assert remeasure_top(lab.study, budget, Reserve(top=3), lab.run_one).done == ()
 
 
 @pytest.mark.parametrize("kept", [True, False])
@@ -186,23 +198,23 @@ def test_best_respects_the_caller_filter(kept):
     lab = Lab({"a": [1000.0], "b": [900.0]}, clock)
     lab.run_one(), lab.run_one()
     pick = best(lab.study.get_trials(), keep=lambda t: kept or t.params["c"] != "a")
-    assert pick.params["c"] == ("a" if kept else "b")
+    assert pick.trial.params["c"] == ("a" if kept else "b")
 
 
 def test_the_summary_and_the_table_say_which_figures_chose_the_winner():
     from rich.console import Console
 
-    from autotune.cli import _figure
     from autotune.views import study_table
 
     clock = Clock()
     lab = Lab({"a": [1000.0, 800.0], "b": [950.0, 940.0]}, clock)
     lab.run_one(), lab.run_one()
-    assert _figure(best_trial(lab.study), lab.study.trials) == "1,000 output tok/s"  # nothing re-measured yet
-    remeasure_top(lab.study, Budget(trials=2, clock=clock), Reserve(top=2, trials=2), lab.run_one)
+    assert best_trial(lab.study).text == "trial 0, 1,000 output tok/s (one measurement)"  # nothing re-measured yet
+    ran = remeasure_top(lab.study, Budget(trials=2, clock=clock), Reserve(top=2, trials=2), lab.run_one)
+    assert ran.done == (0, 1, 0, 1) and ran.booted == 4  # the 2 trials given back, and 2 the budget had
+    assert ran.stopped_because == "4 trial(s) done"
     winner = best_trial(lab.study)
-    assert winner.number == 1
-    assert _figure(winner, lab.study.trials) == "940 output tok/s (median of 2 re-measurement(s); first figure 950)"
+    assert winner.text == "trial 1, 940 output tok/s (median of 3 measurements, 940-950)"
     console = Console(width=200, record=True)
     console.print(study_table(lab.study.trials))
     text = console.export_text()

@@ -112,8 +112,9 @@ def check_report(study: optuna.Study, out: Path, png: bool = True) -> str:
     assert "Plotly" in page and len(page) > 3_000_000  # plotly.js is inline: the file opens offline
     for key in report.figures(study):
         assert f'id="{key}"' in page
-    best = report.best_trial(study)
-    assert best is not None
+    winner = report.best_trial(study)
+    assert winner is not None
+    best = winner.trial
     assert html.escape(best.user_attrs["vllm_command"]) in page  # the table gives the flags
     figs = embedded_figures(page)
     assert list(figs) == list(report.figures(study))
@@ -124,7 +125,7 @@ def check_report(study: optuna.Study, out: Path, png: bool = True) -> str:
             assert any(h.startswith(f"<b>trial {t.number}</b>") and f"{v.throughput:,.0f} output tok/s" in h
                        for h in hovers), f"trial {t.number} missing from the Pareto plot"
     best_trace = next(tr for tr in figs["pareto_ttft"] if tr["name"] == f"best: trial {best.number}")
-    assert best_trace["y"] == [best.value]
+    assert best_trace["y"] == [winner.figure]
     if png:
         from PIL import Image
 

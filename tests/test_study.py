@@ -147,8 +147,8 @@ def test_best_trial_ignores_infeasible_and_applies_filters(spec) -> None:
     told(study, ok_result(900.0, peak_gib=6.0))
     bigger_but_infeasible = TrialResult("infeasible", 2000.0, levels=(level(1, 2000, False),), miss_ratio=1.2)
     told(study, bigger_but_infeasible)
-    assert best_trial(study).value == 900.0
-    assert best_trial(study, lambda t: t.user_attrs["peak_memory_gib"] <= 4).value == 400.0
+    assert best_trial(study).figure == 900.0
+    assert best_trial(study, lambda t: t.user_attrs["peak_memory_gib"] <= 4).figure == 400.0
 
 
 def test_rejected_before_boot_costs_nothing_and_counts_as_infeasible(spec) -> None:
@@ -171,13 +171,13 @@ def test_export_flags_parse_back_with_vllms_own_parser(spec, monkeypatch) -> Non
     monkeypatch.chdir(spec.path.parent)
     out = CliRunner().invoke(main, ["export", "--study", str(spec.path), "--format", "flags"])
     assert out.exit_code == 0, out.output
-    words = shlex.split(out.output)
+    words = shlex.split(out.stdout)
     assert words[:3] == ["vllm", "serve", "/models/tiny"]
     ns = make_arg_parser(FlexibleArgumentParser()).parse_args(words[2:])
     for dest, value in flags.items():
         assert getattr(ns, dest) == value, dest
     as_json = CliRunner().invoke(main, ["export", "--study", str(spec.path), "--format", "json"])
-    assert json.loads(as_json.output)["flags"] == flags
+    assert json.loads(as_json.stdout)["flags"] == flags
 
 
 def test_export_carries_the_environment_the_trial_booted_with(spec, monkeypatch) -> None:
@@ -192,7 +192,7 @@ def test_export_carries_the_environment_the_trial_booted_with(spec, monkeypatch)
     def export(fmt: str) -> str:
         out = CliRunner().invoke(main, ["export", "--study", str(spec.path), "--format", fmt])
         assert out.exit_code == 0, out.output
-        return out.output
+        return out.stdout  # the winner's figure goes to stderr: stdout is what a user pastes or captures
 
     assert shlex.split(export("flags"))[:4] == ["VLLM_CPU_KVCACHE_SPACE=2", "VLLM_USE_FLASHINFER_SAMPLER=0",
                                                 "vllm", "serve"]
