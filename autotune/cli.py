@@ -101,24 +101,28 @@ def trial(model: str, objective_path: Path, sets: tuple[str, ...], envs: tuple[s
     """
     import time
 
-    from autotune import vllm_flags
-    from autotune.engine import EngineSpec
-    from autotune.spec import check_prompt_tokenizer, load_objective, parse_duration
-    from autotune.trial import TrialPlan, model_vocab_size, run_trial
-    from autotune.views import print_trial
+    from autotune.config.objective import load_objective
+    from autotune.config.study_file import check_prompt_tokenizer
+    from autotune.config.toml import parse_duration
+    from autotune.engine import flags as engine_flags
+    from autotune.engine.models import model_vocab_size
+    from autotune.engine.server import EngineSpec
+    from autotune.measure.trial import TrialPlan, run_trial
+    from autotune.show.tables import print_trial
 
     objective = load_objective(objective_path)
     path, defaults = _resolve_model_option(model)
     check_prompt_tokenizer(objective, [path])
     flags = {**defaults, **parse_set(sets)}
-    vllm_flags.check(("--set", k) for k in flags)
-    vllm_flags.check_values(("--set", k, k, v) for k, v in flags.items())
+    engine_flags.check(("--set", k) for k in flags)
+    engine_flags.check_values(("--set", k, k, v) for k, v in flags.items())
     gpu_indices = tuple(int(g) for g in gpus.split(",") if g.strip())
     if memory_cap is not None:
-        from autotune import memcap
+        from autotune.engine import defaults as engine_defaults
+        from autotune.fit import memcap
 
         cap, real = memcap.parse_cap(memory_cap), memcap.present_gpu(gpu_indices[0] if gpu_indices else 0)
-        util = float(flags.get("gpu_memory_utilization") or memcap.DEFAULT_UTILIZATION)  # type: ignore[arg-type]
+        util = float(flags.get("gpu_memory_utilization") or engine_defaults.DEFAULT_UTILIZATION)  # type: ignore[arg-type]
         console.print(memcap.describe(real, cap, util))
         flags = memcap.engine_flags(flags, cap, real)
     spec = EngineSpec(
@@ -136,9 +140,9 @@ def trial(model: str, objective_path: Path, sets: tuple[str, ...], envs: tuple[s
 def _resolve_model_option(model: str) -> tuple[str, dict[str, object]]:
     """--model as tinymodel.resolve_model gives it, with a bad tiny:KIND or an unresolvable hub id as a one-line
     error naming the flag."""
-    from autotune import feasibility
+    from autotune.engine.models import resolve_model
     from autotune.errors import ModelUnavailable
-    from autotune.tinymodel import resolve_model
+    from autotune.fit import feasibility
 
     try:
         path, defaults = resolve_model(model)
@@ -152,8 +156,8 @@ def _resolve_model_option(model: str) -> tuple[str, dict[str, object]]:
 def _study_ref(study: str | None, storage: str | None) -> tuple[str, str]:
     """(study name, storage URL) from --study (a name or a study file) and --storage; by default the most
     recently used SQLite study under studies/."""
-    from autotune.spec import check_study_name, load_study
-    from autotune.study import default_storage
+    from autotune.config.study_file import check_study_name, load_study
+    from autotune.search.storage import default_storage
 
     if study and not study.endswith(".toml"):
         check_study_name(study, "--study", None)
@@ -181,7 +185,7 @@ def _study_ref(study: str | None, storage: str | None) -> tuple[str, str]:
 
 def _load_study(study: str | None, storage: str | None):
     """The study a read-only command reads: it must exist, and nothing is created or changed to find out."""
-    from autotune.study import load_existing_study
+    from autotune.search.storage import load_existing_study
 
     return load_existing_study(*_study_ref(study, storage))
 
@@ -191,7 +195,7 @@ storage_option = click.option("--storage", default=None, help="Optuna storage UR
 
 
 def _slots(workers: int | None, gpus: str | None):
-    from autotune.study import Slot
+    from autotune.search.study import Slot
 
     if workers is not None and gpus is not None:
         raise SpecError("--workers", None, "give --workers (CPU build) or --gpus (one trial per GPU), not both")
@@ -214,8 +218,8 @@ def _check_slots_fit(slots) -> None:
     configuration's."""
     import os
 
-    from autotune.engine import Build, detect_build
-    from autotune.hardware import detect_gpus
+    from autotune.engine.flags import Build, detect_build
+    from autotune.fit.hardware import detect_gpus
 
     wanted = [i for slot in slots for i in slot.gpu_indices]
     if wanted:
@@ -232,8 +236,8 @@ def _check_slots_fit(slots) -> None:
 
 
 def _budget(budget: str | None, n_trials: int | None, spec):
-    from autotune.budget import Budget
-    from autotune.spec import parse_duration
+    from autotune.config.toml import parse_duration
+    from autotune.search.budget import Budget
 
     seconds = parse_duration(budget, "--budget") if budget is not None else spec.time_budget_s
     if n_trials is not None and n_trials < 1:
@@ -244,9 +248,8 @@ def _budget(budget: str | None, n_trials: int | None, spec):
 
 
 def _run(spec, plan, storage: str | None, slots) -> None:
-    from autotune.progress import LiveProgress
-    from autotune.study import open_study, run_study
-    from autotune.views import study_table
+    from autotune.search.study import open_study, run_study
+    from autotune.show.tables import LiveProgress, study_table
 
     open_study(spec, storage, say=console.print)  # a changed study is refused here; new baselines are said
     with LiveProgress(console, plan) as progress:
@@ -291,8 +294,12 @@ def run(study_file: Path, budget: str | None, n_trials: int | None, storage: str
       autotune run studies/tiny-hybrid-cpu.toml --budget 30m --from-study tiny-cpu \\
           --from-storage sqlite:///studies/tiny-cpu.db
     """
-    from autotune.spec import check_prompt_tokenizer, load_study, study_models
-    from autotune.study import check_inputs
+    from autotune.config.study_file import (
+        check_prompt_tokenizer,
+        load_study,
+        study_models,
+    )
+    from autotune.search.study import check_inputs
 
     spec = load_study(study_file)
     check_prompt_tokenizer(spec.objective, study_models(spec))
@@ -306,8 +313,9 @@ def run(study_file: Path, budget: str | None, n_trials: int | None, storage: str
 
 
 def _warm_start(spec, storage: str | None, name: str, from_storage: str | None) -> None:
-    from autotune.samplers import warm_start
-    from autotune.study import default_storage, open_study
+    from autotune.search.samplers import warm_start
+    from autotune.search.storage import default_storage
+    from autotune.search.study import open_study
 
     here = storage or spec.storage or default_storage(spec)
     source = _load_study(name, from_storage or here)
@@ -334,8 +342,9 @@ def worker(name: str, storage: str, budget: str | None, n_trials: int | None, wo
     \b
       autotune worker --study qwen3.5-27b-rtx3090 --storage postgresql://tuner@db/autotune --budget 4h
     """
-    from autotune.spec import check_prompt_tokenizer, study_models
-    from autotune.study import check_inputs, spec_from_storage
+    from autotune.config.study_file import check_prompt_tokenizer, study_models
+    from autotune.search.storage import spec_from_storage
+    from autotune.search.study import check_inputs
 
     slots = _slots(workers, gpus)
     _check_slots_fit(slots)
@@ -356,9 +365,8 @@ def status(study: str | None, storage: str | None, limit: int) -> None:
     \b
       autotune status --study tiny-cpu
     """
-    from autotune.views import study_table
-
-    from autotune.study import best_trial
+    from autotune.search.remeasure import best_trial
+    from autotune.show.tables import study_table
 
     s = _load_study(study, storage)
     console.print(study_table(s.trials, limit=limit, title=f"study {s.study_name}: {len(s.trials)} trial(s)"))
@@ -384,9 +392,10 @@ def export(study: str | None, storage: str | None, fmt: str, max_vram: float | N
       autotune export --format flags
       autotune export --study tiny-cpu --format yaml > best.yaml && vllm serve --config best.yaml
     """
+    from autotune.engine.flags import serve_command
     from autotune.errors import AutotuneError
-    from autotune.export import serve_command, to_json, to_yaml
-    from autotune.study import best_trial
+    from autotune.search.remeasure import best_trial
+    from autotune.show.export import to_json, to_yaml
 
     s = _load_study(study, storage)
     if max_vram is not None and not any(t.user_attrs.get("memory_source") == "nvml" for t in s.trials):
@@ -437,12 +446,12 @@ def estimate(study_file: Path | None, model: str | None, hardware: str | None, s
       autotune estimate --model Qwen/Qwen3.5-27B --gpu rtx3090    # one configuration, line by line
       autotune estimate --model Qwen/Qwen3.5-27B-GPTQ-Int4 --gpu rtx3090 --set max_model_len=8192
     """
-    from autotune import feasibility
-    from autotune.engine import Build, detect_build
-    from autotune.spec import load_study
-    from autotune.study import preview_configs
-    from autotune.tinymodel import resolve_model
-    from autotune.views import breakdown_table, estimates_table
+    from autotune.config.study_file import load_study
+    from autotune.engine.flags import Build, detect_build
+    from autotune.engine.models import resolve_model
+    from autotune.fit import feasibility
+    from autotune.search.study import preview_configs
+    from autotune.show.tables import breakdown_table, estimates_table
 
     if (study_file is None) == (model is None):
         raise SpecError("estimate", None, "give either a study file or --model")
@@ -451,7 +460,7 @@ def estimate(study_file: Path | None, model: str | None, hardware: str | None, s
         spec = load_study(study_file)
         profile = feasibility.resolve_profile(hardware or spec.hardware, cpu_build)
         if spec.memory_cap is not None:
-            from autotune import memcap
+            from autotune.fit import memcap
 
             profile = memcap.capped_profile(profile, spec.memory_cap)
         rows = []
@@ -483,7 +492,7 @@ def report(study: str | None, storage: str | None, out_dir: Path, png: bool | No
     \b
       autotune report --study tiny-cpu --out reports/
     """
-    from autotune.report import write_report
+    from autotune.show.report import write_report
 
     loaded = _load_study(study, storage)
     try:
@@ -508,7 +517,7 @@ def dashboard(study: str | None, storage: str | None, port: int) -> None:
     \b
       autotune dashboard --study tiny-cpu --port 8080
     """
-    from autotune.dashboard import serve
+    from autotune.show.dashboard import serve
 
     if not 0 <= port <= 65535:
         raise SpecError("--port", str(port), "must be a TCP port, 0 to 65535 (0: any free port)")
@@ -520,7 +529,7 @@ def dashboard(study: str | None, storage: str | None, port: int) -> None:
 
     import optuna
 
-    from autotune.study import open_storage
+    from autotune.search.storage import open_storage
 
     _load_study(study, storage)  # it exists: found without creating anything
     serve(optuna.load_study(study_name=name, storage=open_storage(url)), url, port, announce)  # writes trial notes

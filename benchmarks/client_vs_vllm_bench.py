@@ -22,9 +22,9 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from autotune.load import LoadLevel, measure_level
-from autotune.metrics import Limits, level_stats
-from autotune.workload import LengthDist, Workload
+from autotune.measure.client import LoadLevel, measure_level
+from autotune.measure.stats import Limits, level_stats
+from autotune.measure.workload import LengthDist, Workload
 from benchmarks.engine_lock import engine_lock
 
 REPO = Path(__file__).resolve().parents[1]
@@ -35,7 +35,7 @@ SERVED_NAME = "tiny"
 
 def tiny_model(path: Path) -> tuple[Path, int]:
     """The project's tiny dense model (random weights), and how many ids its tokenizer knows."""
-    from autotune.tinymodel import VOCAB_SIZE, write_tiny_model
+    from autotune.engine.models import VOCAB_SIZE, write_tiny_model
 
     return write_tiny_model("dense", path), VOCAB_SIZE
 
@@ -45,7 +45,7 @@ def tiny_model(path: Path) -> tuple[Path, int]:
 @contextlib.contextmanager
 def vllm_server(model: Path, log: Path) -> Iterator[str]:
     """One vLLM server through autotune's engine (own process group, stopped however the block ends)."""
-    from autotune.engine import EngineSpec, launch
+    from autotune.engine.server import EngineSpec, launch
 
     spec = EngineSpec(
         str(model),

@@ -26,18 +26,16 @@ from pathlib import Path
 
 import optuna
 
-from autotune import outcome
-from autotune.engine import BootFailed, EngineSpec, Failure, Server
-from autotune.estimate import estimate
-from autotune.feasibility import (
-    Observation,
-    installed_vllm_version,
-    judge,
-    model_shape,
-    prediction_attrs,
-)
-from autotune.hardware import GiB, GpuProfile, MiB, cpu_profile, get_profile
-from autotune.tinymodel import resolve_model
+from autotune.engine.defaults import installed_vllm_version
+from autotune.engine.logs import Failure
+from autotune.engine.models import resolve_model
+from autotune.engine.server import BootFailed, EngineSpec, Server
+from autotune.fit.estimate import estimate
+from autotune.fit.feasibility import Observation, judge, model_shape, prediction_attrs
+from autotune.fit.hardware import GpuProfile, cpu_profile, get_profile
+from autotune.search import record as search_record
+from autotune.search import tell
+from autotune.units import GiB, MiB
 from benchmarks.engine_lock import engine_lock
 
 REPO = Path(__file__).resolve().parents[1]
@@ -154,12 +152,12 @@ def record_time(model: str, profile: GpuProfile, flags: Mapping[str, object], en
         for _ in range(calls):
             t0 = time.perf_counter()
             trial = study.ask()
-            for key, value in outcome.config_attrs(model, flags).items():
+            for key, value in search_record.config_attrs(model, flags).items():
                 trial.set_user_attr(key, value)
             verdict = judge(model, profile, flags, env)
             for key, value in prediction_attrs(verdict.estimate).items():
                 trial.set_user_attr(key, value)
-            outcome.tell_rejected(study, trial, f"predicted not to fit: {verdict.reason}",
+            tell.tell_rejected(study, trial, f"predicted not to fit: {verdict.reason}",
                                   memory_excess=verdict.excess_gib)
             times.append(time.perf_counter() - t0)
         return statistics.median(times)

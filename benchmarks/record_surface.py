@@ -31,13 +31,12 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from autotune.engine import BootFailed, EngineSpec, Server
-from autotune.load import LevelRun, LoadLevel, measure_level
-from autotune.metrics import judge, level_stats
-from autotune.space import invalid_reason
-from autotune.spec import load_study
-from autotune.tinymodel import resolve_model
-from autotune.trial import model_vocab_size
+from autotune.config.study_file import load_study
+from autotune.engine.flags import invalid_reason
+from autotune.engine.models import model_vocab_size, resolve_model
+from autotune.engine.server import BootFailed, EngineSpec, Server
+from autotune.measure.client import LevelRun, LoadLevel, measure_level
+from autotune.measure.stats import judge, level_stats
 
 REPO = Path(__file__).resolve().parents[1]
 

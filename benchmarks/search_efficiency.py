@@ -36,10 +36,11 @@ from pathlib import Path
 import optuna
 from optuna.trial import TrialState
 
-from autotune import outcome
-from autotune.load import LevelRun, LoadLevel, RequestRecord
-from autotune.metrics import Limits, judge, level_stats, percentile_interval
-from autotune.samplers import BelowBestPruner, sampler_for
+from autotune.measure.client import LevelRun, LoadLevel, RequestRecord
+from autotune.measure.ladder import percentile_interval
+from autotune.measure.stats import Limits, judge, level_stats
+from autotune.search import tell as search_tell
+from autotune.search.samplers import BelowBestPruner, sampler_for
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -215,14 +216,14 @@ def tell(study: optuna.Study, trial: optuna.Trial, point: Point, method: Method,
     `gain` scales the throughputs the study sees (measurement noise; the Step keeps the recorded value)."""
     if point.precheck is not None:  # outcome.tell_rejected: COMPLETE, value 0, boots violated; no boot
         if method.constraints:
-            outcome.set_constraints(trial, boots=1.0)
+            search_tell.set_constraints(trial, boots=1.0)
             study.tell(trial, 0.0)
         else:
             study.tell(trial, state=TrialState.FAIL)
         return None
     if point.status != "measured" or not point.rungs:  # did not boot, or died: boots violated
         if method.constraints:
-            outcome.set_constraints(trial, boots=1.0)
+            search_tell.set_constraints(trial, boots=1.0)
             study.tell(trial, 0.0)
         else:
             study.tell(trial, state=TrialState.FAIL)
@@ -232,17 +233,17 @@ def tell(study: optuna.Study, trial: optuna.Trial, point: Point, method: Method,
         trial.report(best * gain, k)  # as study._one_trial does: the best passing throughput so far, per level
         if k < len(plan) - 1 and method.pruner is not None and trial.should_prune():
             if method.constraints:
-                outcome.set_constraints(trial, latency=0.0 if best > 0 else 1.0)
+                search_tell.set_constraints(trial, latency=0.0 if best > 0 else 1.0)
             study.tell(trial, state=TrialState.PRUNED)
             return Step(point, point.cost_s(k + 1), 0.0, True)
     if point.value > 0:
         if method.constraints:
-            outcome.set_constraints(trial)
+            search_tell.set_constraints(trial)
         study.tell(trial, point.value * gain)
         return Step(point, point.cost_s(), point.value * gain, False)
     first = point.rungs[0]
     if method.constraints:  # no rung passed: latency violated by the worst miss at the lowest rung
-        outcome.set_constraints(trial, latency=max(max(first.misses.values(), default=2.0) - 1.0, 1e-3))
+        search_tell.set_constraints(trial, latency=max(max(first.misses.values(), default=2.0) - 1.0, 1e-3))
         study.tell(trial, 0.0)
     else:
         study.tell(trial, state=TrialState.FAIL)
@@ -355,7 +356,7 @@ def table(results: dict[str, list[Figures]], reference: str) -> str:
 
 
 def default_methods() -> list[Method]:
-    from autotune.samplers import make_pruner
+    from autotune.search.samplers import make_pruner
 
     tpe = lambda seed: sampler_for("tpe", seed)  # noqa: E731
     old = lambda seed: sampler_for("tpe", seed, startup_trials=5)  # noqa: E731

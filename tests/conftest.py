@@ -57,16 +57,17 @@ def build_demo_study(dest: Path) -> tuple[Path, str]:
     """Eight trials through open_study and outcome.tell_*, as the run loop records them, with their logs
     attached: trials 0 and 1 are the baselines (900 and 1,100 tok/s), 2, 3 and 7 sampled and feasible (1,500,
     700 and 1,300 tok/s), 4 misses the latency limit, 5 runs out of memory, 6 is rejected before boot."""
-    from autotune import outcome
-    from autotune.dashboard import attach_log, open_artifact_store
-    from autotune.engine import BootInfo, Failure, FailureKind
-    from autotune.hardware import MemoryPeak
-    from autotune.load import LoadLevel
-    from autotune.metrics import LevelStats, Limits, Percentiles, Verdict
-    from autotune.space import engine_config, suggest, trial_baseline
-    from autotune.spec import load_study
-    from autotune.study import open_study
-    from autotune.trial import LevelOutcome, TrialResult
+    from autotune.config.study_file import load_study
+    from autotune.engine.logs import BootInfo, Failure, FailureKind
+    from autotune.measure.client import LoadLevel
+    from autotune.measure.memory import MemoryPeak
+    from autotune.measure.stats import LevelStats, Limits, Percentiles, Verdict
+    from autotune.measure.trial import LevelOutcome, TrialResult
+    from autotune.search import record, tell
+    from autotune.search.record import trial_baseline
+    from autotune.search.space import engine_config, suggest
+    from autotune.search.storage import attach_log, open_artifact_store
+    from autotune.search.study import open_study
 
     spec = load_study(_study_copy(dest))
     db = dest / f"{spec.name}.db"
@@ -102,17 +103,17 @@ def build_demo_study(dest: Path) -> tuple[Path, str]:
     for i, result in enumerate(results):
         trial = study.ask()
         config = engine_config(spec, suggest(trial, spec.space), baseline=trial_baseline(trial))
-        for key, value in outcome.config_attrs(config.model, config.flags).items():
+        for key, value in record.config_attrs(config.model, config.flags).items():
             trial.set_user_attr(key, value)
         if result == "rejected":
-            outcome.tell_rejected(study, trial, "predicted not to fit: KV cache needs 9.1 GiB, 1.0 GiB available",
+            tell.tell_rejected(study, trial, "predicted not to fit: KV cache needs 9.1 GiB, 1.0 GiB available",
                                   memory_excess=8.1)
             continue
         assert isinstance(result, TrialResult)
         log = dest / f"{spec.name}-artifacts" / f"trial-{trial.number:04d}.log"
         log.write_text(f"INFO trial {trial.number} server log\nINFO CPU KV cache size: 524,288 tokens\n")
         attach_log(study, trial, log, store)
-        outcome.tell_result(study, trial, dataclasses.replace(result, log_path=log))
+        tell.tell_result(study, trial, dataclasses.replace(result, log_path=log))
     return db, spec.name
 
 

@@ -20,9 +20,9 @@ import optuna
 import pytest
 from optuna_dashboard import get_note
 
-from autotune.dashboard import (add_missing_notes, attach_log, find_artifact_store, open_artifact_store,
-                                trial_note)
-from autotune.study import best_trial
+from autotune.search.record import add_missing_notes, trial_note
+from autotune.search.remeasure import best_trial
+from autotune.search.storage import attach_log, find_artifact_store, open_artifact_store
 
 ROOT = Path(__file__).resolve().parents[1]
 ARTIFACTS = ROOT / "tests" / "artifacts"

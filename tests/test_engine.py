@@ -11,15 +11,15 @@ import psutil
 import pytest
 from processes import vllm_processes
 
-from autotune.engine import EngineSpec, launch
-from autotune.feasibility import judge
-from autotune.hardware import cpu_profile
-from autotune.load import LoadLevel, measure_level
-from autotune.metrics import Limits, level_stats
-from autotune.spec import load_objective
-from autotune.tinymodel import resolve_model
-from autotune.trial import LevelOutcome, TrialPlan, model_vocab_size, run_trial
-from autotune.workload import LengthDist, Workload, prompt_decoder
+from autotune.config.objective import load_objective
+from autotune.engine.models import model_vocab_size, resolve_model
+from autotune.engine.server import EngineSpec, launch
+from autotune.fit.feasibility import judge
+from autotune.fit.hardware import cpu_profile
+from autotune.measure.client import LoadLevel, measure_level
+from autotune.measure.stats import Limits, level_stats
+from autotune.measure.trial import LevelOutcome, TrialPlan, run_trial
+from autotune.measure.workload import LengthDist, Workload, prompt_decoder
 
 pytestmark = pytest.mark.engine
 ROOT = Path(__file__).resolve().parents[1]

@@ -6,7 +6,12 @@ from pathlib import Path
 
 import pytest
 
-from autotune.engine import FailureKind, classify_line, classify_log, parse_boot_info
+from autotune.engine.logs import (
+    FailureKind,
+    classify_line,
+    classify_log,
+    parse_boot_info,
+)
 
 LOGS = Path(__file__).parent / "data" / "logs"
 

@@ -15,11 +15,14 @@ from pathlib import Path
 
 import pytest
 
+from autotune.engine.defaults import default_gpu_memory_utilization
 from autotune.errors import SpecError
-from autotune.estimate import Corrections, ModelShape, default_gpu_memory_utilization, estimate
-from autotune.hardware import GiB, MiB, get_profile
+from autotune.fit.estimate import Corrections, estimate
+from autotune.fit.hardware import get_profile
+from autotune.fit.model_shape import ModelShape
+from autotune.units import GiB, MiB
 
-CONFIGS = Path(__file__).resolve().parents[1] / "autotune" / "known_models"
+CONFIGS = Path(__file__).resolve().parents[1] / "autotune" / "engine" / "known_models"
 RTX3090 = get_profile("rtx3090")
 CPU = get_profile("cpu")
 

@@ -15,10 +15,12 @@ from pathlib import Path
 import pytest
 from processes import vllm_processes
 
-from autotune.engine import BootFailed, BootInfo, EngineSpec, Failure, FailureKind, Server
-from autotune.feasibility import Verdict, judge
-from autotune.hardware import GiB, MiB, cpu_profile
-from autotune.tinymodel import resolve_model
+from autotune.engine.logs import BootInfo, Failure, FailureKind
+from autotune.engine.models import resolve_model
+from autotune.engine.server import BootFailed, EngineSpec, Server
+from autotune.fit.feasibility import Verdict, judge
+from autotune.fit.hardware import cpu_profile
+from autotune.units import GiB, MiB
 
 pytestmark = pytest.mark.engine
 ENGINE_LOCK = Path("/tmp/autotune-engine.lock")

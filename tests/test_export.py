@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from autotune.export import STORE_TRUE_ONLY, serve_command, to_argv, to_json, to_yaml
+from autotune.engine.flags import STORE_TRUE_ONLY, serve_command, to_argv
+from autotune.show.export import to_json, to_yaml
 
 ENV = {"VLLM_USE_FLASHINFER_SAMPLER": "0", "VLLM_CPU_KVCACHE_SPACE": "1", "ODD": "a b'$HOME \"x\"\nsecond line"}
 # Stands in for `vllm` as the program a pasted command runs: prints what the shell gave it.

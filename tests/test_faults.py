@@ -19,15 +19,15 @@ from pathlib import Path
 import optuna
 import psutil
 import pytest
-from processes import vllm_processes
 from click.testing import CliRunner
 from optuna.trial import TrialState
+from processes import vllm_processes
 
-from autotune import engine
-from autotune.budget import Budget
 from autotune.cli import main
-from autotune.spec import load_study
-from autotune.study import INTERRUPTED, NoProgress, run_study
+from autotune.config.study_file import load_study
+from autotune.engine import server
+from autotune.search.budget import Budget
+from autotune.search.study import INTERRUPTED, NoProgress, run_study
 
 ROOT = Path(__file__).resolve().parents[1]
 QUICK = ROOT / "tests" / "data" / "quick"
@@ -111,13 +111,13 @@ def faulted(tmp_path_factory: pytest.TempPathFactory) -> tuple[optuna.Study, Inj
     squatter.bind(("127.0.0.1", 0))
     squatter.listen()
     ports = iter([squatter.getsockname()[1]])
-    real_free_port = engine.free_port
+    real_free_port = server.free_port
     inject = Inject({0: lambda: os.kill(engine_core().pid, signal.SIGKILL),
                      1: lambda: os.kill(engine_core().pid, signal.SIGSTOP),
                      2: lambda: os.kill(api_server().pid, signal.SIGKILL)})
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(engine, "free_port", lambda: next(ports, None) or real_free_port())
-        patch.setattr(engine, "SERVERS_DIR", work / "servers")  # not the real ~/.cache
+        patch.setattr(server, "free_port", lambda: next(ports, None) or real_free_port())
+        patch.setattr(server, "SERVERS_DIR", work / "servers")  # not the real ~/.cache
         try:
             study = run_with(work / "quick.toml", inject, trials=3)
         finally:
@@ -259,7 +259,7 @@ def test_the_watchdog_kills_a_server_group_that_outlives_its_tuner(tmp_path: Pat
         "signal.signal(signal.SIGTERM, signal.SIG_IGN); print(1, flush=True); time.sleep(600)'], "
         "start_new_session=True, stdout=subprocess.PIPE)\n"
         "group.stdout.readline()\n"
-        "subprocess.Popen([sys.executable, '-m', 'autotune.engine', 'watch', str(os.getpid()), str(group.pid), "
+        "subprocess.Popen([sys.executable, '-m', 'autotune.engine.server', 'watch', str(os.getpid()), str(group.pid), "
         "sys.argv[1]], start_new_session=True)\n"
         "print(group.pid, flush=True)\n"
         "time.sleep(600)\n"

@@ -15,10 +15,10 @@ import optuna
 import pytest
 from optuna.trial import TrialState
 
-from autotune import outcome
-from autotune.engine import BootInfo, Failure, FailureKind
-from autotune.estimate import Corrections, ModelShape, estimate
-from autotune.feasibility import (
+from autotune.engine.logs import BootInfo, Failure, FailureKind
+from autotune.engine.models import write_tiny_model
+from autotune.fit.estimate import Corrections, estimate
+from autotune.fit.feasibility import (
     Observation,
     corrections,
     dominated_by_failure,
@@ -26,9 +26,11 @@ from autotune.feasibility import (
     observations,
     prediction_attrs,
 )
-from autotune.hardware import GiB, MiB, get_profile
-from autotune.tinymodel import write_tiny_model
-from autotune.trial import TrialResult
+from autotune.fit.hardware import get_profile
+from autotune.fit.model_shape import ModelShape
+from autotune.measure.trial import TrialResult
+from autotune.search import record
+from autotune.units import GiB, MiB
 
 CPU = get_profile("cpu")
 RTX3090 = get_profile("rtx3090")
@@ -53,7 +55,7 @@ def add(study: optuna.Study, attrs: dict[str, object], state: TrialState = Trial
 def booted(model: str, flags: dict[str, object], result: TrialResult, env: dict[str, str] | None = None) -> dict:
     """A booted trial's attributes as _one_trial and tell_result write them: config, prediction, result."""
     verdict = judge(model, CPU, flags, env or {})
-    return {**outcome.config_attrs(model, flags), **prediction_attrs(verdict.estimate), **outcome.result_attrs(result)}
+    return {**record.config_attrs(model, flags), **prediction_attrs(verdict.estimate), **record.result_attrs(result)}
 
 
 def obs(trial: int, flags: dict, *, predicted: int | None = None, observed: int | None = None,
@@ -74,7 +76,7 @@ def test_observations_read_what_the_run_loop_records(study, dense, tmp_path) -> 
     kv_fail = Failure(FailureKind.KV_CACHE_TOO_SMALL, "KV cache too small for max_model_len", "ValueError: ...")
     add(study, booted(dense, oom_flags, TrialResult("infeasible", failure=kv_fail)))
     # 2: rejected before boot (tell_rejected's attributes): teaches the estimator nothing it did not say itself
-    add(study, {**outcome.config_attrs(dense, oom_flags), "status": "infeasible", "booted": False,
+    add(study, {**record.config_attrs(dense, oom_flags), "status": "infeasible", "booted": False,
                 "reason": "predicted not to fit"})
     # 3: crashed for another reason, without a KV figure: not a memory fact
     crash = Failure(FailureKind.CRASH, "engine died", "")

@@ -14,17 +14,25 @@ from pathlib import Path
 
 import pytest
 
-from autotune import memcap
-from autotune.engine import FailureKind, classify_line, classify_log, parse_boot_info
-from autotune.errors import SpecError
-from autotune.estimate import (
-    ModelShape,
+from autotune.config.study_file import load_study
+from autotune.engine import defaults
+from autotune.engine.defaults import (
     default_gpu_memory_utilization,
-    estimate,
     hybrid_prefix_caching_default,
 )
-from autotune.hardware import GiB, MiB, PROFILES, GpuInfo, MemoryReading, PeakTracker, profile_for
-from autotune.spec import load_study
+from autotune.engine.logs import (
+    FailureKind,
+    classify_line,
+    classify_log,
+    parse_boot_info,
+)
+from autotune.errors import SpecError
+from autotune.fit import memcap
+from autotune.fit.estimate import estimate
+from autotune.fit.hardware import PROFILES, GpuInfo, profile_for
+from autotune.fit.model_shape import ModelShape
+from autotune.measure.memory import MemoryReading, PeakTracker
+from autotune.units import GiB, MiB
 
 DATA = Path(__file__).parent / "data" / "gpu"
 ROOT = Path(__file__).parents[1]
@@ -140,8 +148,8 @@ def test_memcap_parsing_and_refusals():
 
 def test_memcap_keeps_explicit_batch_flags_and_chunked_prefill_rules():
     real, cap = PROFILES["h200"], memcap.parse_cap(24)
-    assert memcap.batch_defaults(real.cuda_total_bytes, real.name) == (1024, 8192)
-    assert memcap.batch_defaults(cap.cuda_total_bytes, cap.name) == (256, 2048)
+    assert defaults.batch_defaults(real.cuda_total_bytes, real.name) == (1024, 8192)
+    assert defaults.batch_defaults(cap.cuda_total_bytes, cap.name) == (256, 2048)
     kept = memcap.engine_flags({"max_num_seqs": 8, "max_num_batched_tokens": 4096}, cap, real)
     assert (kept["max_num_seqs"], kept["max_num_batched_tokens"]) == (8, 4096)
     whole = memcap.engine_flags({"enable_chunked_prefill": False, "max_model_len": 8192}, cap, real)

@@ -12,18 +12,15 @@ import pynvml
 import pytest
 
 from autotune.errors import SpecError
-from autotune.hardware import (
+from autotune.fit.hardware import (
     PROFILES,
-    GiB,
     GpuInfo,
-    MemoryReading,
-    MemorySampler,
-    MiB,
-    PeakTracker,
     detect_gpus,
     get_profile,
     profile_for,
 )
+from autotune.measure.memory import MemoryReading, MemorySampler, PeakTracker
+from autotune.units import GiB, MiB
 
 
 def _nvml_available() -> bool:

@@ -15,9 +15,15 @@ import numpy as np
 import pytest
 from aiohttp import web
 
-from autotune.load import LevelRun, LoadLevel, arrival_times, measure_level, run_level
-from autotune.metrics import offered_rate
-from autotune.workload import RequestSpec
+from autotune.measure.client import (
+    LevelRun,
+    LoadLevel,
+    arrival_times,
+    measure_level,
+    run_level,
+)
+from autotune.measure.stats import offered_rate
+from autotune.measure.workload import RequestSpec
 
 
 def chunk(text: str | None = "x", usage: dict | None = None, compact: bool = False) -> bytes:
@@ -228,7 +234,7 @@ def test_rate_mode_poisson_arrivals_with_an_in_flight_cap():
 def test_seeded_levels_offer_their_labelled_rate_on_average_and_each_level_its_own_schedule():
     """Pure arithmetic on the schedules a trial sends (Workload.arrival_seed per level, as trial._measure does):
     one fixed seed replayed one draw at every level, which offers 0.87x its label over 32 requests."""
-    from autotune.workload import Workload
+    from autotune.measure.workload import Workload
 
     w = Workload(seed=0)
     for n, within in ((72, 0.03), (32, 0.05)):  # (n - 1) / window overstates by (n - 1) / (n - 2) on average

@@ -8,10 +8,15 @@ import math
 import numpy as np
 import pytest
 
-from autotune.load import LevelRun, LoadLevel, RequestRecord
-from autotune.metrics import (Limits, StopRule, _looks, level_stats, order_stat_ranks, percentile_interval,
-                              steady_window)
-from autotune.sla import LoadSearch
+from autotune.measure.client import LevelRun, LoadLevel, RequestRecord
+from autotune.measure.ladder import (
+    LoadSearch,
+    StopRule,
+    _looks,
+    order_stat_ranks,
+    percentile_interval,
+)
+from autotune.measure.stats import Limits, level_stats, steady_window
 
 
 def binom_cdf(k: int, n: int, q: float) -> float:
@@ -185,9 +190,12 @@ def test_steady_window_in_rate_mode_excludes_the_drain():
 
 @pytest.mark.parametrize("mode", ["concurrency", "rate"])
 def test_the_client_stops_sending_once_enough_and_keeps_what_was_in_flight(mode):
-    from test_load import Server, drive  # the protocol tests' small OpenAI-format server
+    from test_load import (  # the protocol tests' small OpenAI-format server
+        Server,
+        drive,
+    )
 
-    from autotune.workload import RequestSpec
+    from autotune.measure.workload import RequestSpec
 
     server = Server(gap=0.002)
     specs = [RequestSpec((20 + i,), 3) for i in range(40)]

@@ -10,17 +10,20 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-
-from autotune import outcome, report
-from autotune.cli import main
-from autotune.errors import EngineError
-from autotune.hardware import GpuInfo, MemoryPeak, memory_watch
-from autotune.space import engine_config, suggest, trial_baseline
-from autotune.spec import load_study
-from autotune.study import open_study
-from autotune.trial import TrialResult
 from conftest import _study_copy
 from test_winner import _ok
+
+from autotune.cli import main
+from autotune.config.study_file import load_study
+from autotune.errors import EngineError
+from autotune.fit.hardware import GpuInfo
+from autotune.measure.memory import MemoryPeak, memory_watch
+from autotune.measure.trial import TrialResult
+from autotune.search import record, tell
+from autotune.search.record import trial_baseline
+from autotune.search.space import engine_config, suggest
+from autotune.search.study import open_study
+from autotune.show import report
 
 DATA = Path(__file__).parent / "data" / "gpu"
 
@@ -55,10 +58,10 @@ def _study(tmp_path: Path, peaks: list[MemoryPeak]):
     for i, peak in enumerate(peaks):
         trial = study.ask()
         config = engine_config(spec, suggest(trial, spec.space), baseline=trial_baseline(trial))
-        for key, value in outcome.config_attrs(config.model, config.flags).items():
+        for key, value in record.config_attrs(config.model, config.flags).items():
             trial.set_user_attr(key, value)
         result: TrialResult = _ok(200 - 10 * i, 300)
-        outcome.tell_result(study, trial, TrialResult(**{**result.__dict__, "memory": peak}))
+        tell.tell_result(study, trial, TrialResult(**{**result.__dict__, "memory": peak}))
     return url, study
 
 

@@ -8,8 +8,8 @@ from dataclasses import astuple
 
 import pytest
 
-from autotune.load import LevelRun, LoadLevel, RequestRecord
-from autotune.metrics import LevelStats, Limits, Percentiles, judge, level_stats
+from autotune.measure.client import LevelRun, LoadLevel, RequestRecord
+from autotune.measure.stats import LevelStats, Limits, Percentiles, judge, level_stats
 
 LEVEL = LoadLevel("concurrency", 4)
 
@@ -136,9 +136,9 @@ def test_rate_mode_trial_table_shows_the_offered_and_the_achieved_rate_by_the_la
 
     from rich.console import Console
 
-    from autotune.spec import load_objective
-    from autotune.trial import LevelOutcome, TrialResult
-    from autotune.views import level_table
+    from autotune.config.objective import load_objective
+    from autotune.measure.trial import LevelOutcome, TrialResult
+    from autotune.show.tables import level_table
 
     shipped = load_objective(Path(__file__).resolve().parents[1] / "objectives" / "tiny-cpu.toml")
     objective = replace(shipped, load=replace(shipped.load, mode="rate"))
@@ -158,7 +158,7 @@ def test_study_table_gives_a_rate_mode_level_with_the_rate_it_offered():
     import optuna
     from rich.console import Console
 
-    from autotune.views import study_table
+    from autotune.show.tables import study_table
 
     stats = level_stats(LevelRun(LoadLevel("rate", 2.5), RUN.records, 0.0, 4.0), Limits())
     trial = optuna.trial.create_trial(value=stats.output_tok_s, user_attrs={

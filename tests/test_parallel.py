@@ -16,10 +16,10 @@ from pathlib import Path
 
 import optuna
 import pytest
-from processes import vllm_processes
 from optuna.trial import TrialState
+from processes import vllm_processes
 
-from autotune.study import GRACE_S, open_storage
+from autotune.search.storage import GRACE_S, open_storage
 
 pytestmark = pytest.mark.engine
 ROOT = Path(__file__).resolve().parents[1]

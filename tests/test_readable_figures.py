@@ -8,15 +8,18 @@ from pathlib import Path
 import optuna
 import yaml
 from click.testing import CliRunner
-
-from autotune import outcome, report
-from autotune.cli import main
-from autotune.export import float_text, serve_command, to_json, to_yaml
-from autotune.space import engine_config, suggest, trial_baseline
-from autotune.spec import load_study
-from autotune.study import open_study
 from conftest import _study_copy
 from test_winner import _ok
+
+from autotune.cli import main
+from autotune.config.study_file import load_study
+from autotune.engine.flags import float_text, serve_command
+from autotune.search import record, tell
+from autotune.search.record import trial_baseline
+from autotune.search.space import engine_config, suggest
+from autotune.search.study import open_study
+from autotune.show import report
+from autotune.show.export import to_json, to_yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 SUM = 0.85 + 7 * 0.01  # how a stepped float space lands on 0.92: 0.9199999999999999
@@ -46,12 +49,12 @@ def _study(tmp_path: Path, booted: int, rejected: int) -> optuna.Study:
     for i in range(booted + rejected):
         trial = study.ask()
         config = engine_config(spec, suggest(trial, spec.space), baseline=trial_baseline(trial))
-        for key, value in outcome.config_attrs(config.model, config.flags).items():
+        for key, value in record.config_attrs(config.model, config.flags).items():
             trial.set_user_attr(key, value)
         if i < booted:
-            outcome.tell_result(study, trial, _ok(100 + 40 * i, 300))
+            tell.tell_result(study, trial, _ok(100 + 40 * i, 300))
         else:
-            outcome.tell_rejected(study, trial, "predicted not to fit", memory_excess=1.0 + i)
+            tell.tell_rejected(study, trial, "predicted not to fit", memory_excess=1.0 + i)
     return study
 
 

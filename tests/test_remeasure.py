@@ -9,11 +9,20 @@ from dataclasses import dataclass
 import optuna
 import pytest
 
-from autotune import outcome
-from autotune.budget import Budget
-from autotune.study import best_trial
-from autotune.remeasure import (REMEASURE_ATTR, SUMMARY_ATTR, Reserve, best, remeasure_top, remeasured, reserve,
-                                score, top_configs)
+from autotune.search import tell
+from autotune.search.budget import Budget
+from autotune.search.record import REMEASURE_ATTR
+from autotune.search.remeasure import (
+    SUMMARY_ATTR,
+    Reserve,
+    best,
+    best_trial,
+    remeasure_top,
+    remeasured,
+    reserve,
+    score,
+    top_configs,
+)
 
 
 class Clock:
@@ -53,10 +62,10 @@ class Lab:
         figures = self.figures.get(c, [10.0])
         value = figures.pop(0) if len(figures) > 1 else figures[0]
         if c in self.infeasible:
-            outcome.set_constraints(trial, latency=0.5)
+            tell.set_constraints(trial, latency=0.5)
             self.study.tell(trial, 0.0)
         else:
-            outcome.set_constraints(trial)
+            tell.set_constraints(trial)
             self.study.tell(trial, value)
         return Ran(length)
 
@@ -204,7 +213,7 @@ def test_best_respects_the_caller_filter(kept):
 def test_the_summary_and_the_table_say_which_figures_chose_the_winner():
     from rich.console import Console
 
-    from autotune.views import study_table
+    from autotune.show.tables import study_table
 
     clock = Clock()
     lab = Lab({"a": [1000.0, 800.0], "b": [950.0, 940.0]}, clock)

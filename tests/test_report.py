@@ -13,8 +13,9 @@ import optuna
 import pytest
 from click.testing import CliRunner
 
-from autotune import report
 from autotune.cli import main
+from autotune.search import record
+from autotune.show import report
 
 ROOT = Path(__file__).resolve().parents[1]
 needs_chromium = pytest.mark.skipif(shutil.which("chromium") is None, reason="PNG export needs Debian's chromium")
@@ -37,7 +38,7 @@ def test_pareto_front_keeps_only_undominated_points() -> None:
 
 
 def test_views_place_each_trial_where_it_was_measured(demo_study_db) -> None:
-    vs = {v.number: v for v in report.views(load(*demo_study_db))}
+    vs = {v.number: v for v in record.views(load(*demo_study_db))}
     assert [vs[n].kind for n in range(8)] == ["feasible"] * 4 + ["infeasible"] * 3 + ["feasible"]
     assert (vs[0].baseline, vs[1].baseline, vs[2].baseline) == ("vllm-defaults", "recipe", None)
     assert (vs[2].throughput, vs[2].level, vs[2].ttft_p95_ms, vs[2].peak_memory_gib) == (1500, 16, 420, 3.6)
@@ -120,7 +121,7 @@ def check_report(study: optuna.Study, out: Path, png: bool = True) -> str:
     assert list(figs) == list(report.figures(study))
     hovers = [h for tr in figs["pareto_ttft"] for h in tr.get("hovertext") or []]
     for t in study.trials:  # every measured trial is in the Pareto plot's data, with its throughput
-        v = report.view(t)
+        v = record.view(t)
         if t.state.is_finished() and v.throughput is not None and v.ttft_p95_ms is not None:
             assert any(h.startswith(f"<b>trial {t.number}</b>") and f"{v.throughput:,.0f} output tok/s" in h
                        for h in hovers), f"trial {t.number} missing from the Pareto plot"

@@ -11,12 +11,19 @@ import optuna
 import pytest
 from optuna.trial import TrialState
 
-from autotune import outcome
-from autotune.metrics import Limits
-from autotune.samplers import (GP_STARTUP_TRIALS, WARM_START_ATTR, BelowBestPruner, make_pruner, make_sampler,
-                               sampler_for, transfer_params, warm_start)
-from autotune.space import Param
-from autotune.spec import load_study
+from autotune.config.study_file import Param, load_study
+from autotune.measure.stats import Limits
+from autotune.search import tell
+from autotune.search.record import WARM_START_ATTR
+from autotune.search.samplers import (
+    GP_STARTUP_TRIALS,
+    BelowBestPruner,
+    make_pruner,
+    make_sampler,
+    sampler_for,
+    transfer_params,
+    warm_start,
+)
 from benchmarks import search_efficiency as se
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -47,7 +54,7 @@ def test_the_gp_sampler_models_past_its_random_startup():
         for _ in range(GP_STARTUP_TRIALS + 3):
             trial = study.ask()
             x = trial.suggest_int("x", 1, 64, log=True)
-            outcome.set_constraints(trial, latency=0.0 if x <= 32 else 1.0)
+            tell.set_constraints(trial, latency=0.0 if x <= 32 else 1.0)
             study.tell(trial, -abs(math.log2(x) - 3))
             out.append(x)
         return out
@@ -86,7 +93,7 @@ def earlier_study() -> optuna.Study:
         t.suggest_int("max_num_seqs", 1, 256, log=True)
         t.suggest_int("max_num_batched_tokens", 64, 8192, log=True)
         t.set_user_attr("flags", json.dumps({"max_num_seqs": seqs, "max_num_batched_tokens": tokens}))
-        outcome.set_constraints(t, latency=0.0 if ok else 0.4)
+        tell.set_constraints(t, latency=0.0 if ok else 0.4)
         study.tell(t, value)
     return study
 
@@ -192,12 +199,12 @@ def told(surface, key, method=None, pruner=None):
 def test_replayed_outcomes_are_outcome_py_outcomes(surface):
     step, t = told(surface, (8, 64))
     assert (t.state, t.value, t.constraints, step.cost_s) == (TrialState.COMPLETE, 300.0, {
-        outcome.MEMORY: 0.0, outcome.LATENCY: 0.0, outcome.BOOTS: 0.0}, 90.0)
+        tell.MEMORY: 0.0, tell.LATENCY: 0.0, tell.BOOTS: 0.0}, 90.0)
     assert t.intermediate_values == {0: 200.0, 1: 300.0, 2: 300.0, 3: 300.0, 4: 300.0}  # best passing so far
     step, t = told(surface, (1, 64))
-    assert (t.value, t.constraints[outcome.LATENCY], step.found) == (0.0, pytest.approx(0.8), 0.0)
+    assert (t.value, t.constraints[tell.LATENCY], step.found) == (0.0, pytest.approx(0.8), 0.0)
     step, t = told(surface, (128, 64))
-    assert step is None and t.constraints[outcome.BOOTS] == 1.0 and t.value == 0.0  # refused before boot: free
+    assert step is None and t.constraints[tell.BOOTS] == 1.0 and t.value == 0.0  # refused before boot: free
     plain = se.Method("plain", lambda s: optuna.samplers.RandomSampler(seed=s), constraints=False)
     step, t = told(surface, (1, 64), plain)
     assert t.state == TrialState.FAIL and not t.constraints
@@ -210,7 +217,7 @@ def test_a_pruned_replay_costs_only_the_rungs_it_measured(surface):
     step = se.tell(study, study.ask(), surface.points[(8, 64)], m)
     t = study.trials[-1]
     assert step.pruned and t.state == TrialState.PRUNED and step.cost_s == pytest.approx(50.0)
-    assert t.constraints[outcome.LATENCY] == 0.0  # it had passed a rung
+    assert t.constraints[tell.LATENCY] == 0.0  # it had passed a rung
 
 
 def test_replay_runs_until_the_target_and_the_grid_boots_everything(surface):
@@ -236,7 +243,7 @@ def test_the_default_pruner_is_what_the_benchmark_chose():
 
 def test_run_from_study_queues_the_earlier_best_after_the_baselines(tmp_path):
     from autotune.cli import _warm_start
-    from autotune.space import BASELINE_ATTR
+    from autotune.search.record import BASELINE_ATTR
 
     study_file = tmp_path / "tiny-cpu.toml"
     study_file.write_text((ROOT / "studies" / "tiny-cpu.toml").read_text()
@@ -250,7 +257,7 @@ def test_run_from_study_queues_the_earlier_best_after_the_baselines(tmp_path):
         t.suggest_int("max_num_seqs", 1, 64, log=True)
         t.suggest_int("max_num_batched_tokens", 64, 4096, log=True)
         t.set_user_attr("flags", json.dumps({"max_num_seqs": seqs, "max_num_batched_tokens": tokens}))
-        outcome.set_constraints(t)
+        tell.set_constraints(t)
         earlier.tell(t, value)
     _warm_start(spec, url, "earlier", None)
     study = optuna.load_study(study_name=spec.name, storage=url)
@@ -267,7 +274,7 @@ def test_run_from_study_queues_the_earlier_best_after_the_baselines(tmp_path):
 
 
 def test_below_best_pruner_stops_only_what_is_clearly_below_the_best_at_the_same_level():
-    from autotune.samplers import BelowBestPruner
+    from autotune.search.samplers import BelowBestPruner
 
     study = optuna.create_study(direction="maximize", pruner=BelowBestPruner(0.8, n_startup_trials=2,
                                                                             n_warmup_steps=1))
@@ -276,7 +283,7 @@ def test_below_best_pruner_stops_only_what_is_clearly_below_the_best_at_the_same
         for step, v in enumerate(curve):
             t.report(v, step)
         study.tell(t, curve[-1])
-    outcome.set_constraints(study.ask(), boots=1.0)  # refused before boot: reports nothing, counts for nothing
+    tell.set_constraints(study.ask(), boots=1.0)  # refused before boot: reports nothing, counts for nothing
     study.tell(study.trials[-1].number, 0.0)
 
     def pruned_at(curve):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from autotune.sla import LoadSearch, find_sustainable
+from autotune.measure.ladder import LoadSearch, find_sustainable
 
 
 def run(search: LoadSearch, passes):

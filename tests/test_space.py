@@ -7,20 +7,16 @@ from pathlib import Path
 import optuna
 import pytest
 
-from autotune.space import (
-    BASELINE_ATTR,
-    Baseline,
+from autotune.config.study_file import Baseline, Param, load_study
+from autotune.engine.flags import invalid_reason, to_engine_flags
+from autotune.search.record import BASELINE_ATTR, trial_baseline
+from autotune.search.space import (
     EngineConfig,
-    Param,
     baseline_params,
     engine_config,
     enqueue_baseline,
-    invalid_reason,
     suggest,
-    to_engine_flags,
-    trial_baseline,
 )
-from autotune.spec import load_study
 
 ROOT = Path(__file__).resolve().parent.parent
 optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -215,8 +211,8 @@ def test_invalid_reason_agrees_with_vllm_config(tmp_path: Path) -> None:
     from vllm.usage.usage_lib import UsageContext
     from vllm.utils.argparse_utils import FlexibleArgumentParser
 
-    from autotune.export import to_argv
-    from autotune.tinymodel import CONFIGS, tiny_model_dir
+    from autotune.engine.flags import to_argv
+    from autotune.engine.models import CONFIGS, tiny_model_dir
 
     parser = make_arg_parser(FlexibleArgumentParser())
     model_dir = str(tiny_model_dir("dense", cache_root=tmp_path))

@@ -6,8 +6,10 @@ from pathlib import Path
 
 import pytest
 
+from autotune.config.objective import load_objective
+from autotune.config.study_file import load_study
+from autotune.config.toml import parse_duration
 from autotune.errors import SpecError
-from autotune.spec import load_objective, load_study, parse_duration
 
 ROOT = Path(__file__).resolve().parent.parent
 BAD = Path(__file__).resolve().parent / "data" / "bad"
@@ -192,8 +194,8 @@ def test_text_prompts_need_the_models_tokenizer_before_anything_boots(tmp_path: 
     import subprocess
     import sys
 
-    from autotune.spec import check_prompt_tokenizer, study_models
-    from autotune.tinymodel import write_tiny_model
+    from autotune.config.study_file import check_prompt_tokenizer, study_models
+    from autotune.engine.models import write_tiny_model
 
     objective = _write(tmp_path, "text.toml", '[workload]\ninput_len = 8\noutput_len = 4\nprompt = "text"\n'
                                               '[limits]\nttft_p95_ms = 10\n')
@@ -232,14 +234,15 @@ def test_text_prompts_need_the_models_tokenizer_before_anything_boots(tmp_path: 
 ])
 def test_flag_values_are_judged_by_the_installed_vllms_parser_types(dest: str, value: object,
                                                                     problem: str | None) -> None:
-    from autotune import vllm_flags
+    from autotune.engine import flags
 
-    found = vllm_flags.value_problem(vllm_flags.flag_types()[dest], value)
+    found = flags.value_problem(flags.flag_types()[dest], value)
     assert found == problem if problem is None else (found or "").startswith(problem), found
 
 
 @pytest.mark.parametrize("path", sorted((ROOT / "studies").glob("*.toml")), ids=lambda p: p.name)
 def test_shipped_studies_give_vllm_values_it_takes(path: Path) -> None:
-    from autotune import vllm_flags
+    from autotune.config import study_file
+    from autotune.engine import flags
 
-    vllm_flags.check_values(vllm_flags.study_flag_values(load_study(path)))
+    flags.check_values(study_file.study_flag_values(load_study(path)))

@@ -12,17 +12,19 @@ import pytest
 from click.testing import CliRunner
 from optuna.trial import TrialState
 
-from autotune import outcome
-from autotune.budget import Budget
 from autotune.cli import main
-from autotune.engine import BootInfo, EngineSpec, Failure, FailureKind, server_env
-from autotune.load import LoadLevel
-from autotune.metrics import LevelStats, Limits, Percentiles, Verdict
-from autotune.spec import load_study
-from autotune.remeasure import feasible
-from autotune.space import suggest, trial_baseline
-from autotune.study import INTERRUPTED, best_trial, open_study
-from autotune.trial import LevelOutcome, TrialResult
+from autotune.config.study_file import load_study
+from autotune.engine.logs import BootInfo, Failure, FailureKind
+from autotune.engine.server import EngineSpec, server_env
+from autotune.measure.client import LoadLevel
+from autotune.measure.stats import LevelStats, Limits, Percentiles, Verdict
+from autotune.measure.trial import LevelOutcome, TrialResult
+from autotune.search import record, tell
+from autotune.search.budget import Budget
+from autotune.search.record import feasible, trial_baseline
+from autotune.search.remeasure import best_trial
+from autotune.search.space import suggest
+from autotune.search.study import INTERRUPTED, open_study
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -46,7 +48,7 @@ def level(conc: float, tok_s: float, passed: bool) -> tuple[float, LevelOutcome]
 
 
 def ok_result(tok_s: float, peak_gib: float = 3.0) -> TrialResult:
-    from autotune.hardware import MemoryPeak
+    from autotune.measure.memory import MemoryPeak
 
     return TrialResult("ok", tok_s, 2, (level(1, tok_s / 2, True), level(2, tok_s, True), level(4, tok_s, False)),
                        boot=BootInfo(30.0, 524_288), memory=MemoryPeak(int(peak_gib * 2**30), "rss", 0, 10),
@@ -55,9 +57,9 @@ def ok_result(tok_s: float, peak_gib: float = 3.0) -> TrialResult:
 
 def told(study: optuna.Study, result: TrialResult, flags: dict | None = None, env: dict | None = None) -> TrialState:
     trial = study.ask()
-    for k, v in outcome.config_attrs("/models/tiny", flags or {"max_num_seqs": 4}, env).items():
+    for k, v in record.config_attrs("/models/tiny", flags or {"max_num_seqs": 4}, env).items():
         trial.set_user_attr(k, v)
-    return outcome.tell_result(study, trial, result)
+    return tell.tell_result(study, trial, result)
 
 
 def test_open_study_enqueues_baselines_once_and_resumes(spec) -> None:
@@ -97,14 +99,14 @@ def test_a_stale_baseline_outside_the_space_is_retried_as_it_was(spec) -> None:
 def test_a_baseline_that_failed_through_no_fault_of_its_own_is_measured_when_the_study_resumes(spec) -> None:
     study = open_study(spec)
     interrupted = study.ask()
-    outcome.tell_failed(study, interrupted, INTERRUPTED)
+    tell.tell_failed(study, interrupted, INTERRUPTED)
     study = open_study(spec)  # resumed: vllm-defaults has no measurement, so it is queued once more
     waiting = [t.user_attrs["baseline"]["name"] for t in study.trials if t.state == TrialState.WAITING]
     assert waiting == ["recipe", "vllm-defaults"]
     assert told(study, ok_result(500.0)) == TrialState.COMPLETE  # recipe
     killed = study.ask()
     assert killed.user_attrs["baseline"]["name"] == "vllm-defaults"
-    outcome.tell_failed(study, killed, "the tuner was killed")  # failed a second time, through no fault of its own
+    tell.tell_failed(study, killed, "the tuner was killed")  # failed a second time, through no fault of its own
     study = open_study(spec)
     assert [t.user_attrs["baseline"]["name"] for t in study.trials if t.state == TrialState.WAITING] == ["vllm-defaults"]
     assert told(study, ok_result(400.0)) == TrialState.COMPLETE
@@ -125,7 +127,7 @@ def test_outcomes_the_sampler_can_learn_from(spec) -> None:
     assert told(study, held) == TrialState.FAIL  # says nothing about the configuration
     killed = TrialResult("failed", failure=Failure(FailureKind.KILLED, "the server was killed by SIGKILL"))
     assert told(study, killed) == TrialState.FAIL  # neither does an outside kill -9 of the server
-    pruned = TrialResult("stopped", levels=(level(1, 50, True),), stop_reason=outcome.PRUNED)
+    pruned = TrialResult("stopped", levels=(level(1, 50, True),), stop_reason=tell.PRUNED)
     assert told(study, pruned) == TrialState.PRUNED
 
     trials = study.get_trials(states=(TrialState.COMPLETE,))
@@ -154,7 +156,7 @@ def test_best_trial_ignores_infeasible_and_applies_filters(spec) -> None:
 def test_rejected_before_boot_costs_nothing_and_counts_as_infeasible(spec) -> None:
     study = open_study(spec)
     trial = study.ask()
-    outcome.tell_rejected(study, trial, "does not fit: needs 30 GiB", memory_excess=6.5)
+    tell.tell_rejected(study, trial, "does not fit: needs 30 GiB", memory_excess=6.5)
     t = study.trials[trial.number]
     assert t.state == TrialState.COMPLETE and t.constraints["memory"] == 6.5 and not feasible(t)
     assert t.user_attrs["booted"] is False

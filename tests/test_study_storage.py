@@ -13,9 +13,10 @@ from click.testing import CliRunner
 from optuna.trial import TrialState
 
 from autotune.cli import main
+from autotune.config.study_file import load_study
 from autotune.errors import SpecError
-from autotune.spec import load_study
-from autotune.study import open_storage, open_study, spec_from_storage
+from autotune.search.storage import open_storage, spec_from_storage
+from autotune.search.study import open_study
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -10,19 +10,21 @@ from pathlib import Path
 import optuna
 import pytest
 from click.testing import CliRunner
-
-from autotune import outcome, report
-from autotune.cli import main
-from autotune.engine import BootInfo
-from autotune.hardware import MemoryPeak
-from autotune.load import LoadLevel
-from autotune.metrics import LevelStats, Limits, Percentiles, Verdict
-from autotune.remeasure import REMEASURE_ATTR
-from autotune.space import BASELINE_ATTR, engine_config, suggest, trial_baseline
-from autotune.spec import load_study
-from autotune.study import open_study
-from autotune.trial import LevelOutcome, TrialResult
 from conftest import _study_copy
+
+from autotune.cli import main
+from autotune.config.study_file import load_study
+from autotune.engine.logs import BootInfo
+from autotune.measure.client import LoadLevel
+from autotune.measure.memory import MemoryPeak
+from autotune.measure.stats import LevelStats, Limits, Percentiles, Verdict
+from autotune.measure.trial import LevelOutcome, TrialResult
+from autotune.search import record as search_record
+from autotune.search import tell
+from autotune.search.record import BASELINE_ATTR, REMEASURE_ATTR, trial_baseline
+from autotune.search.space import engine_config, suggest
+from autotune.search.study import open_study
+from autotune.show import report
 
 LIMITS = Limits(ttft_p95_ms=500, tpot_p95_ms=50)
 # The first figure (181) held its limits; the one re-measurement missed them by noise (p95 TTFT 520 ms > 500).
@@ -52,9 +54,9 @@ def record(study: optuna.Study, spec, result: TrialResult) -> optuna.trial.Froze
     """One trial as the run loop records it: ask, the configuration's attributes, tell the result."""
     trial = study.ask()
     config = engine_config(spec, suggest(trial, spec.space), baseline=trial_baseline(trial))
-    for key, value in outcome.config_attrs(config.model, config.flags).items():
+    for key, value in search_record.config_attrs(config.model, config.flags).items():
         trial.set_user_attr(key, value)
-    outcome.tell_result(study, trial, result)
+    tell.tell_result(study, trial, result)
     return study.trials[trial.number]
 
 
@@ -117,5 +119,5 @@ def test_the_report_draws_a_re_measurement_as_a_point_of_its_configuration(remea
     assert any("re-measure of trial 0" in h for h in again.hovertext)
     for name in ("feasible trial", "baseline"):  # not drawn as a configuration of its own
         assert not any("<b>trial 3</b>" in h for h in by_name[name].hovertext or ())
-    assert [v.number for v in report.views(study)] == [0, 1, 2]
+    assert [v.number for v in search_record.views(study)] == [0, 1, 2]
     assert [g.baseline for g in report.gains(study)] == ["vllm-defaults", "recipe"]

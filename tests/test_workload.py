@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from autotune.errors import SpecError
-from autotune.workload import IDS_LOW, LengthDist, Workload
+from autotune.measure.workload import IDS_LOW, LengthDist, Workload
 
 VOCAB = 4096
 
@@ -115,8 +115,8 @@ def test_text_prompts_are_the_same_ids_decoded_with_the_models_tokenizer(tmp_pat
     """The tiny model's real tokenizer (tokenizers' WordLevel): the text re-encodes to exactly the ids drawn."""
     from tokenizers import Tokenizer
 
-    from autotune.tinymodel import VOCAB_SIZE, write_tiny_model
-    from autotune.workload import prompt_decoder
+    from autotune.engine.models import VOCAB_SIZE, write_tiny_model
+    from autotune.measure.workload import prompt_decoder
 
     model = write_tiny_model("dense", tmp_path / "dense")
     ids_only = Workload(LengthDist(mean=32), LengthDist(mean=8), seed=3)

@@ -21,10 +21,12 @@ import sys
 import tempfile
 from pathlib import Path
 
-from autotune import memcap
-from autotune.engine import classify_log, parse_boot_info
-from autotune.estimate import ModelShape, estimate
-from autotune.hardware import GiB, GpuInfo, profile_for
+from autotune.engine.logs import classify_log, parse_boot_info
+from autotune.fit import memcap
+from autotune.fit.estimate import estimate
+from autotune.fit.hardware import GpuInfo, profile_for
+from autotune.fit.model_shape import ModelShape
+from autotune.units import GiB
 
 ROOT = Path(__file__).resolve().parents[2]
 RESULTS = ROOT / "benchmarks" / "data" / "results-h200.json"

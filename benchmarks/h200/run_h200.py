@@ -115,7 +115,7 @@ class Samplers:
 
 def idle() -> None:
     """The idle card as NVML, nvidia-smi and CUDA (torch) see it: the facts a memory cap is computed from."""
-    from autotune.hardware import detect_gpus, profile_for
+    from autotune.fit.hardware import detect_gpus, profile_for
 
     gpus = detect_gpus()
     smi = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version,memory.total,memory.reserved,memory.used,"
@@ -148,10 +148,11 @@ def cli_defaults_trial() -> None:
 
 
 def library_trial(name: str, flags: dict[str, object]) -> None:
-    from autotune import memcap
-    from autotune.engine import EngineSpec
-    from autotune.spec import load_objective
-    from autotune.trial import TrialPlan, model_vocab_size, run_trial
+    from autotune.config.objective import load_objective
+    from autotune.engine.models import model_vocab_size
+    from autotune.engine.server import EngineSpec
+    from autotune.fit import memcap
+    from autotune.measure.trial import TrialPlan, run_trial
 
     real = memcap.present_gpu(0)
     cap = memcap.parse_cap(24)
@@ -162,7 +163,7 @@ def library_trial(name: str, flags: dict[str, object]) -> None:
                      model_vocab_size(str(MODEL)), log, (0,))
     t0 = time.time()
     result = run_trial(plan, on_stage=lambda s: print(f"[{time.time() - t0:6.1f}s] {name}: {s}", flush=True))
-    from autotune.outcome import result_attrs
+    from autotune.search.record import result_attrs
 
     attrs = result_attrs(result)
     attrs["memory"] = vars(result.memory) if result.memory else None

@@ -12,10 +12,57 @@ import json
 from pathlib import Path
 from typing import Literal
 
+from autotune.errors import ModelUnavailable
+
+HUB_TIMEOUT_S = 10  # one request for a hub model's config.json, no retries
+
+
+KNOWN_MODELS = Path(__file__).parent / "known_models"
+
+
+KNOWN = {  # hub id -> shipped config.json: estimates for the mission's models work offline
+    "Qwen/Qwen3.5-27B": "qwen3.5-27b.json",
+    "Qwen/Qwen3.5-27B-FP8": "qwen3.5-27b-fp8.json",
+    "Qwen/Qwen3.5-27B-GPTQ-Int4": "qwen3.5-27b-gptq-int4.json",
+    "QuantTrio/Qwen3.5-27B-AWQ": "qwen3.5-27b-awq.json",
+}
+
+
+def _hub_config(model: str) -> Path:
+    """A hub model's config.json: from the user's cache, else after one request without retries, so that an
+    unreachable hub or a wrong id is said in a line within seconds (huggingface_hub alone retries for about
+    30 s, then raises through a long traceback)."""
+    from huggingface_hub import get_hf_file_metadata, hf_hub_download, hf_hub_url
+    from huggingface_hub.errors import LocalEntryNotFoundError
+
+    try:
+        return Path(hf_hub_download(model, "config.json", local_files_only=True))
+    except LocalEntryNotFoundError:
+        pass
+    except Exception as e:  # an id the hub can never hold (HFValidationError), a cache that cannot be read
+        raise ModelUnavailable(_first_line(e)) from e
+    try:
+        get_hf_file_metadata(hf_hub_url(model, "config.json"), timeout=HUB_TIMEOUT_S)
+        return Path(hf_hub_download(model, "config.json"))
+    except Exception as e:  # no network, no such repository, gated, offline mode: all one thing to a user
+        raise ModelUnavailable(f"not in the local Hugging Face cache, and the hub could not give it: {_first_line(e)}") from e
+
+
+def _first_line(e: Exception) -> str:
+    return (str(e).strip().splitlines() or [type(e).__name__])[0]
+
+
 Kind = Literal["dense", "hybrid"]
+
+
 KINDS: tuple[Kind, ...] = ("dense", "hybrid")
+
+
 VOCAB_SIZE = 4096
+
+
 SPECIAL_TOKENS = ("<unk>", "<|endoftext|>", "<|im_start|>", "<|im_end|>")
+
 
 _COMMON = {
     "vocab_size": VOCAB_SIZE,
@@ -34,6 +81,7 @@ _COMMON = {
     "eos_token_id": 1,
     "attention_bias": False,
 }
+
 
 CONFIGS: dict[Kind, dict] = {
     "dense": {
@@ -125,3 +173,17 @@ def resolve_model(name: str) -> tuple[str, dict[str, object]]:
     if kind not in CONFIGS:
         raise ValueError(f"unknown tiny model {name!r}; known: {', '.join('tiny:' + k for k in KINDS)}")
     return str(tiny_model_dir(kind)), {"load_format": "dummy"}  # type: ignore[arg-type]
+
+
+def model_vocab_size(model: str) -> int:
+    """The vocabulary the random prompts draw from, read from the model's config.json."""
+    path = Path(model)
+    if path.is_dir():
+        config = json.loads((path / "config.json").read_text())
+    else:
+        from huggingface_hub import (
+            hf_hub_download,  # comes with vLLM; uses the local cache when it can
+        )
+
+        config = json.loads(Path(hf_hub_download(model, "config.json")).read_text())
+    return int(config.get("vocab_size") or config.get("text_config", {})["vocab_size"])

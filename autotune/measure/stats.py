@@ -12,15 +12,13 @@ each limited p95, from order statistics, must be narrow enough or lie clear of i
 
 from __future__ import annotations
 
-import math
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from functools import lru_cache
 
 import numpy as np
 
-from autotune.load import LevelRun, LoadLevel, RequestRecord
+from autotune.measure.client import LevelRun, LoadLevel, RequestRecord
 
 
 @dataclass(frozen=True)
@@ -209,99 +207,6 @@ def level_stats(run: LevelRun, limits: Limits) -> LevelStats:
         span_output_tok_s=out_tokens / duration if duration > 0 else 0.0,
         offered_req_s=offered_rate([r.start for r in run.records]),
     )
-
-
-# --- how many requests a level needs ------------------------------------------------------------------------
-
-
-@lru_cache(maxsize=4096)
-def order_stat_ranks(n: int, q: float, confidence: float) -> tuple[int | None, int | None]:
-    """1-based ranks (l, u) such that [x(l), x(u)] covers the q-quantile with probability >= confidence,
-    whatever the distribution: B = #samples below the quantile is Binomial(n, q), and
-    P(x(l) <= quantile <= x(u)) = P(l <= B <= u - 1). Equal tails; None where no sample is extreme enough
-    (e.g. an upper bound for the p95 at 90% needs n >= 59, since 0.95^59 < 0.05)."""
-    alpha = (1.0 - confidence) / 2.0
-    k = np.arange(n + 1)
-    logfact = np.concatenate(([0.0], np.cumsum(np.log(np.arange(1, n + 1)))))
-    logpmf = logfact[n] - logfact[k] - logfact[n - k] + k * math.log(q) + (n - k) * math.log1p(-q)
-    cdf = np.cumsum(np.exp(logpmf))[:n]  # cdf[r - 1] = P(B <= r - 1) for ranks r = 1..n
-    lows = np.nonzero(cdf <= alpha)[0]  # P(B <= l - 1) <= alpha
-    highs = np.nonzero(cdf >= 1.0 - alpha - 1e-12)[0]  # P(B <= u - 1) >= 1 - alpha
-    return (int(lows[-1]) + 1 if lows.size else None, int(highs[0]) + 1 if highs.size else None)
-
-
-def percentile_interval(values: Sequence[float], q: float = 0.95, confidence: float = 0.90) -> tuple[float, float]:
-    """A distribution-free confidence interval of the q-quantile: (-inf / inf where the sample is too small)."""
-    x = np.sort(np.asarray(values, dtype=np.float64))
-    if x.size == 0:
-        return (-math.inf, math.inf)
-    lo, hi = order_stat_ranks(int(x.size), q, confidence)
-    return (float(x[lo - 1]) if lo else -math.inf, float(x[hi - 1]) if hi else math.inf)
-
-
-@lru_cache(maxsize=256)
-def _looks(low: int, high: int) -> frozenset[int]:
-    out, k = set(), 0
-    while (n := math.ceil(low * 1.25**k - 1e-9)) < high:
-        out.add(n)
-        k += 1
-    return frozenset(out)
-
-
-_SAMPLES = {
-    "ttft_p95_ms": lambda rs: [r.ttft for r in rs if r.ttft is not None],
-    "tpot_p95_ms": lambda rs: [t for r in rs if (t := _tpot(r)) is not None],
-    "itl_p95_ms": lambda rs: [g for r in rs for g in r.itl],
-    "e2e_p95_ms": lambda rs: [r.end - r.start for r in rs],
-}
-
-
-@dataclass(frozen=True)
-class StopRule:
-    """When a level has measured enough requests.
-
-    Not before `min_requests` have finished; then as soon as, for every limited p95, the `confidence` interval
-    from order statistics is within +-`margin` of the estimate (relative), or lies wholly on one side of the
-    limit (the verdict is known: more requests would not change it). A level that is known to fail one limit
-    stops at once. Never more than `max_requests`. margin None: exactly `min_requests` (a fixed count).
-
-    The rule looks only at min_requests x 1.25^k requests: every extra look at a growing sample is another
-    chance for an interval to miss by luck, and a dozen looks keep that in bounds where hundreds would not.
-    """
-
-    min_requests: int
-    max_requests: int
-    margin: float | None = 0.1
-    confidence: float = 0.90
-
-    def reason(self, records: Sequence[RequestRecord], limits: Limits) -> str | None:
-        """Why the level may stop now, or None to go on."""
-        n = len(records)
-        if n >= self.max_requests:
-            return "max_requests"
-        if n < self.min_requests:
-            return None
-        if self.margin is None:
-            return "min_requests"
-        if n not in _looks(self.min_requests, self.max_requests):
-            return None
-        ok = [r for r in records if r.error is None]
-        settled = True
-        for key, samples in _SAMPLES.items():
-            limit = getattr(limits, key)
-            if limit is None:
-                continue
-            values = samples(ok)
-            if not values:
-                return None
-            lo, hi = percentile_interval(values, 0.95, self.confidence)
-            lo, hi = lo * 1000.0, hi * 1000.0
-            if lo > limit:
-                return "fails"  # this limit is missed whatever more requests say
-            p95 = float(np.percentile(values, 95)) * 1000.0
-            narrow = p95 > 0 and max(hi - p95, p95 - lo) <= self.margin * p95
-            settled = settled and (narrow or hi <= limit)
-        return "settled" if settled else None
 
 
 _NAMES = {"ttft_p95_ms": "TTFT", "tpot_p95_ms": "TPOT", "itl_p95_ms": "ITL", "e2e_p95_ms": "E2E latency"}

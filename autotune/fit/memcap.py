@@ -25,13 +25,10 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from autotune.engine.defaults import DEFAULT_UTILIZATION, batch_defaults
 from autotune.errors import SpecError
-from autotune.hardware import GiB, MiB, PROFILES, GpuProfile, detect_gpus, profile_for
-
-DEFAULT_UTILIZATION = 0.92  # vLLM >= 0.25 (config/cache.py)
-# EngineArgs.get_batch_defaults for the OpenAI API server: (min CUDA total, "a100" excluded, seqs, batched tokens)
-_BIG_CARD_BYTES = 70 * GiB
-_HUGE_CARD_BYTES = 160 * GiB
+from autotune.fit.hardware import PROFILES, GpuProfile, detect_gpus, profile_for
+from autotune.units import GiB, MiB
 
 
 @dataclass(frozen=True)
@@ -120,15 +117,6 @@ def cap_utilization(real: GpuProfile, cap: MemoryCap, utilization: float = DEFAU
     while reserved_bytes(real.cuda_total_bytes, util) > target:
         util = math.nextafter(util, 0.0)
     return util
-
-
-def batch_defaults(cuda_total: int, name: str) -> tuple[int, int]:
-    """(max_num_seqs, max_num_batched_tokens) vLLM's API server picks on a card of this CUDA total."""
-    if cuda_total >= _HUGE_CARD_BYTES:
-        return 1024, 16384
-    if cuda_total >= _BIG_CARD_BYTES and "a100" not in name.lower():
-        return 1024, 8192
-    return 256, 2048
 
 
 def engine_flags(flags: Mapping[str, object], cap: MemoryCap, real: GpuProfile,

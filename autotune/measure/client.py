@@ -17,7 +17,7 @@ from typing import Literal
 import aiohttp
 import numpy as np
 
-from autotune.workload import RequestSpec
+from autotune.measure.workload import RequestSpec
 
 
 @dataclass(frozen=True)
@@ -85,7 +85,11 @@ Enough = Callable[[Sequence[RequestRecord]], str | None]
 
 
 GIVE_UP_AFTER = 4
+
+
 STALLED = "no data for"  # the error of a request the server stopped sending to
+
+
 HUNG = "the server hung"  # a level's stop reason when no request received anything for the stall timeout
 
 
@@ -115,10 +119,16 @@ class _Finished:
 
 
 _DATA = b"data:"
+
+
 _DONE = b"[DONE]"
+
+
 # A chunk with a non-empty `choices` list and no usage carries a token: recognised without parsing its JSON.
 # (Inside JSON strings quotes are escaped, so these byte patterns cannot come from generated text.)
 _TOKEN = b'"choices":[{'
+
+
 _USAGE = b'"usage":{'
 
 

@@ -18,14 +18,24 @@ from dataclasses import dataclass
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
-from autotune.budget import Budget
-from autotune.space import BASELINE_ATTR
+from autotune.config.study_file import DEFAULT_TOP
+from autotune.search import remeasure
+from autotune.search.budget import Budget
+from autotune.search.record import (
+    BASELINE_ATTR,
+    REMEASURE_ATTR,
+    feasible,
+)
 
-REMEASURE_ATTR = "remeasure_of"  # trial user attr: the number of the trial whose configuration it re-measures
 SUMMARY_ATTR = "remeasured"  # study user attr: {original number: {"output_tok_s": [...], "median": ...}}
-DEFAULT_TOP = 3  # [budget] remeasure: how many configurations to re-measure (0: none)
+
+
 RESERVE_FRACTION = 0.15  # of a time budget
+
+
 MAX_ROUNDS = 3  # re-measurements per configuration at most, whatever time is left
+
+
 LENGTH_MARGIN = 1.25  # boots and loads vary: a re-measurement starts only with a quarter of its length to spare
 
 
@@ -56,10 +66,6 @@ def _release(budget: Budget, r: Reserve) -> None:
     budget.held_s = 0.0
     if budget.trials is not None:
         budget.trials += r.trials
-
-
-def feasible(t: FrozenTrial) -> bool:
-    return t.state == TrialState.COMPLETE and bool(t.constraints) and all(c <= 0 for c in t.constraints.values())
 
 
 def remeasured(trials: Sequence[FrozenTrial]) -> dict[int, list[float]]:
@@ -232,3 +238,9 @@ def remeasure_top(study: optuna.Study, budget: Budget, reserved: Reserve, run_on
     if done:
         study.set_user_attr(SUMMARY_ATTR, summary(study.get_trials(deepcopy=False)))
     return RemeasureRun(tuple(done), booted, why)
+
+
+def best_trial(study: optuna.Study, keep: Callable[[FrozenTrial], bool] = lambda t: True) -> remeasure.Best | None:
+    """The winner (its original trial) and the figure every reader gives for it (remeasure.best): chosen on
+    all measurements once the top configurations were re-measured. Optuna's own best_trial ignores constraints."""
+    return remeasure.best(study.get_trials(deepcopy=False), keep)

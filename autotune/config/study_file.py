@@ -7,56 +7,95 @@ misspelt flag silently ignored would cost a night of searching the wrong thing.
 
 from __future__ import annotations
 
-import dataclasses
-import difflib
-import re
-import tomllib
-import types
-import typing
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 
-from autotune.errors import SpecError
-from autotune.hardware import PROFILES
-from autotune.memcap import MemoryCap, parse_cap
-from autotune.metrics import Limits
-from autotune.remeasure import DEFAULT_TOP
-from autotune.sla import LoadSearch
-from autotune.space import (
+
+import dataclasses
+import re
+import typing
+from pathlib import Path
+from typing import Any
+
+from autotune.config.objective import load_objective
+from autotune.config.toml import _read, _show, _suggest, _Table, parse_duration
+from autotune.engine.flags import (
     MODEL,
+    PSEUDO_PARAMS,
     SPEC_METHOD,
     SPEC_TOKENS,
-    Baseline,
-    Param,
     invalid_reason,
-    same_value,
     to_engine_flags,
 )
-from autotune.tinymodel import KINDS as TINY_KINDS
-from autotune.workload import LengthDist, Workload
+from autotune.engine.models import KINDS as TINY_KINDS
+from autotune.errors import SpecError
+from autotune.fit.hardware import PROFILES
+from autotune.fit.memcap import MemoryCap, parse_cap
+from autotune.measure.trial import Objective
 
-SAMPLERS = ("tpe", "gp", "random")
-PARAM_TYPES = ("int", "float", "categorical", "bool")
-RESERVED_FLAGS = {"model": "set it in [model] (path)", "host": "the engine picks it", "port": "the engine picks it"}
-MODEL_FLAGS = ("load_format", "quantization", "revision")
-_NAME = re.compile(r"^[a-z][a-z0-9_]*$")
-# A study's name names its files (studies/NAME.db, NAME-artifacts/, reports/NAME.html, a worker's NAME.toml), so
-# it must be one plain file name: no separators, no leading dot or dash, nothing a shell or a URL reads specially.
-STUDY_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]{0,99}")
-_MISSING: Any = object()
+DEFAULT_TOP = 3  # [budget] remeasure: how many configurations to re-measure (0: none)
+
+
+ParamType = Literal["int", "float", "categorical", "bool"]
 
 
 @dataclass(frozen=True)
-class Objective:
-    """What "good" means: the workload sent and the p95 limits it must meet, and how load rises."""
+class Param:
+    """One searched flag (a vLLM dest name or a pseudo-parameter). `when` gates it on other params."""
 
     name: str
-    path: Path
-    description: str
-    workload: Workload
-    limits: Limits
-    load: LoadSearch
+    type: ParamType
+    low: int | float | None = None
+    high: int | float | None = None
+    log: bool = False
+    step: int | float | None = None
+    choices: tuple[object, ...] = ()
+    when: dict[str, object] = field(default_factory=dict)  # {param: value or [values]}
+    default: object = None  # the value vLLM uses when the flag is absent; fills baselines' params
+
+
+@dataclass(frozen=True)
+class Baseline:
+    """A configuration booted exactly as written (on top of the study's fixed flags)."""
+
+    name: str
+    flags: dict[str, object] = field(default_factory=dict)
+
+
+def same_value(a: object, b: object) -> bool:
+    """Equality that keeps True apart from 1 (TOML and Optuna both distinguish them)."""
+    return isinstance(a, bool) == isinstance(b, bool) and a == b
+
+
+def _in_domain(p: Param, v: object) -> bool:
+    if p.type == "bool":
+        return isinstance(v, bool)
+    if p.type == "categorical":
+        return any(same_value(v, c) for c in p.choices)
+    # Numbers outside [low, high] are kept: Optuna records a fixed out-of-range value with a warning.
+    if p.type == "int":
+        return isinstance(v, int) and not isinstance(v, bool)
+    return isinstance(v, int | float) and not isinstance(v, bool)
+
+
+SAMPLERS = ("tpe", "gp", "random")
+
+
+PARAM_TYPES = ("int", "float", "categorical", "bool")
+
+
+RESERVED_FLAGS = {"model": "set it in [model] (path)", "host": "the engine picks it", "port": "the engine picks it"}
+
+
+MODEL_FLAGS = ("load_format", "quantization", "revision")
+
+
+_NAME = re.compile(r"^[a-z][a-z0-9_]*$")
+
+
+# A study's name names its files (studies/NAME.db, NAME-artifacts/, reports/NAME.html, a worker's NAME.toml), so
+# it must be one plain file name: no separators, no leading dot or dash, nothing a shell or a URL reads specially.
+STUDY_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]{0,99}")
 
 
 @dataclass(frozen=True)
@@ -107,94 +146,6 @@ class StudySpec:
         return model_flags(self.model) | self.engine
 
 
-def _show(value: object) -> str:
-    return repr(value) if not isinstance(value, dict) else "a table"
-
-
-def _suggest(key: str, known: typing.Iterable[str]) -> str:
-    near = difflib.get_close_matches(key, list(known), n=1, cutoff=0.6)
-    return f"; did you mean '{near[0]}'?" if near else ""
-
-
-class _Table:
-    """One TOML table being read: typed accessors that remember which keys are known."""
-
-    def __init__(self, data: dict[str, Any], source: str, prefix: str = ""):
-        self.data, self.source, self.prefix = data, source, prefix
-        self.known: set[str] = set()
-
-    def key(self, name: str) -> str:
-        return f"{self.prefix}.{name}" if self.prefix else name
-
-    def error(self, name: str | None, message: str) -> SpecError:
-        return SpecError(self.source, self.key(name) if name else (self.prefix or None), message)
-
-    def get(self, name: str, default: Any = _MISSING) -> Any:
-        self.known.add(name)
-        if name in self.data:
-            return self.data[name]
-        if default is _MISSING:
-            for k in self.data:  # a misspelling of this key is the likelier story
-                if k not in self.known and difflib.get_close_matches(name, [k], cutoff=0.6):
-                    raise self.error(k, f"unknown key; did you mean '{name}'?")
-            raise self.error(name, "required key is missing")
-        return default
-
-    def expect(self, name: str, ok: bool, what: str, value: object) -> None:
-        if not ok:
-            raise self.error(name, f"must be {what}, got {_show(value)}")
-
-    def text(self, name: str, default: Any = _MISSING) -> Any:
-        v = self.get(name, default)
-        self.expect(name, v is default or (isinstance(v, str) and v != ""), "a non-empty string", v)
-        return v
-
-    def integer(self, name: str, default: Any = _MISSING, minimum: int | None = None) -> Any:
-        v = self.get(name, default)
-        if v is default:
-            return v
-        self.expect(name, isinstance(v, int) and not isinstance(v, bool), "an integer", v)
-        if minimum is not None and v < minimum:
-            raise self.error(name, f"must be >= {minimum}, got {v}")
-        return v
-
-    def number(self, name: str, default: Any = _MISSING) -> Any:
-        v = self.get(name, default)
-        self.expect(name, v is default or (isinstance(v, int | float) and not isinstance(v, bool)), "a number", v)
-        return v
-
-    def boolean(self, name: str, default: Any = _MISSING) -> Any:
-        v = self.get(name, default)
-        self.expect(name, v is default or isinstance(v, bool), "true or false", v)
-        return v
-
-    def table(self, name: str, required: bool = False) -> _Table:
-        v = self.get(name, _MISSING if required else {})
-        self.expect(name, isinstance(v, dict), "a table", v)
-        return _Table(v, self.source, self.key(name))
-
-    def done(self) -> None:
-        """Refuse keys nobody asked for."""
-        for k in self.data:
-            if k not in self.known:
-                raise self.error(k, f"unknown key{_suggest(k, self.known)}")
-
-
-def _read(path: Path, source: str) -> dict[str, Any]:
-    try:
-        with open(path, "rb") as f:
-            return tomllib.load(f)
-    except FileNotFoundError:
-        raise SpecError(source, None, "file not found") from None
-    except OSError as e:
-        raise SpecError(source, None, f"cannot read: {e.strerror}") from None
-    except tomllib.TOMLDecodeError as e:
-        raise SpecError(source, None, f"invalid TOML: {e}") from None
-    except UnicodeDecodeError as e:  # TOML is UTF-8 by definition
-        raise SpecError(source, None, f"not UTF-8 text (byte {e.start}: {e.object[e.start:e.start + 1]!r}); "
-                                      "save it as UTF-8") from None
-
-
 def check_study_name(name: str, source: str, key: str | None) -> str:
     """The one definition of a valid study name, for names from a study file, the command line and storage."""
     if not STUDY_NAME.fullmatch(name):
@@ -203,132 +154,12 @@ def check_study_name(name: str, source: str, key: str | None) -> str:
     return name
 
 
-def parse_duration(text: object, key: str = "duration", source: str = "command line") -> float:
-    """Seconds from "4h", "90m", "1h30m", "45s", "2d" or a plain number of seconds; must be > 0."""
-    if isinstance(text, int | float) and not isinstance(text, bool):
-        seconds = float(text)
-    else:
-        m = re.fullmatch(r"(?:(\d+(?:\.\d+)?)d)?(?:(\d+(?:\.\d+)?)h)?(?:(\d+(?:\.\d+)?)m)?(?:(\d+(?:\.\d+)?)s)?",
-                         text.strip().lower()) if isinstance(text, str) else None
-        if not m or not any(m.groups()):
-            raise SpecError(source, key, f"must be a duration like '4h', '90m', '1h30m' or '45s', got {text!r}")
-        seconds = sum(float(g) * u for g, u in zip(m.groups(), (86400, 3600, 60, 1)) if g)
-    if seconds <= 0:
-        raise SpecError(source, key, f"must be a positive duration, got {text!r}")
-    return seconds
-
-
-# --- objectives -------------------------------------------------------------------------------------
-
-
-def _hint_value(t: _Table, name: str, hint: Any) -> Any:
-    """Read a field by its type hint (for fields the owning module may add later)."""
-    args = typing.get_args(hint)
-    if typing.get_origin(hint) in (typing.Union, types.UnionType):
-        if t.data.get(name) is None:
-            t.get(name, None)
-            return None
-        return _hint_value(t, name, next(a for a in args if a is not type(None)))
-    if typing.get_origin(hint) is Literal:
-        v = t.get(name)
-        if v not in args:
-            raise t.error(name, f"must be one of {', '.join(map(repr, args))}, got {_show(v)}"
-                          + (_suggest(v, map(str, args)) if isinstance(v, str) else ""))
-        return v
-    readers = {bool: t.boolean, int: t.integer, float: t.number, str: t.text}
-    if hint in readers:
-        v = readers[hint](name)
-        return float(v) if hint is float else v
-    raise t.error(name, f"cannot be set from a file (type {hint})")
-
-
-def _build(cls: type, t: _Table, special: dict[str, Any] | None = None) -> Any:
-    """A dataclass from a table: `special` readers for some fields, type hints for the rest."""
-    special = special or {}
-    hints = typing.get_type_hints(cls)
-    kwargs = {}
-    for f in dataclasses.fields(cls):
-        t.known.add(f.name)
-        if f.name in t.data:
-            kwargs[f.name] = special[f.name](f.name) if f.name in special else _hint_value(t, f.name, hints[f.name])
-    t.done()
-    return cls(**kwargs)
-
-
-def _length(t: _Table, name: str) -> LengthDist:
-    v = t.get(name, _MISSING)
-    if isinstance(v, int) and not isinstance(v, bool):
-        if v < 1:
-            raise t.error(name, f"must be >= 1, got {v}")
-        return LengthDist(kind="fixed", mean=v, min=v, max=v)
-    t.expect(name, isinstance(v, dict), "an integer or a table like { kind = \"normal\", mean = 512, std = 128 }", v)
-    sub = _Table(v, t.source, t.key(name))
-    dist = _build(LengthDist, sub)
-    if dist.mean < 1 or dist.min < 1:
-        raise sub.error("mean" if dist.mean < 1 else "min", "must be >= 1")
-    if dist.std < 0:
-        raise sub.error("std", f"must be >= 0, got {dist.std}")
-    if dist.min > dist.max:
-        raise sub.error("min", f"min ({dist.min}) must be <= max ({dist.max})")
-    if not dist.min <= dist.mean <= dist.max:
-        raise sub.error("mean", f"mean ({dist.mean}) must lie in [min, max] = [{dist.min}, {dist.max}]")
-    return dist
-
-
-def load_objective(path: str | Path) -> Objective:
-    """Read and validate an objective file."""
-    source = str(path)
-    path = Path(path)
-    top = _Table(_read(path, source), source)
-    name = top.text("name", path.stem)
-    description = top.get("description", "")
-    top.expect("description", isinstance(description, str), "a string", description)
-
-    wt = top.table("workload", required=True)
-
-    def dataset(key: str) -> Path:
-        p = (path.parent / wt.text(key)).resolve()
-        if not p.is_file():
-            raise wt.error(key, f"file not found: {p}")
-        return p
-
-    workload = _build(Workload, wt, {"input_len": lambda k: _length(wt, k), "output_len": lambda k: _length(wt, k),
-                                     "dataset": dataset})
-    if workload.shared_prefix_len < 0:
-        raise wt.error("shared_prefix_len", f"must be >= 0, got {workload.shared_prefix_len}")
-
-    lt = top.table("limits", required=True)
-    limits = _build(Limits, lt)
-    set_limits = {f.name: getattr(limits, f.name) for f in dataclasses.fields(Limits)
-                  if getattr(limits, f.name) is not None}
-    if not set_limits:
-        raise lt.error(None, "set at least one limit: " + ", ".join(f.name for f in dataclasses.fields(Limits)))
-    for k, v in set_limits.items():
-        if v <= 0:
-            raise lt.error(k, f"must be > 0, got {v}")
-
-    ld = top.table("load")
-    load = _build(LoadSearch, ld)
-    checks = [("start", load.start > 0, "must be > 0"), ("max", load.max >= load.start, "must be >= start"),
-              ("factor", load.factor > 1, "must be > 1"), ("tolerance", load.tolerance > 0, "must be > 0"),
-              ("min_requests", load.min_requests >= 1, "must be >= 1"),
-              ("warmup_requests", load.warmup_requests >= 0, "must be >= 0"),
-              ("p95_margin", load.p95_margin >= 0, "must be >= 0 (0: a fixed count of min_requests)"),
-              ("p95_confidence", 0 < load.p95_confidence < 1, "must lie between 0 and 1"),
-              ("max_requests", load.max_requests >= 1, "must be >= 1")]
-    for key, ok, message in checks:
-        if not ok:
-            raise ld.error(key, f"{message}, got {getattr(load, key)}")
-    top.done()
-    return Objective(name=name, path=path, description=description, workload=workload, limits=limits, load=load)
-
-
 def check_prompt_tokenizer(objective: Objective, models: typing.Iterable[str]) -> None:
     """`prompt = "text"` decodes the prompts with each model's tokenizer.json: say so before anything boots if
     one has none (the tiny models always have one; a hub id must be in the local hub cache)."""
     if objective.workload.prompt != "text":
         return
-    from autotune.workload import tokenizer_file
+    from autotune.measure.workload import tokenizer_file
 
     for model in models:
         if not model.startswith("tiny:") and tokenizer_file(model) is None:
@@ -342,9 +173,6 @@ def study_models(spec: StudySpec) -> list[str]:
     models = [spec.model.path, *(c for p in spec.space if p.name == MODEL for c in p.choices),
               *(b.flags[MODEL] for b in spec.baselines if MODEL in b.flags)]
     return list(dict.fromkeys(map(str, models)))
-
-
-# --- studies ----------------------------------------------------------------------------------------
 
 
 def _resolve_model(t: _Table, key: str, value: str, base: Path) -> str:
@@ -600,3 +428,35 @@ def load_study(path: str | Path) -> StudySpec:
                      env=env, space=space, baselines=baselines, sampler=sampler, boot_timeout_s=boot_timeout,
                      storage=storage, time_budget_s=time_budget, max_trials=max_trials, remeasure=remeasure,
                      description=description, memory_cap=memory_cap)
+
+
+def study_flag_names(spec) -> list[tuple[str, str]]:
+    """Every vLLM flag a study file names: fixed flags, searched parameters, baselines' flags."""
+
+    src = str(spec.path)
+    names = [(src, k) for k in spec.fixed_flags()]
+    names += [(src, p.name) for p in spec.space if p.name not in PSEUDO_PARAMS]
+    names += [(src, k) for b in spec.baselines for k in b.flags if k not in PSEUDO_PARAMS]
+    return names
+
+
+def study_flag_values(spec) -> list[tuple[str, str, str, object]]:
+    """Every value a study file gives a vLLM flag, with its dotted key: [model] and [engine] flags, the values
+    searched parameters can take, baselines' flags."""
+
+    src = str(spec.path)
+    values = [(src, f"model.{k}", k, v) for k, v in model_flags(spec.model).items()]
+    values += [(src, f"engine.{k}", k, v) for k, v in spec.engine.items()]
+    for p in spec.space:
+        if p.name in PSEUDO_PARAMS:
+            continue
+        key = f"space.{p.name}"
+        if p.type == "categorical":
+            values += [(src, f"{key}.choices", p.name, c) for c in p.choices]
+        elif p.type == "int":
+            values += [(src, f"{key}.low", p.name, p.low), (src, f"{key}.high", p.name, p.high)]
+        else:  # a float or bool parameter: one value of the kind it draws
+            values.append((src, f"{key}.type", p.name, True if p.type == "bool" else float(p.low)))
+    values += [(src, f"baselines[{i}].flags.{k}", k, v) for i, b in enumerate(spec.baselines)
+               for k, v in b.flags.items() if k not in PSEUDO_PARAMS]
+    return values

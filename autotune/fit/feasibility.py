@@ -15,15 +15,26 @@ from typing import Mapping, Sequence
 
 from optuna.trial import FrozenTrial, TrialState
 
-from autotune.engine import installed_vllm
-from autotune.errors import EngineError, ModelUnavailable
-from autotune.estimate import Corrections, Estimate, ModelShape, default_gpu_memory_utilization, estimate
-from autotune.hardware import GpuProfile, cpu_profile, detect_gpus, get_profile, profile_for
+from autotune.engine.defaults import (
+    default_gpu_memory_utilization,
+    installed_vllm_version,
+)
+from autotune.engine.models import KNOWN, KNOWN_MODELS, _hub_config
+from autotune.fit.estimate import Corrections, Estimate, estimate
+from autotune.fit.hardware import (
+    GpuProfile,
+    cpu_profile,
+    detect_gpus,
+    get_profile,
+    profile_for,
+)
+from autotune.fit.model_shape import ModelShape
+from autotune.units import GiB
 
-GiB = 2**30
-HUB_TIMEOUT_S = 10  # one request for a hub model's config.json, no retries
 # Flags where a larger value needs more memory, and where a smaller one does.
 _MORE_IS_HEAVIER = ("max_num_seqs", "max_num_batched_tokens", "max_model_len", "kv_cache_memory_bytes")
+
+
 _LESS_IS_HEAVIER = ("gpu_memory_utilization",)
 
 
@@ -47,15 +58,6 @@ class Verdict:
     excess_gib: float  # how far from fitting (the constraint value Optuna learns from)
 
 
-KNOWN_MODELS = Path(__file__).parent / "known_models"
-KNOWN = {  # hub id -> shipped config.json: estimates for the mission's models work offline
-    "Qwen/Qwen3.5-27B": "qwen3.5-27b.json",
-    "Qwen/Qwen3.5-27B-FP8": "qwen3.5-27b-fp8.json",
-    "Qwen/Qwen3.5-27B-GPTQ-Int4": "qwen3.5-27b-gptq-int4.json",
-    "QuantTrio/Qwen3.5-27B-AWQ": "qwen3.5-27b-awq.json",
-}
-
-
 @functools.cache
 def model_shape(model: str) -> ModelShape:
     path = Path(model)
@@ -64,30 +66,6 @@ def model_shape(model: str) -> ModelShape:
     if model in KNOWN:
         return ModelShape.from_config(json.loads((KNOWN_MODELS / KNOWN[model]).read_text()))
     return ModelShape.from_config(json.loads(_hub_config(model).read_text()))
-
-
-def _hub_config(model: str) -> Path:
-    """A hub model's config.json: from the user's cache, else after one request without retries, so that an
-    unreachable hub or a wrong id is said in a line within seconds (huggingface_hub alone retries for about
-    30 s, then raises through a long traceback)."""
-    from huggingface_hub import get_hf_file_metadata, hf_hub_download, hf_hub_url
-    from huggingface_hub.errors import LocalEntryNotFoundError
-
-    try:
-        return Path(hf_hub_download(model, "config.json", local_files_only=True))
-    except LocalEntryNotFoundError:
-        pass
-    except Exception as e:  # an id the hub can never hold (HFValidationError), a cache that cannot be read
-        raise ModelUnavailable(_first_line(e)) from e
-    try:
-        get_hf_file_metadata(hf_hub_url(model, "config.json"), timeout=HUB_TIMEOUT_S)
-        return Path(hf_hub_download(model, "config.json"))
-    except Exception as e:  # no network, no such repository, gated, offline mode: all one thing to a user
-        raise ModelUnavailable(f"not in the local Hugging Face cache, and the hub could not give it: {_first_line(e)}") from e
-
-
-def _first_line(e: Exception) -> str:
-    return (str(e).strip().splitlines() or [type(e).__name__])[0]
 
 
 def resolve_profile(hardware: str, cpu_build: bool) -> GpuProfile:
@@ -136,14 +114,6 @@ def dominated_by_failure(flags: Mapping[str, object], obs: Sequence[Observation]
         if same_rest and heavier and all(k in flags for k in _MORE_IS_HEAVIER if k in o.flags):
             return o
     return None
-
-
-def installed_vllm_version() -> str | None:
-    """Defaults moved between vLLM releases (memory utilization, prefix caching for hybrid models)."""
-    try:
-        return installed_vllm()[1]
-    except EngineError:
-        return None
 
 
 def judge(model: str, profile: GpuProfile, flags: Mapping[str, object], env: Mapping[str, str],

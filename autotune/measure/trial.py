@@ -7,7 +7,6 @@ stop the server. Every way this can go wrong becomes a field of the result, neve
 
 from __future__ import annotations
 
-import json
 import os
 import threading
 import time
@@ -15,15 +14,35 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Literal
 
-from autotune.engine import BootFailed, BootInfo, Build, EngineSpec, Failure, FailureKind, Server, detect_build
-from autotune.hardware import MemoryPeak, MemorySampler, MemoryWatch, detect_gpus, memory_watch
-from autotune.load import STALLED, LoadLevel, measure_level
-from autotune.metrics import LevelStats, Verdict, judge, level_stats
-from autotune.sla import find_sustainable
-from autotune.spec import Objective
-from autotune.workload import prompt_decoder
+from autotune.engine.flags import (
+    Build,
+    detect_build,
+)
+from autotune.engine.logs import BootInfo, Failure, FailureKind
+from autotune.engine.server import BootFailed, EngineSpec, Server
+from autotune.fit.hardware import detect_gpus
+from autotune.measure.client import STALLED, LoadLevel, measure_level
+from autotune.measure.ladder import LoadSearch, find_sustainable
+from autotune.measure.memory import MemoryPeak, MemorySampler, MemoryWatch, memory_watch
+from autotune.measure.stats import LevelStats, Limits, Verdict, judge, level_stats
+from autotune.measure.workload import Workload, prompt_decoder
+
+
+@dataclass(frozen=True)
+class Objective:
+    """What "good" means: the workload sent and the p95 limits it must meet, and how load rises."""
+
+    name: str
+    path: Path
+    description: str
+    workload: Workload
+    limits: Limits
+    load: LoadSearch
+
 
 Status = Literal["ok", "infeasible", "failed", "stopped"]
+
+
 Stage = Callable[[str], None]
 
 
@@ -195,16 +214,3 @@ def _measure(server: Server, plan: TrialPlan, value: float, seed_offset: int,
                         enough=lambda done: CANCELLED if cancelled.is_set() else rule.reason(done, limits))
     stats = level_stats(run, limits)
     return LevelOutcome(stats, judge(stats, limits), hung=run.hung)
-
-
-def model_vocab_size(model: str) -> int:
-    """The vocabulary the random prompts draw from, read from the model's config.json."""
-    path = Path(model)
-    if path.is_dir():
-        config = json.loads((path / "config.json").read_text())
-    else:
-        from huggingface_hub import hf_hub_download  # comes with vLLM; uses the local cache when it can
-
-        config = json.loads(Path(hf_hub_download(model, "config.json")).read_text())
-    return int(config.get("vocab_size") or config.get("text_config", {})["vocab_size"])
-

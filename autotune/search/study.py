@@ -6,41 +6,47 @@ a kill of the tuner loses at most the trial in flight, and the next run of the s
 
 from __future__ import annotations
 
-import contextlib
 import functools
-import importlib.util
 import json
-import re
 import threading
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Iterator, Protocol
-from urllib.parse import quote
+from typing import Callable, Protocol
 
 import optuna
 from optuna.artifacts import FileSystemArtifactStore
-from optuna.trial import FrozenTrial, TrialState
-from sqlalchemy.engine import URL, make_url
+from optuna.trial import TrialState
 
-from autotune import feasibility, memcap, outcome, remeasure
-from autotune.budget import Budget
-from autotune.dashboard import attach_log, open_artifact_store, save_trial_note
-from autotune.engine import Build, EngineSpec, FailureKind, detect_build, reap_leftover_servers
-from autotune.errors import EngineError, SpecError, StorageError
-from autotune.export import value_text
-from autotune.hardware import GpuProfile, detect_gpus
-from autotune.samplers import make_pruner, make_sampler
-from autotune.space import (BASELINE_ATTR, EngineConfig, enqueue_baseline, engine_config, invalid_reason, suggest,
-                            trial_baseline)
-from autotune.spec import StudySpec, check_study_name, load_study
-from autotune.tinymodel import resolve_model
-from autotune.trial import LevelOutcome, TrialPlan, TrialResult, model_vocab_size, run_trial
+from autotune.config.study_file import StudySpec
+from autotune.engine.flags import Build, detect_build, invalid_reason, value_text
+from autotune.engine.logs import FailureKind
+from autotune.engine.models import model_vocab_size, resolve_model
+from autotune.engine.server import EngineSpec, reap_leftover_servers
+from autotune.errors import EngineError, SpecError
+from autotune.fit import feasibility, memcap
+from autotune.fit.hardware import GpuProfile, detect_gpus
+from autotune.measure.trial import LevelOutcome, TrialPlan, TrialResult, run_trial
+from autotune.search import record, remeasure, tell
+from autotune.search.budget import Budget
+from autotune.search.record import BASELINE_ATTR, save_trial_note, trial_baseline
+from autotune.search.remeasure import best_trial
+from autotune.search.samplers import make_pruner, make_sampler
+from autotune.search.space import EngineConfig, engine_config, enqueue_baseline, suggest
+from autotune.search.storage import (
+    _heartbeat,
+    attach_log,
+    default_storage,
+    open_artifact_store,
+    open_storage,
+)
 
-HEARTBEAT_S = 5
-GRACE_S = 30  # a RUNNING trial without a heartbeat for this long belongs to a dead worker: marked FAIL, retried once
 INTERRUPTED = "interrupted by the user"
+
+
 MAX_REJECTED_IN_A_ROW = 200
+
+
 HELD_GPU_BYTES = 1 << 30  # more than this in use before a boot means something else holds the GPU
 
 
@@ -74,91 +80,6 @@ class RunSummary:
                f"stopped: {self.stopped_because or 'done'}"]
         out.append(f"best: {self.best.text}" if self.best is not None else "no feasible configuration yet")
         return out
-
-
-def default_storage(spec: StudySpec) -> str:
-    return f"sqlite:///{spec.path.parent / (spec.name + '.db')}"
-
-
-def retry_stale_trial(study: optuna.Study, trial: FrozenTrial) -> None:
-    """Queue a trial whose worker died once more, as it was (Optuna's RetryHeartbeatStaleTrialCallback with
-    max_retry=1, and the same system attributes). It queues the params as fixed params, as enqueue_trial does:
-    a baseline's values may lie outside the space's ranges, which Optuna's callback cannot re-create."""
-    history = [*trial.system_attrs.get("retry_history", []), trial.number]
-    if len(history) > 1:
-        return
-    system_attrs = {**trial.system_attrs, "failed_trial": trial.system_attrs.get("failed_trial", trial.number),
-                    "retry_history": history, "fixed_params": dict(trial.params)}
-    study.add_trial(optuna.create_trial(state=TrialState.WAITING, user_attrs=trial.user_attrs,
-                                        system_attrs=system_attrs))
-
-
-_USER_PASSWORD = re.compile(r"(//[^/@:]*:)([^@/]*)@")  # in a URL too broken for SQLAlchemy to parse
-
-
-def shown_url(url: str) -> str:
-    """A storage URL as autotune prints it: the password masked, as SQLAlchemy masks it (also in a URL that does
-    not parse, whose text SQLAlchemy's own errors would echo)."""
-    try:
-        return make_url(url).render_as_string(hide_password=True)
-    except Exception:  # unparseable: mask whatever sits between user: and @
-        return _USER_PASSWORD.sub(r"\1***@", url)
-
-
-def _database_url(url: str, read_only: bool) -> URL:
-    """The URL SQLAlchemy is given. A bare postgresql:// means psycopg 3 to SQLAlchemy 2.1; the project installs
-    psycopg2, so that is the driver unless psycopg is present. A read-only SQLite open uses SQLite's mode=ro, so
-    that it can neither create the file nor write to it."""
-    parsed = make_url(url)
-    if parsed.drivername == "postgresql" and importlib.util.find_spec("psycopg") is None:
-        parsed = parsed.set(drivername="postgresql+psycopg2")
-    if read_only and parsed.get_backend_name() == "sqlite":
-        path = Path(parsed.database or "")
-        if not parsed.database or not path.is_file():
-            raise StorageError(f"--storage {shown_url(url)}: no database file at {path}")
-        parsed = parsed.set(database=f"file:{quote(str(path.resolve()))}", query={"mode": "ro", "uri": "true"})
-    return parsed
-
-
-def open_storage(url: str, read_only: bool = False) -> optuna.storages.BaseStorage:
-    """An RDB storage with heartbeats, so a trial whose worker died is found and marked, not left RUNNING.
-    Read-only (status, export, report, a worker looking its study up) creates no schema and no file."""
-    shown = shown_url(url)
-    try:
-        database = _database_url(url, read_only)
-        return optuna.storages.RDBStorage(database.render_as_string(hide_password=False),
-                                          heartbeat_interval=HEARTBEAT_S, grace_period=GRACE_S,
-                                          heartbeat_stale_trial_callback=retry_stale_trial,
-                                          skip_table_creation=read_only)
-    except StorageError:
-        raise
-    except Exception as e:  # sqlalchemy/driver errors vary by backend; all mean the same thing to a user
-        while (e.__cause__ or e.__context__) is not None:  # the driver's own words, not a wrapper's
-            e = e.__cause__ or e.__context__  # type: ignore[assignment]
-        reason = (str(e).splitlines() or [type(e).__name__])[0]
-        if read_only and "version_info" in reason:  # the first table Optuna reads is missing
-            reason = "holds no Optuna study"
-        password = _password(url)
-        raise StorageError(f"--storage {shown}: cannot open: "
-                           f"{reason.replace(password, '***') if password else reason}") from None
-
-
-def _password(url: str) -> str | None:
-    try:
-        return make_url(url).password
-    except Exception:
-        match = _USER_PASSWORD.search(url)
-        return match.group(2) if match else None
-
-
-def load_existing_study(name: str, url: str) -> optuna.Study:
-    """A study that must exist already, opened read-only: a missing file or study is an error, never created."""
-    check_study_name(name, "--study", None)
-    storage = open_storage(url, read_only=True)
-    try:
-        return optuna.load_study(study_name=name, storage=storage)
-    except KeyError:
-        raise StorageError(f"--study {name}: no such study in {shown_url(url)}") from None
 
 
 def open_study(spec: StudySpec, storage_url: str | None = None,
@@ -249,12 +170,13 @@ def check_inputs(spec: StudySpec) -> None:
     """What a study file cannot show by itself, checked before anything is written (no database, no trial):
     the flags the installed vLLM knows and the values they take, and that every model named can be resolved
     (a hub id: from the cache, or the hub in one quick request)."""
-    from autotune import vllm_flags
+    from autotune.config import study_file
+    from autotune.engine import flags as engine_flags
+    from autotune.engine.flags import MODEL
     from autotune.errors import ModelUnavailable, SpecError
-    from autotune.space import MODEL
 
-    vllm_flags.check(vllm_flags.study_flag_names(spec))
-    vllm_flags.check_values(vllm_flags.study_flag_values(spec))
+    engine_flags.check(study_file.study_flag_names(spec))
+    engine_flags.check_values(study_file.study_flag_values(spec))
     models = [("model.path", spec.model.path)]
     models += [("space.model.choices", c) for p in spec.space if p.name == MODEL for c in p.choices]
     models += [(f"baselines[{i}].flags.model", b.flags[MODEL]) for i, b in enumerate(spec.baselines) if MODEL in b.flags]
@@ -288,22 +210,6 @@ class Slot:
     @property
     def cuda_visible_devices(self) -> str | None:
         return ",".join(map(str, self.gpu_indices)) if self.gpu_indices else None
-
-
-def spec_from_storage(name: str, url: str, root: Path) -> StudySpec:
-    """Rebuild a study's spec from the files `autotune run` stored with it (for workers on other hosts)."""
-    files = load_existing_study(name, url).user_attrs.get("files")
-    if not files:
-        raise StorageError(f"--study {name}: the study holds no study file; create it with `autotune run`")
-    ref = files["objective_ref"]
-    base = root.joinpath(*["study"] * ref.count("..")) if not Path(ref).is_absolute() else root
-    objective = base / ref if not Path(ref).is_absolute() else Path(ref)
-    objective.parent.mkdir(parents=True, exist_ok=True)
-    if not Path(ref).is_absolute():
-        objective.write_text(files["objective"])
-    study_file = base / f"{name}.toml"
-    study_file.write_text(files["study"])
-    return load_study(study_file)
 
 
 @dataclass
@@ -451,14 +357,14 @@ def _one_trial(run: _Run, slot: Slot) -> TrialResult | None:
     config = engine_config(spec, params, baseline=baseline)
     model_path, model_defaults = resolve_model(config.model)
     flags = {**model_defaults, **config.flags}
-    for key, value in outcome.config_attrs(model_path, flags, spec.env).items():
+    for key, value in record.config_attrs(model_path, flags, spec.env).items():
         trial.set_user_attr(key, value)
     label = ((trial.user_attrs.get("baseline") or {}).get("name")
              or ", ".join(f"{k}={value_text(v)}" for k, v in params.items()))
     run.progress.trial_started(trial.number, label, slot.name)
 
     if reason := invalid_reason(flags):
-        outcome.tell_rejected(study, trial, f"vLLM would reject it: {reason}")
+        tell.tell_rejected(study, trial, f"vLLM would reject it: {reason}")
         run.ended(trial, TrialState.COMPLETE, f"rejected before boot: {reason}")
         return None
 
@@ -466,7 +372,7 @@ def _one_trial(run: _Run, slot: Slot) -> TrialResult | None:
     for key, value in feasibility.prediction_attrs(verdict.estimate).items():
         trial.set_user_attr(key, value)
     if not verdict.fits:
-        outcome.tell_rejected(study, trial, f"predicted not to fit: {verdict.reason}", memory_excess=verdict.excess_gib)
+        tell.tell_rejected(study, trial, f"predicted not to fit: {verdict.reason}", memory_excess=verdict.excess_gib)
         run.ended(trial, TrialState.COMPLETE, f"pruned before boot: {verdict.reason}")
         return None
     if run.profile.kind == "cuda":
@@ -495,7 +401,7 @@ def _one_trial(run: _Run, slot: Slot) -> TrialResult | None:
         if run.budget.remaining() <= 0:
             return "stopped at the end of the time budget"
         if trial.should_prune():
-            return outcome.PRUNED
+            return tell.PRUNED
         return None
 
     try:
@@ -504,15 +410,15 @@ def _one_trial(run: _Run, slot: Slot) -> TrialResult | None:
                                cancel=run.stop)
     except EngineError as e:
         attach_log(study, trial, log_path, run.store)
-        outcome.tell_failed(study, trial, str(e))
+        tell.tell_failed(study, trial, str(e))
         run.ended(trial, TrialState.FAIL, str(e))
         raise
     attach_log(study, trial, log_path, run.store)  # before the tell: Optuna refuses artifacts on finished trials
     if run.stop.is_set():  # whatever the trial saw after Ctrl-C says nothing about the configuration
-        outcome.tell_failed(study, trial, INTERRUPTED)
+        tell.tell_failed(study, trial, INTERRUPTED)
         run.ended(trial, TrialState.FAIL, "interrupted")
         return result
-    state = outcome.tell_result(study, trial, result)
+    state = tell.tell_result(study, trial, result)
     run.ended(trial, state, _summary(result))
     if result.failure is not None and result.failure.kind is FailureKind.MODEL_NOT_FOUND:
         raise EngineError(f"model {config.model!r} not found: {result.failure.reason}")
@@ -532,7 +438,7 @@ def _check_gpu_free(run: _Run, trial: optuna.Trial, slot: Slot, wait_s: float = 
             return
         if time.monotonic() > deadline:
             what = ", ".join(f"GPU {g.index}: {g.used_bytes / 2**30:.1f} GiB in use" for g in busy)
-            outcome.tell_failed(run.study, trial, f"GPU memory held by another process ({what})")
+            tell.tell_failed(run.study, trial, f"GPU memory held by another process ({what})")
             run.ended(trial, TrialState.FAIL, "GPU busy")
             raise EngineError(f"GPU memory is held by another process before trial {trial.number} ({what}); "
                               "free the GPU and run the same command again to resume")
@@ -547,30 +453,3 @@ def _summary(result: TrialResult) -> str:
         return (f"{result.throughput_tok_s:,.0f} tok/s at level {result.best_level:g}, "
                 f"p95 TTFT {best.stats.ttft.p95_ms:.0f} ms")
     return f"{result.status}: {result.reason}"
-
-
-@contextlib.contextmanager
-def _heartbeat(study: optuna.Study, trial: optuna.Trial) -> Iterator[None]:
-    """Beat while the trial runs, so other workers (and the next run) can tell a live trial from a dead one."""
-    storage = study._storage  # the storage the study was opened with (RDBStorage, heartbeat-enabled)
-    stop = threading.Event()
-
-    def beat() -> None:
-        while True:
-            storage.record_heartbeat(trial._trial_id)
-            if stop.wait(HEARTBEAT_S):
-                return
-
-    thread = threading.Thread(target=beat, name="trial-heartbeat", daemon=True)
-    thread.start()
-    try:
-        yield
-    finally:
-        stop.set()
-        thread.join()
-
-
-def best_trial(study: optuna.Study, keep: Callable[[FrozenTrial], bool] = lambda t: True) -> remeasure.Best | None:
-    """The winner (its original trial) and the figure every reader gives for it (remeasure.best): chosen on
-    all measurements once the top configurations were re-measured. Optuna's own best_trial ignores constraints."""
-    return remeasure.best(study.get_trials(deepcopy=False), keep)

@@ -14,19 +14,25 @@ from typing import TYPE_CHECKING
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
-from autotune.remeasure import REMEASURE_ATTR, feasible, score
-from autotune.space import Param, condition_met, same_value
+from autotune.config.study_file import Param, same_value
+from autotune.search.record import REMEASURE_ATTR, feasible
+from autotune.search.remeasure import score
+from autotune.search.space import condition_met
 
 if TYPE_CHECKING:
-    from autotune.spec import StudySpec
+    from autotune.config.study_file import StudySpec
+from autotune.search.record import WARM_START_ATTR
 
 # TPE's first trials are random (the enqueued baselines count among them); after that it models good vs bad
 # configurations. On the recorded surface (benchmarks/search_efficiency.py --tuning, 50 seeds, no baselines)
 # 2 startup trials met the target in a median 4 trials, 3 in 5, 5 in 6.5, 10 in 7.5 (random search: 7.5);
 # 3 keeps some random exploration beside the two baselines.
 TPE_STARTUP_TRIALS = 3
+
+
 GP_STARTUP_TRIALS = 5
-WARM_START_ATTR = "warm_start"  # {"study": name, "trial": number, "output_tok_s": value}
+
+
 WARM_START_TOP = 3
 
 
@@ -80,9 +86,6 @@ def make_pruner() -> optuna.pruners.BasePruner:
     # with one warm-up level in 28% and 10%. This one never did, and cut the engine time of the first 10
     # trials by 5% (10.4 against 10.9 minutes without a pruner): boots dominate a trial's cost there.
     return BelowBestPruner(0.7, n_startup_trials=5, n_warmup_steps=1)
-
-
-# --- warm start ---------------------------------------------------------------------------------------------
 
 
 def _fits(p: Param, v: object) -> bool:

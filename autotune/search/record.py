@@ -1,0 +1,243 @@
+"""The trial record: the attribute names a trial is stored under, and the one read model (TrialView) that
+every reader (tables, report, dashboard notes, export, notebook) uses."""
+
+from __future__ import annotations
+
+import json
+import shlex
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import datetime
+from typing import TYPE_CHECKING
+
+import optuna
+from optuna.artifacts import (
+    get_all_artifact_meta,
+)
+from optuna.trial import FrozenTrial, TrialState
+
+from autotune.engine.flags import serve_command
+from autotune.measure.memory import memory_text
+from autotune.measure.trial import TrialResult
+
+
+if TYPE_CHECKING:
+    import optuna
+
+from autotune.engine.flags import value_text
+
+
+def trial_note(t: FrozenTrial, has_log: bool = False) -> str:
+    """What the trial's page should say first, in words: its result (or why it is not feasible) and the command
+    it booted, one flag a line. The user attributes panel shows the numbers but cuts long values off."""
+
+    v = view(t)
+    if v.kind == "feasible":
+        head = (f"**Feasible**: {v.throughput:,.0f} output tok/s {at_level(v)} (p95 TTFT "
+                f"{v.ttft_p95_ms or 0:,.0f} ms, p95 TPOT {v.tpot_p95_ms or 0:,.1f} ms)")
+    else:
+        kind = {"pruned": "Pruned (stopped early)", "failed": "Failed (not the configuration's fault)"}
+        head = f"**{kind.get(v.kind) or 'Not feasible: ' + why_not(t)}**" + (f". {v.reason}" if v.reason else "")
+    if v.peak_memory_gib is not None:
+        head += f"; peak {memory_text(v.peak_memory_gib, v.memory_source)}"
+    what = f"Baseline **{v.baseline}**" if v.baseline else "Configuration"
+    body = f"{head}\n\n{what}, booted as:\n\n```\n{_one_flag_a_line(v.command)}\n```\n" if v.command else head
+    return body + ("\nThe server log is attached below (Artifacts).\n" if has_log else "")
+
+
+def save_trial_note(study: optuna.Study, trial: optuna.Trial | FrozenTrial) -> None:
+    """Write (or rewrite) the note of a told trial. Notes live in the study's attributes, so unlike artifacts
+    this works after the tell, when the trial's result and reason are known."""
+    from optuna_dashboard import save_note
+
+    live = optuna.Trial(study, trial._trial_id)  # save_note takes a Trial; this one is a handle on the stored trial
+    frozen = live.storage.get_trial(trial._trial_id)
+    save_note(live, trial_note(frozen, has_log=bool(get_all_artifact_meta(live))))
+
+
+def add_missing_notes(study: optuna.Study) -> int:
+    """Notes for the finished trials that have none (a study recorded before notes existed); returns how many."""
+    from optuna_dashboard import get_note
+
+    written = 0
+    for t in study.get_trials(deepcopy=False):
+        if t.state.is_finished() and not get_note(optuna.Trial(study, t._trial_id)):
+            save_trial_note(study, t)
+            written += 1
+    return written
+
+
+def _one_flag_a_line(command: str) -> str:
+    """`vllm serve M --a 1 --b` as a shell command with one flag a line (a long line scrolls out of sight)."""
+    lines: list[list[str]] = [[]]
+    for word in shlex.split(command):
+        if word.startswith("--"):
+            lines.append([])
+        lines[-1].append(shlex.quote(word))
+    return " \\\n  ".join(" ".join(line) for line in lines if line)
+
+
+def result_attrs(result: TrialResult) -> dict[str, object]:
+    """User attributes of a measured trial, with units in their names."""
+    attrs: dict[str, object] = {
+        "status": result.status,
+        "duration_s": round(result.duration_s, 1),
+        "output_tok_s": round(result.throughput_tok_s, 1),
+    }
+    if result.reason:
+        attrs["reason"] = result.reason
+    if result.failure is not None:
+        attrs["failure_kind"] = result.failure.kind.value
+        attrs["failure_excerpt"] = result.failure.excerpt[-1500:]
+    if result.boot is not None:
+        attrs["boot_s"] = round(result.boot.boot_s, 1)
+        if result.boot.kv_cache_tokens is not None:
+            attrs["kv_cache_tokens"] = result.boot.kv_cache_tokens
+        if result.boot.weights_gib is not None:
+            attrs["weights_gib"] = result.boot.weights_gib
+    if result.memory is not None:
+        attrs["peak_memory_gib"] = round(result.memory.peak_bytes / 2**30, 3)
+        attrs["memory_source"] = result.memory.source
+    best = result.best
+    if best is not None:
+        s = best.stats
+        attrs.update({
+            "best_level": result.best_level,
+            "req_s": round(s.req_s, 3),
+            "ttft_p95_ms": round(s.ttft.p95_ms, 1),
+            "tpot_p95_ms": round(s.tpot.p95_ms, 2),
+            "itl_p95_ms": round(s.itl.p95_ms, 2),
+            "e2e_p95_ms": round(s.e2el.p95_ms, 1),
+        })
+    attrs["levels"] = [
+        {**o.stats.to_dict(), "passed": o.verdict.passed} for _, o in sorted(result.levels, key=lambda lv: lv[0])
+    ]
+    if result.log_path is not None:
+        attrs["log_path"] = str(result.log_path)
+    if result.log_error:
+        attrs["log_error"] = result.log_error
+    return attrs
+
+
+def config_attrs(model: str, flags: Mapping[str, object], env: Mapping[str, str] | None = None) -> dict[str, object]:
+    """What the trial boots with, recorded with it: `export` reads these, not a study file edited since."""
+    env = dict(sorted((env or {}).items()))
+    return {"model": model, "flags": json.dumps(dict(flags), sort_keys=True), "env": json.dumps(env),
+            "vllm_command": serve_command(model, flags, env)}
+
+
+REMEASURE_ATTR = "remeasure_of"  # trial user attr: the number of the trial whose configuration it re-measures
+
+
+def feasible(t: FrozenTrial) -> bool:
+    return t.state == TrialState.COMPLETE and bool(t.constraints) and all(c <= 0 for c in t.constraints.values())
+
+
+@dataclass(frozen=True)
+class TrialView:
+    """One trial as the figures draw it: at its best level within the limits, else at its lowest level."""
+
+    number: int
+    kind: str  # feasible | infeasible | pruned | failed | running
+    remeasure_of: int | None  # a re-measurement: the trial whose configuration it measured again
+    label: str  # "baseline: NAME" or the sampled parameters
+    baseline: str | None
+    throughput: float | None  # output tok/s
+    level: float | None
+    level_unit: str  # concurrency | req/s
+    ttft_p95_ms: float | None
+    tpot_p95_ms: float | None
+    peak_memory_gib: float | None
+    memory_source: str | None  # "nvml" (GPU) or "rss" (host): what peak_memory_gib measured
+    reason: str
+    completed: datetime | None
+    command: str
+    levels: tuple[dict, ...]
+
+
+def _kind(t: FrozenTrial) -> str:
+    if feasible(t):
+        return "feasible"
+    states = {TrialState.PRUNED: "pruned", TrialState.FAIL: "failed", TrialState.COMPLETE: "infeasible"}
+    return states.get(t.state, "running")
+
+
+def view(t: FrozenTrial) -> TrialView:
+    a = t.user_attrs
+    levels = tuple(a.get("levels") or ())
+    passed = [lv for lv in levels if lv.get("passed")]
+    if "ttft_p95_ms" in a:  # measured, with a best level (outcome.result_attrs)
+        at, level = a, a.get("best_level")
+    elif passed:  # pruned: its best passing level before the cut
+        at = max(passed, key=lambda lv: lv.get("output_tok_s", 0.0))
+        level = _level_of(at)
+    elif levels:  # no level met the limits: the lowest one, the closest it came
+        at, level = levels[0], _level_of(levels[0])
+    else:
+        at, level = {}, None
+    kind = _kind(t)
+    baseline = a.get("baseline")
+    of = a.get(REMEASURE_ATTR)
+    return TrialView(
+        number=t.number, kind=kind, remeasure_of=of,
+        label=trial_label(t) if of is None else f"re-measure of trial {of}: {trial_label(t)}",
+        baseline=baseline.get("name") if isinstance(baseline, dict) else None,
+        throughput=t.value if kind == "feasible" else at.get("output_tok_s"), level=level,
+        level_unit="req/s" if any("rate_req_s" in lv for lv in levels) else "concurrency",
+        ttft_p95_ms=at.get("ttft_p95_ms"), tpot_p95_ms=at.get("tpot_p95_ms"),
+        peak_memory_gib=a.get("peak_memory_gib"), memory_source=a.get("memory_source"), reason=a.get("reason", ""),
+        completed=t.datetime_complete, command=a.get("vllm_command", ""), levels=levels,
+    )
+
+
+def at_level(v: TrialView) -> str:
+    if v.level is None:
+        return ""
+    return f"at {v.level:g} req/s" if v.level_unit == "req/s" else f"at concurrency {v.level:g}"
+
+
+def views(study: optuna.Study) -> list[TrialView]:
+    """One view per configuration tried: re-measurements are points of their configuration (remeasure_views),
+    not configurations of their own."""
+    return [view(t) for t in study.get_trials(deepcopy=False)
+            if t.state != TrialState.WAITING and REMEASURE_ATTR not in t.user_attrs]
+
+
+def _level_of(level: dict) -> float | None:
+    return level.get("concurrency", level.get("rate_req_s"))
+
+
+def why_not(t: FrozenTrial) -> str:
+    """The category of a trial that is not feasible, as the infeasible figure and table name it."""
+    c, a = t.constraints or {}, t.user_attrs
+    if t.state == TrialState.PRUNED:
+        return "pruned (clearly worse)"
+    if t.state == TrialState.FAIL:
+        return "failed (not the configuration's fault)"
+    if a.get("booted") is False:
+        return "rejected before boot"
+    if c.get("memory", 0) > 0:
+        return "out of memory"
+    if c.get("latency", 0) > 0:
+        return "missed the latency limits"
+    return "did not boot"
+
+
+WARM_START_ATTR = "warm_start"  # {"study": name, "trial": number, "output_tok_s": value}
+
+
+# The trial user attribute that marks a baseline: {"name": ..., "flags": {...}}.
+BASELINE_ATTR = "baseline"
+
+
+def trial_baseline(trial: optuna.Trial | optuna.trial.FrozenTrial) -> Mapping[str, object] | None:
+    """The baseline flags a trial must boot with, or None for an ordinary sampled trial."""
+    mark = trial.user_attrs.get(BASELINE_ATTR)
+    return mark["flags"] if isinstance(mark, Mapping) else None
+
+
+def trial_label(t) -> str:
+    mark = t.user_attrs.get("baseline")
+    if isinstance(mark, dict):
+        return f"baseline: {mark.get('name')}"
+    return ", ".join(f"{k}={value_text(v)}" for k, v in t.params.items())

@@ -1,0 +1,185 @@
+"""Where a study lives: storage URLs, opening with heartbeats, the study file stored for remote workers,
+and the artifact store for server logs."""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import re
+import threading
+from pathlib import Path
+from typing import Iterator
+from urllib.parse import quote
+
+import optuna
+from optuna.artifacts import (
+    FileSystemArtifactStore,
+    upload_artifact,
+)
+from optuna.trial import FrozenTrial, TrialState
+from sqlalchemy.engine import URL, make_url
+
+from autotune.config.study_file import StudySpec, check_study_name, load_study
+from autotune.errors import StorageError
+
+STORE_DIR = "store"  # inside the study's artifacts directory, beside the log files
+
+
+def open_artifact_store(artifacts_dir: Path) -> FileSystemArtifactStore:
+    """The store for a study whose logs are written to `artifacts_dir` (study.py's artifacts_dir)."""
+    path = Path(artifacts_dir) / STORE_DIR
+    path.mkdir(parents=True, exist_ok=True)
+    return FileSystemArtifactStore(str(path))
+
+
+def attach_log(study: optuna.Study, trial: optuna.Trial, log_path: Path,
+               artifact_store: FileSystemArtifactStore) -> str | None:
+    """Attach a trial's server log; returns the artifact id, or None when the server never wrote one.
+
+    Optuna refuses to change a finished trial, so call this before the trial is told."""
+    log_path = Path(log_path)
+    if not log_path.is_file():
+        return None
+    return upload_artifact(artifact_store=artifact_store, file_path=str(log_path), study_or_trial=trial,
+                           mimetype="text/plain", encoding="utf-8")
+
+
+def find_artifact_store(study: optuna.Study, storage_url: str) -> FileSystemArtifactStore | None:
+    """Where a study's logs were attached: beside the trials' log files, else beside a SQLite database."""
+    candidates = [Path(t.user_attrs["log_path"]).parent / STORE_DIR
+                  for t in study.get_trials(deepcopy=False) if "log_path" in t.user_attrs]
+    if storage_url.startswith("sqlite:///"):
+        db = Path(storage_url.removeprefix("sqlite:///"))
+        candidates.append(db.parent / f"{study.study_name}-artifacts" / STORE_DIR)
+    for path in candidates:
+        if path.is_dir():
+            return FileSystemArtifactStore(str(path))
+    return None
+
+
+HEARTBEAT_S = 5
+
+
+GRACE_S = 30  # a RUNNING trial without a heartbeat for this long belongs to a dead worker: marked FAIL, retried once
+
+
+def default_storage(spec: StudySpec) -> str:
+    return f"sqlite:///{spec.path.parent / (spec.name + '.db')}"
+
+
+def retry_stale_trial(study: optuna.Study, trial: FrozenTrial) -> None:
+    """Queue a trial whose worker died once more, as it was (Optuna's RetryHeartbeatStaleTrialCallback with
+    max_retry=1, and the same system attributes). It queues the params as fixed params, as enqueue_trial does:
+    a baseline's values may lie outside the space's ranges, which Optuna's callback cannot re-create."""
+    history = [*trial.system_attrs.get("retry_history", []), trial.number]
+    if len(history) > 1:
+        return
+    system_attrs = {**trial.system_attrs, "failed_trial": trial.system_attrs.get("failed_trial", trial.number),
+                    "retry_history": history, "fixed_params": dict(trial.params)}
+    study.add_trial(optuna.create_trial(state=TrialState.WAITING, user_attrs=trial.user_attrs,
+                                        system_attrs=system_attrs))
+
+
+_USER_PASSWORD = re.compile(r"(//[^/@:]*:)([^@/]*)@")  # in a URL too broken for SQLAlchemy to parse
+
+
+def shown_url(url: str) -> str:
+    """A storage URL as autotune prints it: the password masked, as SQLAlchemy masks it (also in a URL that does
+    not parse, whose text SQLAlchemy's own errors would echo)."""
+    try:
+        return make_url(url).render_as_string(hide_password=True)
+    except Exception:  # unparseable: mask whatever sits between user: and @
+        return _USER_PASSWORD.sub(r"\1***@", url)
+
+
+def _database_url(url: str, read_only: bool) -> URL:
+    """The URL SQLAlchemy is given. A bare postgresql:// means psycopg 3 to SQLAlchemy 2.1; the project installs
+    psycopg2, so that is the driver unless psycopg is present. A read-only SQLite open uses SQLite's mode=ro, so
+    that it can neither create the file nor write to it."""
+    parsed = make_url(url)
+    if parsed.drivername == "postgresql" and importlib.util.find_spec("psycopg") is None:
+        parsed = parsed.set(drivername="postgresql+psycopg2")
+    if read_only and parsed.get_backend_name() == "sqlite":
+        path = Path(parsed.database or "")
+        if not parsed.database or not path.is_file():
+            raise StorageError(f"--storage {shown_url(url)}: no database file at {path}")
+        parsed = parsed.set(database=f"file:{quote(str(path.resolve()))}", query={"mode": "ro", "uri": "true"})
+    return parsed
+
+
+def open_storage(url: str, read_only: bool = False) -> optuna.storages.BaseStorage:
+    """An RDB storage with heartbeats, so a trial whose worker died is found and marked, not left RUNNING.
+    Read-only (status, export, report, a worker looking its study up) creates no schema and no file."""
+    shown = shown_url(url)
+    try:
+        database = _database_url(url, read_only)
+        return optuna.storages.RDBStorage(database.render_as_string(hide_password=False),
+                                          heartbeat_interval=HEARTBEAT_S, grace_period=GRACE_S,
+                                          heartbeat_stale_trial_callback=retry_stale_trial,
+                                          skip_table_creation=read_only)
+    except StorageError:
+        raise
+    except Exception as e:  # sqlalchemy/driver errors vary by backend; all mean the same thing to a user
+        while (e.__cause__ or e.__context__) is not None:  # the driver's own words, not a wrapper's
+            e = e.__cause__ or e.__context__  # type: ignore[assignment]
+        reason = (str(e).splitlines() or [type(e).__name__])[0]
+        if read_only and "version_info" in reason:  # the first table Optuna reads is missing
+            reason = "holds no Optuna study"
+        password = _password(url)
+        raise StorageError(f"--storage {shown}: cannot open: "
+                           f"{reason.replace(password, '***') if password else reason}") from None
+
+
+def _password(url: str) -> str | None:
+    try:
+        return make_url(url).password
+    except Exception:
+        match = _USER_PASSWORD.search(url)
+        return match.group(2) if match else None
+
+
+def load_existing_study(name: str, url: str) -> optuna.Study:
+    """A study that must exist already, opened read-only: a missing file or study is an error, never created."""
+    check_study_name(name, "--study", None)
+    storage = open_storage(url, read_only=True)
+    try:
+        return optuna.load_study(study_name=name, storage=storage)
+    except KeyError:
+        raise StorageError(f"--study {name}: no such study in {shown_url(url)}") from None
+
+
+def spec_from_storage(name: str, url: str, root: Path) -> StudySpec:
+    """Rebuild a study's spec from the files `autotune run` stored with it (for workers on other hosts)."""
+    files = load_existing_study(name, url).user_attrs.get("files")
+    if not files:
+        raise StorageError(f"--study {name}: the study holds no study file; create it with `autotune run`")
+    ref = files["objective_ref"]
+    base = root.joinpath(*["study"] * ref.count("..")) if not Path(ref).is_absolute() else root
+    objective = base / ref if not Path(ref).is_absolute() else Path(ref)
+    objective.parent.mkdir(parents=True, exist_ok=True)
+    if not Path(ref).is_absolute():
+        objective.write_text(files["objective"])
+    study_file = base / f"{name}.toml"
+    study_file.write_text(files["study"])
+    return load_study(study_file)
+
+
+@contextlib.contextmanager
+def _heartbeat(study: optuna.Study, trial: optuna.Trial) -> Iterator[None]:
+    """Beat while the trial runs, so other workers (and the next run) can tell a live trial from a dead one."""
+    storage = study._storage  # the storage the study was opened with (RDBStorage, heartbeat-enabled)
+    stop = threading.Event()
+
+    def beat() -> None:
+        while True:
+            storage.record_heartbeat(trial._trial_id)
+            if stop.wait(HEARTBEAT_S):
+                return
+
+    thread = threading.Thread(target=beat, name="trial-heartbeat", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join()
