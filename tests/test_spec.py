@@ -246,3 +246,20 @@ def test_shipped_studies_give_vllm_values_it_takes(path: Path) -> None:
     from autotune.engine import flags
 
     flags.check_values(study_file.study_flag_values(load_study(path)))
+def test_param_holds_is_one_rule_for_every_caller():
+    """Param.holds: bools by type, categoricals by membership (True is not 1), numbers in [low, high]
+    unless in_range=False, and an int parameter only integral values."""
+    from autotune.config.study_file import Param
+
+    n = Param("max_num_seqs", "int", low=8, high=64)
+    assert n.holds(8) and n.holds(64) and n.holds(16.0)
+    assert not n.holds(4) and not n.holds(65) and not n.holds(16.5)
+    assert n.holds(256, in_range=False) and not n.holds(16.5, in_range=False)
+    assert not n.holds(True) and not n.holds("16") and not n.holds(None)
+    f = Param("gpu_memory_utilization", "float", low=0.5, high=0.9)
+    assert f.holds(0.5) and f.holds(0.75) and not f.holds(0.95) and f.holds(0.95, in_range=False)
+    assert not f.holds(False, in_range=False)
+    b = Param("enforce_eager", "bool")
+    assert b.holds(True) and b.holds(False) and not b.holds(1) and not b.holds(0, in_range=False)
+    c = Param("kv_cache_dtype", "categorical", choices=("auto", "fp8", 1))
+    assert c.holds("fp8") and c.holds(1) and not c.holds(True) and not c.holds("fp16")

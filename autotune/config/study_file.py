@@ -53,6 +53,21 @@ class Param:
     when: dict[str, object] = field(default_factory=dict)  # {param: value or [values]}
     default: object = None  # the value vLLM uses when the flag is absent; fills baselines' params
 
+    def holds(self, v: object, *, in_range: bool = True) -> bool:
+        """Can this parameter take value v? The one rule for a file's `when`/`default`, a baseline's
+        values and a warm start's: a bool by type, a categorical by membership (True apart from 1), a
+        number when it is one (an int parameter's must be integral) and, with in_range, in [low, high].
+        in_range=False is for values Optuna records out of range with a warning (vLLM's own defaults)."""
+        if self.type == "bool":
+            return isinstance(v, bool)
+        if self.type == "categorical":
+            return any(same_value(v, c) for c in self.choices)
+        if not isinstance(v, int | float) or isinstance(v, bool):
+            return False
+        if self.type == "int" and not float(v).is_integer():
+            return False
+        return not in_range or self.low <= v <= self.high  # type: ignore[operator]
+
 
 @dataclass(frozen=True)
 class Baseline:
@@ -65,17 +80,6 @@ class Baseline:
 def same_value(a: object, b: object) -> bool:
     """Equality that keeps True apart from 1 (TOML and Optuna both distinguish them)."""
     return isinstance(a, bool) == isinstance(b, bool) and a == b
-
-
-def _in_domain(p: Param, v: object) -> bool:
-    if p.type == "bool":
-        return isinstance(v, bool)
-    if p.type == "categorical":
-        return any(same_value(v, c) for c in p.choices)
-    # Numbers outside [low, high] are kept: Optuna records a fixed out-of-range value with a warning.
-    if p.type == "int":
-        return isinstance(v, int) and not isinstance(v, bool)
-    return isinstance(v, int | float) and not isinstance(v, bool)
 
 
 SAMPLERS = ("tpe", "gp", "random")
@@ -238,15 +242,6 @@ def _param(t: _Table, name: str) -> Param:
     return Param(**fields)
 
 
-def _holds(p: Param, v: object) -> bool:
-    """Can param p ever take value v?"""
-    if p.type == "bool":
-        return isinstance(v, bool)
-    if p.type == "categorical":
-        return any(same_value(v, c) for c in p.choices)
-    return isinstance(v, int | float) and not isinstance(v, bool) and p.low <= v <= p.high
-
-
 def _space(top: _Table, engine: dict[str, object], base: Path, model_path: str) -> tuple[Param, ...]:
     st = top.table("space")
     params: dict[str, Param] = {}
@@ -283,11 +278,10 @@ def _space(top: _Table, engine: dict[str, object], base: Path, model_path: str) 
             options = wanted if isinstance(wanted, list) else [wanted]
             if not options or not all(_scalar(w) for w in options):
                 raise wt.error(other, f"must be a value or a non-empty list of values, got {_show(wanted)}")
-            if not any(_holds(params[other], w) for w in options):
+            if not any(params[other].holds(w) for w in options):
                 raise wt.error(other, f"{other} can never be {wanted!r}, so {p.name} would never be searched")
         # A numeric default may lie outside [low, high] (vLLM's own default often does): Optuna records it.
-        number = isinstance(p.default, int | float) and not isinstance(p.default, bool)
-        if p.default is not None and not (_holds(p, p.default) or (p.type in ("int", "float") and number)):
+        if p.default is not None and not p.holds(p.default, in_range=False):
             raise st.error(f"{p.name}.default", f"{p.default!r} is not a value {p.name} can take")
     return _ordered(params, st)
 

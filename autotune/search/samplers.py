@@ -88,17 +88,6 @@ def make_pruner() -> optuna.pruners.BasePruner:
     return BelowBestPruner(0.7, n_startup_trials=5, n_warmup_steps=1)
 
 
-def _fits(p: Param, v: object) -> bool:
-    if p.type == "bool":
-        return isinstance(v, bool)
-    if p.type == "categorical":
-        return any(same_value(v, c) for c in p.choices)
-    number = isinstance(v, int | float) and not isinstance(v, bool)
-    if not number or not p.low <= v <= p.high:  # type: ignore[operator]
-        return False
-    return p.type == "float" or float(v).is_integer()
-
-
 def transfer_params(params: Mapping[str, object], space: Sequence[Param]) -> dict[str, object] | None:
     """The earlier trial's values for this study's space, or None when one of them cannot be taken here.
 
@@ -110,10 +99,10 @@ def transfer_params(params: Mapping[str, object], space: Sequence[Param]) -> dic
             continue
         if p.name in params:
             v = params[p.name]
-            if not _fits(p, v):
+            if not p.holds(v):
                 return None
             out[p.name] = int(v) if p.type == "int" else v  # type: ignore[arg-type]
-        elif p.default is not None and _fits(p, p.default):
+        elif p.default is not None and p.holds(p.default):
             out[p.name] = p.default
     return out
 

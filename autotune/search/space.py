@@ -16,7 +16,7 @@ if TYPE_CHECKING:
     import optuna
 
     from autotune.config.study_file import StudySpec
-from autotune.config.study_file import Baseline, Param, _in_domain, same_value
+from autotune.config.study_file import Baseline, Param, same_value
 from autotune.engine.flags import MODEL, SPEC_METHOD, SPEC_TOKENS, _merged
 from autotune.search.record import BASELINE_ATTR
 
@@ -80,7 +80,7 @@ def baseline_params(baseline: Baseline, params: Sequence[Param]) -> dict[str, ob
         if not condition_met(p, values):
             continue
         v = flags.get(p.name) if flags.get(p.name) is not None else p.default
-        if v is not None and _in_domain(p, v):
+        if v is not None and p.holds(v, in_range=False):
             values[p.name] = v
     return values
 
