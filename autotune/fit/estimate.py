@@ -34,6 +34,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from autotune.engine.defaults import (
+    DEFAULT_UTILIZATION,
+    batch_defaults,
     default_gpu_memory_utilization,
     hybrid_prefix_caching_default,
 )
@@ -226,10 +228,10 @@ class _Settings:
 def _settings(shape: ModelShape, profile: GpuProfile, config: Mapping[str, object], util: float,
               cpu_kvcache_bytes: int | None, prefix_default: bool = True) -> _Settings:
     cpu = profile.kind == "cpu"
-    big = profile.memory_bytes >= 70 * GiB and "a100" not in profile.name.lower()
+    default_seqs, default_batched = batch_defaults(profile.cuda_total_bytes, profile.name, cpu=cpu)
     max_len = int(_value(config, "max_model_len", int, shape.max_position_embeddings))
     chunked = bool(_value(config, "enable_chunked_prefill", bool, True))
-    batched = int(_value(config, "max_num_batched_tokens", int, 8192 if big and not cpu else 2048))
+    batched = int(_value(config, "max_num_batched_tokens", int, default_batched))
     if config.get("max_num_batched_tokens") is None and not chunked:
         batched = max(batched, max_len)
     kv_dtype = str(_value(config, "kv_cache_dtype", str, "auto"))
@@ -242,7 +244,7 @@ def _settings(shape: ModelShape, profile: GpuProfile, config: Mapping[str, objec
     block = config.get("block_size")
     return _Settings(
         max_len=max_len,
-        seqs=int(_value(config, "max_num_seqs", int, 128 if cpu else (1024 if big else 256))),
+        seqs=int(_value(config, "max_num_seqs", int, default_seqs)),
         batched=batched,
         chunked=chunked,
         prefix=bool(_value(config, "enable_prefix_caching", bool, prefix_default)),
@@ -353,7 +355,7 @@ def estimate(
     *,
     corrections: Corrections = Corrections(),
     cpu_kvcache_bytes: int | None = None,
-    default_gpu_memory_utilization: float = 0.92,
+    default_gpu_memory_utilization: float = DEFAULT_UTILIZATION,
     vllm_version: str | None = None,
 ) -> Estimate:
     """Predict vLLM's startup memory for one configuration (keys are vLLM flag dest names; absent ones take

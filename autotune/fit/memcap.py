@@ -7,9 +7,8 @@ a big GPU asks for. vLLM has no such option; it sizes everything from the real c
   and carves weights, activations, graphs and KV cache out of that. The translated utilization makes the real
   card's reservation equal, to the byte, to what the capped card would reserve at the requested utilization;
   so weights, the profile run and the KV cache come out as they would on the small card.
-- Defaults that vLLM derives from the card's size (EngineArgs.get_batch_defaults: a card of 70 GiB or more gets
-  max_num_seqs 1024 and max_num_batched_tokens 8192 for the API server; a smaller one 256 and 2048) are pinned to
-  the capped card's values when the configuration leaves them unset.
+- Defaults that vLLM derives from the card's size (EngineArgs.get_batch_defaults, engine/defaults.batch_defaults)
+  are pinned to the capped card's values when the configuration leaves them unset.
 - The estimator gets the capped profile (capped_profile): the small card's totals with the real card's speed.
 
 Only memory carries over: an H200 capped to 24 GiB still has an H200's bandwidth and compute.
