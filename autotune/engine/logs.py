@@ -26,6 +26,10 @@ class FailureKind(str, Enum):
         return self in (FailureKind.OUT_OF_MEMORY, FailureKind.KV_CACHE_TOO_SMALL, FailureKind.TOO_MANY_SEQS_FOR_STATE)
 
 
+# The memory kinds as stored in a trial's `failure_kind` attribute (a plain string there).
+MEMORY_FAILURE_KINDS = frozenset(k.value for k in FailureKind if k.is_memory)
+
+
 @dataclass(frozen=True)
 class Failure:
     """Why a server did not boot or died: a class, a one-line reason, and the log lines that prove it."""

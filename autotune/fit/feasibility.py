@@ -20,6 +20,8 @@ from autotune.engine.defaults import (
     installed_vllm_version,
 )
 from autotune.engine.models import KNOWN, KNOWN_MODELS, _hub_config
+from autotune.engine.logs import MEMORY_FAILURE_KINDS
+from autotune.engine.models import KNOWN, KNOWN_MODELS
 from autotune.fit.estimate import Corrections, Estimate, estimate
 from autotune.fit.hardware import (
     GpuProfile,
@@ -84,7 +86,7 @@ def observations(trials: Sequence[FrozenTrial]) -> list[Observation]:
         a = t.user_attrs
         if t.state != TrialState.COMPLETE or not a.get("booted", True) or "flags" not in a:
             continue
-        memory_failed = a.get("failure_kind") in ("out_of_memory", "kv_cache_too_small", "too_many_seqs_for_state")
+        memory_failed = a.get("failure_kind") in MEMORY_FAILURE_KINDS
         if "kv_cache_tokens" not in a and not memory_failed:
             continue
         out.append(Observation(t.number, json.loads(a["flags"]), a.get("predicted_kv_tokens"),
