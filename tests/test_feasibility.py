@@ -217,3 +217,15 @@ def test_prediction_attrs_keys_and_values(dense) -> None:
                                                                        "kv_cache_memory_bytes": MiB}))
     assert miss["predicted_fits"] is False and miss["predicted_kv_tokens"] == int(4 / 32 * 4096) == 512
     assert math.isclose(miss["predicted_kv_cache_gib"], round(MiB / GiB, 3))
+
+
+def test_a_models_config_is_read_in_one_place_for_its_shape_and_its_vocabulary(tmp_path):
+    """engine/models.model_config: a directory's config.json, or the shipped copy of a known hub id (offline)."""
+    from autotune.engine.models import KNOWN, model_config, model_vocab_size
+    from autotune.errors import SpecError
+    from autotune.fit.feasibility import model_shape
+
+    hub_id = next(iter(KNOWN))
+    assert model_vocab_size(hub_id) == model_shape(hub_id).vocab_size == model_config(hub_id)["text_config"]["vocab_size"]
+    with pytest.raises(SpecError, match="cannot read model config"):
+        model_config(str(tmp_path))

@@ -16,6 +16,7 @@ from autotune.errors import ModelUnavailable
 
 HUB_TIMEOUT_S = 10  # one request for a hub model's config.json, no retries
 
+from autotune.errors import SpecError
 
 KNOWN_MODELS = Path(__file__).parent / "known_models"
 
@@ -175,15 +176,22 @@ def resolve_model(name: str) -> tuple[str, dict[str, object]]:
     return str(tiny_model_dir(kind)), {"load_format": "dummy"}  # type: ignore[arg-type]
 
 
-def model_vocab_size(model: str) -> int:
-    """The vocabulary the random prompts draw from, read from the model's config.json."""
+def model_config(model: str) -> dict:
+    """A resolved model's config.json, the one place it is read: a directory's, the shipped copy for a known hub
+    id (so estimates for the mission's models work offline), else the hub's (the user's cache when it can)."""
     path = Path(model)
     if path.is_dir():
-        config = json.loads((path / "config.json").read_text())
-    else:
-        from huggingface_hub import (
-            hf_hub_download,  # comes with vLLM; uses the local cache when it can
-        )
+        file = path / "config.json"
+        try:
+            return json.loads(file.read_text())
+        except (OSError, json.JSONDecodeError) as e:
+            raise SpecError(str(file), None, f"cannot read model config: {e}") from e
+    if model in KNOWN:
+        return json.loads((KNOWN_MODELS / KNOWN[model]).read_text())
+    return json.loads(_hub_config(model).read_text())
 
-        config = json.loads(Path(hf_hub_download(model, "config.json")).read_text())
+
+def model_vocab_size(model: str) -> int:
+    """The vocabulary the random prompts draw from, read from the model's config.json."""
+    config = model_config(model)
     return int(config.get("vocab_size") or config.get("text_config", {})["vocab_size"])

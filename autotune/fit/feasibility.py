@@ -10,7 +10,6 @@ from __future__ import annotations
 import functools
 import json
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Mapping, Sequence
 
 from optuna.trial import FrozenTrial, TrialState
@@ -19,9 +18,8 @@ from autotune.engine.defaults import (
     default_gpu_memory_utilization,
     installed_vllm_version,
 )
-from autotune.engine.models import KNOWN, KNOWN_MODELS, _hub_config
 from autotune.engine.logs import MEMORY_FAILURE_KINDS
-from autotune.engine.models import KNOWN, KNOWN_MODELS
+from autotune.engine.models import model_config
 from autotune.fit.estimate import Corrections, Estimate, estimate
 from autotune.fit.hardware import (
     GpuProfile,
@@ -62,12 +60,7 @@ class Verdict:
 
 @functools.cache
 def model_shape(model: str) -> ModelShape:
-    path = Path(model)
-    if path.is_dir():
-        return ModelShape.from_dir(path)
-    if model in KNOWN:
-        return ModelShape.from_config(json.loads((KNOWN_MODELS / KNOWN[model]).read_text()))
-    return ModelShape.from_config(json.loads(_hub_config(model).read_text()))
+    return ModelShape.from_config(model_config(model))
 
 
 def resolve_profile(hardware: str, cpu_build: bool) -> GpuProfile:
