@@ -47,7 +47,7 @@ from autotune.fit.model_shape import (
     ModelShape,
     Quantization,
 )
-from autotune.units import GiB, MiB
+from autotune.units import GiB, MiB, format_gib
 
 # Runtime figures that are not derivable from the config; Corrections fitted from real boots adjust them.
 CUDA_NON_TORCH_BYTES = 256 * MiB  # cuBLAS workspaces etc. allocated during the profile run
@@ -118,7 +118,7 @@ class Estimate:
     max_model_len_fit: int = 0  # the longest max_model_len whose one request fits (vLLM's own estimate)
 
     def breakdown(self) -> list[tuple[str, str]]:
-        g = lambda b: f"{b / GiB:.2f} GiB"  # noqa: E731
+        g = format_gib
         rows = [("weights", g(self.weights_bytes)), ("activation peak", g(self.activation_peak_bytes)),
                 ("CUDA graphs", g(self.cudagraph_bytes)), ("overhead", g(self.overhead_bytes)),
                 ("reserved (total x utilization)", g(self.reserved_bytes)), ("KV cache", g(self.kv_cache_bytes)),
@@ -382,7 +382,7 @@ def estimate(
     overhead += corrections.overhead_bytes
     non_kv = weights + activation + cudagraph + overhead
 
-    gib = lambda b: f"{b / GiB:.1f} GiB"  # noqa: E731
+    gib = functools.partial(format_gib, digits=1)
     total = profile.memory_bytes if cpu else profile.cuda_total_bytes
     free = total - (0 if cpu else CUDA_CONTEXT_BYTES)
     reserved = 0

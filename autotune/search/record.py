@@ -19,6 +19,7 @@ from optuna.trial import FrozenTrial, TrialState
 from autotune.engine.flags import serve_command
 from autotune.measure.memory import memory_text
 from autotune.measure.trial import TrialResult
+from autotune.units import GiB
 
 
 if TYPE_CHECKING:
@@ -96,7 +97,7 @@ def result_attrs(result: TrialResult) -> dict[str, object]:
         if result.boot.weights_gib is not None:
             attrs["weights_gib"] = result.boot.weights_gib
     if result.memory is not None:
-        attrs["peak_memory_gib"] = round(result.memory.peak_bytes / 2**30, 3)
+        attrs["peak_memory_gib"] = round(result.memory.peak_bytes / GiB, 3)
         attrs["memory_source"] = result.memory.source
     best = result.best
     if best is not None:

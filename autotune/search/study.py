@@ -40,6 +40,7 @@ from autotune.search.storage import (
     open_artifact_store,
     open_storage,
 )
+from autotune.units import GiB, format_gib
 
 INTERRUPTED = "interrupted by the user"
 
@@ -47,7 +48,7 @@ INTERRUPTED = "interrupted by the user"
 MAX_REJECTED_IN_A_ROW = 200
 
 
-HELD_GPU_BYTES = 1 << 30  # more than this in use before a boot means something else holds the GPU
+HELD_GPU_BYTES = 1 * GiB  # more than this in use before a boot means something else holds the GPU
 
 
 class Progress(Protocol):
@@ -437,7 +438,7 @@ def _check_gpu_free(run: _Run, trial: optuna.Trial, slot: Slot, wait_s: float = 
         if not busy:
             return
         if time.monotonic() > deadline:
-            what = ", ".join(f"GPU {g.index}: {g.used_bytes / 2**30:.1f} GiB in use" for g in busy)
+            what = ", ".join(f"GPU {g.index}: {format_gib(g.used_bytes, 1)} in use" for g in busy)
             tell.tell_failed(run.study, trial, f"GPU memory held by another process ({what})")
             run.ended(trial, TrialState.FAIL, "GPU busy")
             raise EngineError(f"GPU memory is held by another process before trial {trial.number} ({what}); "

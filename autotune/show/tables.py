@@ -15,6 +15,7 @@ from autotune.measure.trial import Objective, TrialResult
 from autotune.search.budget import Budget
 from autotune.search.record import trial_label
 from autotune.search.remeasure import Best
+from autotune.units import format_gib
 
 
 def _hms(seconds: float) -> str:
@@ -75,7 +76,7 @@ class LiveProgress:
 
 
 def _gib(n: int | None) -> str:
-    return "-" if n is None else f"{n / 2**30:.2f} GiB"
+    return "-" if n is None else format_gib(n)
 
 
 def level_table(result: TrialResult, objective: Objective) -> Table:
@@ -181,7 +182,7 @@ def estimates_table(rows, *, title: str) -> Table:
         t.add_column(col, justify="left" if col in ("configuration", "fits / why not") else "right", overflow="fold")
     for label, model, flags, v in rows:
         e = v.estimate
-        t.add_row(f"{escape(label)}\n[dim]{escape(model)}[/]", f"{e.weights_bytes / 2**30:.1f} GiB", f"{e.kv_cache_bytes / 2**30:.2f} GiB",
+        t.add_row(f"{escape(label)}\n[dim]{escape(model)}[/]", format_gib(e.weights_bytes, 1), format_gib(e.kv_cache_bytes),
                   f"{e.kv_tokens:,}", f"{e.max_concurrency_at_max_len:.1f}x",
                   "[green]fits[/]" if v.fits else f"[red]no[/]: {escape(v.reason)}")
     return t
