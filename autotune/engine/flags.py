@@ -217,7 +217,7 @@ def invalid_reason(flags: Mapping[str, object], *, model_max_len: int | None = N
     return None
 
 
-CACHE_DIR = Path.home() / ".cache" / "autotune"
+CACHE_DIR = Path.home() / ".cache" / "autotune"  # the one per-user cache: flag tables, tiny models, live servers
 
 
 # Dest names of flags that autotune itself sets for every server (or that name the model); never search these.

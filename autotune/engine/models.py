@@ -16,6 +16,7 @@ from autotune.errors import ModelUnavailable
 
 HUB_TIMEOUT_S = 10  # one request for a hub model's config.json, no retries
 
+from autotune.engine.flags import CACHE_DIR
 from autotune.errors import SpecError
 
 KNOWN_MODELS = Path(__file__).parent / "known_models"
@@ -145,7 +146,7 @@ def write_tiny_model(kind: Kind, path: Path) -> Path:
 
 def tiny_model_dir(kind: Kind, cache_root: Path | None = None) -> Path:
     """Where a tiny model lives by default: a per-user cache, shared by studies, tests and benchmarks."""
-    root = cache_root or Path.home() / ".cache" / "autotune" / "tiny-models"
+    root = cache_root or CACHE_DIR / "tiny-models"
     return write_tiny_model(kind, root / kind)
 
 

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Iterator, Mapping
 
-from autotune.engine.flags import Build, detect_build, to_argv
+from autotune.engine.flags import CACHE_DIR, Build, detect_build, to_argv
 from autotune.engine.logs import (
     _ENGINE_DIED,
     BootInfo,
@@ -244,7 +244,7 @@ def launch(spec: EngineSpec, log_path: Path, *, build: Build | None = None) -> I
         server.stop()
 
 
-SERVERS_DIR = Path.home() / ".cache" / "autotune" / "servers"
+SERVERS_DIR = CACHE_DIR / "servers"
 
 
 def _register(pgid: int) -> Path:
