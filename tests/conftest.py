@@ -15,8 +15,9 @@ from pathlib import Path
 
 import pytest
 
+from benchmarks.engine_lock import engine_lock
+
 ROOT = Path(__file__).resolve().parents[1]
-ENGINE_LOCK = Path("/tmp/autotune-engine.lock")
 
 
 # --- cpu_study_db: a study database made by a real `autotune run` on the vLLM CPU build (engine tests) ---------
@@ -39,13 +40,9 @@ def cpu_study_db(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
     db = work / "tiny-cpu.db"
     autotune = Path(sys.executable).parent / "autotune"
     argv = [str(autotune), "run", str(study_file), "--n-trials", "3", "--storage", f"sqlite:///{db}"]
-    with ENGINE_LOCK.open("a") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        try:
-            proc = subprocess.run(argv, cwd=work, capture_output=True, text=True, timeout=1800,
-                                  env={**os.environ, "COLUMNS": "160"})
-        finally:
-            fcntl.flock(lock, fcntl.LOCK_UN)
+    with engine_lock():
+        proc = subprocess.run(argv, cwd=work, capture_output=True, text=True, timeout=1800,
+                              env={**os.environ, "COLUMNS": "160"})
     (work / "run.log").write_text(proc.stdout + proc.stderr)
     assert proc.returncode == 0, f"autotune run failed ({proc.returncode}):\n{proc.stdout[-3000:]}{proc.stderr[-3000:]}"
     return db, "tiny-cpu"

@@ -6,7 +6,6 @@ machine's engine lock.
 
 from __future__ import annotations
 
-import fcntl
 import re
 import time
 from collections.abc import Iterator, Mapping
@@ -21,9 +20,9 @@ from autotune.engine.server import BootFailed, EngineSpec, Server
 from autotune.fit.feasibility import Verdict, judge
 from autotune.fit.hardware import cpu_profile
 from autotune.units import GiB, MiB
+from benchmarks.engine_lock import engine_lock as machine_engine_lock
 
 pytestmark = pytest.mark.engine
-ENGINE_LOCK = Path("/tmp/autotune-engine.lock")
 EAGER = {"load_format": "dummy", "enforce_eager": True}
 TOLERANCE = 0.10
 _AUTO_KV = re.compile(r"Auto set \(([\d.]+)/[\d.]+\) GiB for KV cache on node \d+, with ([\d.]+) GiB requested"
@@ -33,12 +32,8 @@ _AUTO_KV = re.compile(r"Auto set \(([\d.]+)/[\d.]+\) GiB for KV cache on node \d
 @pytest.fixture()
 def engine_lock() -> Iterator[None]:
     """Only one vLLM server runs at a time on this machine: hold its lock around each boot."""
-    with ENGINE_LOCK.open("a") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(lock, fcntl.LOCK_UN)
+    with machine_engine_lock():
+        yield
 
 
 def predict(name: str, flags: Mapping[str, object], env: Mapping[str, str]) -> tuple[str, dict, Verdict]:
