@@ -301,3 +301,14 @@ def test_below_best_pruner_stops_only_what_is_clearly_below_the_best_at_the_same
     assert pruned_at([100.0, 400.0, 790.0]) == 2  # 790 < 0.8 * 1000
     with pytest.raises(ValueError):
         BelowBestPruner(1.5)
+
+
+def test_every_sampler_name_a_study_file_accepts_builds_a_sampler():
+    """The names live in study_file.SAMPLERS; sampler_for has a branch for each and refuses any other."""
+    from autotune.config.study_file import SAMPLERS
+    from autotune.search.samplers import sampler_for
+
+    built = {name: type(sampler_for(name, seed=0)).__name__ for name in SAMPLERS}
+    assert built == {"tpe": "TPESampler", "gp": "GPSampler", "random": "RandomSampler"}
+    with pytest.raises(ValueError, match="one of tpe, gp, random"):
+        sampler_for("cmaes", seed=0)

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
-from autotune.config.study_file import Param, same_value
+from autotune.config.study_file import SAMPLERS, Param, same_value
 from autotune.search.record import REMEASURE_ATTR, feasible
 from autotune.search.remeasure import score
 from autotune.search.space import condition_met
@@ -37,7 +37,8 @@ WARM_START_TOP = 3
 
 
 def sampler_for(name: str, seed: int | None, *, startup_trials: int | None = None) -> optuna.samplers.BaseSampler:
-    """A sampler by the study file's name for it ([sampler] name = "tpe" | "gp" | "random")."""
+    """A sampler by the study file's name for it: the names are study_file.SAMPLERS, which the file reader
+    checks; every one has a branch here (tests/test_samplers.py builds each)."""
     if name == "tpe":
         # Multivariate TPE with groups models the conditional parameters (speculative tokens only with MTP)
         # jointly; constant_liar keeps parallel slots from proposing the same point.
@@ -50,7 +51,7 @@ def sampler_for(name: str, seed: int | None, *, startup_trials: int | None = Non
                                          else startup_trials)
     if name == "random":
         return optuna.samplers.RandomSampler(seed=seed)
-    raise ValueError(f"unknown sampler {name!r}")
+    raise ValueError(f"unknown sampler {name!r} (one of {', '.join(SAMPLERS)})")
 
 
 def make_sampler(spec: StudySpec) -> optuna.samplers.BaseSampler:
