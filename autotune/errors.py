@@ -20,6 +20,12 @@ class SpecError(AutotuneError):
         super().__init__(f"{where}: {message}")
 
 
+class ModelError(AutotuneError, ValueError):
+    """A model name names nothing autotune can serve (an unknown tiny:KIND). A ValueError too, as before."""
+
+    exit_code = 2
+
+
 class EngineError(AutotuneError):
     """The vLLM server could not be started or stopped (not a configuration's failure)."""
 

@@ -263,3 +263,12 @@ def test_param_holds_is_one_rule_for_every_caller():
     assert b.holds(True) and b.holds(False) and not b.holds(1) and not b.holds(0, in_range=False)
     c = Param("kv_cache_dtype", "categorical", choices=("auto", "fp8", 1))
     assert c.holds("fp8") and c.holds(1) and not c.holds(True) and not c.holds("fp16")
+
+
+def test_an_unknown_tiny_model_is_an_autotune_error_the_cli_reports_in_one_line():
+    from autotune.engine.models import resolve_model
+    from autotune.errors import AutotuneError, ModelError
+
+    with pytest.raises(ModelError, match="unknown tiny model 'tiny:nope'") as e:
+        resolve_model("tiny:nope")
+    assert isinstance(e.value, AutotuneError) and e.value.exit_code == 2

@@ -274,7 +274,7 @@ def _parser_types() -> dict[str, FlagType]:
             continue
         parser = make_arg_parser(FlexibleArgumentParser())
         return {a.dest: _flag_type(a) for a in parser._actions if a.dest != "help"}
-    raise ImportError("cannot find vLLM's server argument parser")
+    raise EngineError(f"cannot find vLLM's server argument parser in vLLM {vllm_version()}")
 
 
 def _flag_type(action) -> FlagType:

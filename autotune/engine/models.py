@@ -17,7 +17,7 @@ from autotune.errors import ModelUnavailable
 HUB_TIMEOUT_S = 10  # one request for a hub model's config.json, no retries
 
 from autotune.engine.flags import CACHE_DIR
-from autotune.errors import SpecError
+from autotune.errors import ModelError, SpecError
 
 KNOWN_MODELS = Path(__file__).parent / "known_models"
 
@@ -120,7 +120,7 @@ CONFIGS: dict[Kind, dict] = {
 def write_tiny_model(kind: Kind, path: Path) -> Path:
     """Write (or refresh) a tiny model directory; idempotent, so callers can do it before every boot."""
     if kind not in CONFIGS:
-        raise ValueError(f"unknown tiny model {kind!r}; known: {', '.join(KINDS)}")
+        raise ModelError(f"unknown tiny model {kind!r}; known: {', '.join(KINDS)}")
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
     _write_if_changed(path / "config.json", json.dumps(CONFIGS[kind], indent=2))
@@ -173,7 +173,7 @@ def resolve_model(name: str) -> tuple[str, dict[str, object]]:
         return name, {}
     kind = name.removeprefix("tiny:")
     if kind not in CONFIGS:
-        raise ValueError(f"unknown tiny model {name!r}; known: {', '.join('tiny:' + k for k in KINDS)}")
+        raise ModelError(f"unknown tiny model {name!r}; known: {', '.join('tiny:' + k for k in KINDS)}")
     return str(tiny_model_dir(kind)), {"load_format": "dummy"}  # type: ignore[arg-type]
 
 
