@@ -276,7 +276,8 @@ def run_study(
                 return
             result = _one_trial(run, slot)
             if result is None:  # rejected before boot: costs nothing, so it does not count against --n-trials
-                counts["refused"] += 1
+                with run.asking:  # slots count from their own threads; += on a dict entry is not atomic
+                    counts["refused"] += 1
                 budget.release()
                 rejected_in_a_row += 1
                 if rejected_in_a_row >= MAX_REJECTED_IN_A_ROW:
@@ -284,7 +285,8 @@ def run_study(
                     return
                 continue
             rejected_in_a_row = 0
-            counts["booted"] += 1
+            with run.asking:
+                counts["booted"] += 1
             budget.record(result.duration_s)
 
     remeasured: list[remeasure.RemeasureRun] = []
