@@ -139,12 +139,6 @@ def engine_flags(flags: Mapping[str, object], cap: MemoryCap, real: GpuProfile,
     return out
 
 
-def within_cap(process_peak_bytes: int, cap: MemoryCap) -> bool:
-    """Whether what the server's processes held on the GPU (NVML per-process peak) fits the capped card's CUDA
-    total. That memory includes the CUDA context, which the small card would hold too."""
-    return process_peak_bytes <= cap.cuda_total_bytes
-
-
 def describe(real: GpuProfile, cap: MemoryCap, utilization: float = DEFAULT_UTILIZATION) -> str:
     util = cap_utilization(real, cap, utilization)
     return (f"{real.name} capped to {cap.gib:g} GiB: gpu_memory_utilization {utilization:g} of "
