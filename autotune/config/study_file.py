@@ -7,15 +7,12 @@ misspelt flag silently ignored would cost a night of searching the wrong thing.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Literal
-
-
 import dataclasses
 import re
 import typing
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from autotune.config.objective import load_objective
 from autotune.config.toml import _read, _show, _suggest, _Table, parse_duration

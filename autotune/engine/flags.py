@@ -7,24 +7,19 @@ and choices are cached per vLLM version under ~/.cache/autotune.
 
 from __future__ import annotations
 
+import difflib
 import functools
+import importlib
 import importlib.metadata
 import json
 import re
 import shlex
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import asdict, dataclass
 from enum import Enum
 from pathlib import Path
 
-from autotune.errors import EngineError
-
-import difflib
-import importlib
-from dataclasses import asdict
-from typing import Iterable
-
-from autotune.errors import SpecError
+from autotune.errors import EngineError, SpecError
 
 
 class Build(str, Enum):

@@ -20,9 +20,10 @@ import time
 import urllib.error
 import urllib.request
 from collections import deque
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Iterator, Mapping
+from typing import IO
 
 from autotune.engine.flags import CACHE_DIR, Build, detect_build, to_argv
 from autotune.engine.logs import (

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import functools
 import json
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Mapping, Sequence
 
 from optuna.trial import FrozenTrial, TrialState
 

@@ -197,7 +197,7 @@ async def _send(
                         break
     except aiohttp.ServerTimeoutError:  # sock_read: the server sent nothing for stall_timeout_s (hung)
         rec.error = f"{STALLED} {timeout.sock_read:g} s"
-    except asyncio.TimeoutError:
+    except TimeoutError:
         rec.error = f"timeout after {timeout.total:g} s"
     except aiohttp.ClientResponseError as e:
         rec.error = f"HTTP {e.status}: {e.message}"

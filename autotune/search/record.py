@@ -21,7 +21,6 @@ from autotune.measure.memory import memory_text
 from autotune.measure.trial import TrialResult
 from autotune.units import GiB
 
-
 if TYPE_CHECKING:
     import optuna
 

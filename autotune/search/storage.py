@@ -7,8 +7,8 @@ import contextlib
 import importlib.util
 import re
 import threading
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 from urllib.parse import quote
 
 import optuna

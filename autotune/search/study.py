@@ -10,9 +10,10 @@ import functools
 import json
 import threading
 import tomllib
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Protocol
+from typing import Protocol
 
 import optuna
 from optuna.artifacts import FileSystemArtifactStore

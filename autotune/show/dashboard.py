@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import socketserver
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 import optuna

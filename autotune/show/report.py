@@ -10,10 +10,10 @@ import html
 import math
 import os
 import shutil
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
-from typing import Callable, Sequence
 
 import optuna
 import plotly.graph_objects as go
