@@ -39,6 +39,16 @@ from autotune.units import GiB, MiB
 from benchmarks.engine_lock import engine_lock
 
 REPO = Path(__file__).resolve().parents[1]
+from autotune.engine.defaults import installed_vllm_version  # noqa: E402
+from autotune.engine.logs import Failure  # noqa: E402
+from autotune.engine.models import resolve_model  # noqa: E402
+from autotune.engine.server import BootFailed, EngineSpec, Server  # noqa: E402
+from autotune.fit.estimate import estimate  # noqa: E402
+from autotune.fit.feasibility import Observation, judge, model_shape, prediction_attrs  # noqa: E402
+from autotune.fit.hardware import GpuProfile, cpu_profile, get_profile  # noqa: E402
+from autotune.search import record as search_record  # noqa: E402
+from autotune.search import tell  # noqa: E402
+from autotune.units import GiB, MiB  # noqa: E402
 
 EAGER = {"load_format": "dummy", "enforce_eager": True}
 
@@ -118,7 +128,7 @@ def table(headers: list[str], rows: list[list[str]]) -> str:
     widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(headers)]
 
     def line(cells: list[str]) -> str:
-        return "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(cells, widths)))
+        return "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(cells, widths, strict=True)))
 
     return "\n".join([line(headers), line(["-" * w for w in widths]), *(line(r) for r in rows)])
 

@@ -376,7 +376,8 @@ def tuning_methods() -> list[Method]:
     """The settings the defaults were chosen among, all without baselines (with them, every method meets the
     target at the first trial on this surface and nothing can be told apart)."""
     P = optuna.pruners.PercentilePruner
-    out = [Method(f"TPE startup {n}", (lambda n: lambda seed: sampler_for("tpe", seed, startup_trials=n))(n),
+    out = [Method(f"TPE startup {n}",  # the outer lambda binds n: each method keeps its own
+                  (lambda n: lambda seed: sampler_for("tpe", seed, startup_trials=n))(n),  # noqa: B023
                   baselines=False) for n in (2, 3, 5, 10)]
     tpe = lambda seed: sampler_for("tpe", seed)  # noqa: E731
     for label, pruner in [
@@ -469,7 +470,7 @@ def remeasure_gain(surface: Surface, sd: float, seeds: int, trials: int = 20, to
     single, again, over, over_again = [], [], [], []
     for seed in range(seeds):
         rng = random.Random(1000 + seed)
-        noise = lambda: max(0.0, 1 + rng.gauss(0, sd))  # noqa: E731
+        noise = lambda: max(0.0, 1 + rng.gauss(0, sd))  # noqa: E731, B023 (used within this iteration only)
         steps = replay(surface, default_methods()[0], seed, math.inf, trials, noise)
         measured = [s for s in steps if s.found > 0]
         if not measured:

@@ -96,7 +96,7 @@ def build_demo_study(dest: Path) -> tuple[Path, str]:
         "rejected",
         ok([(1, 330, 70), (4, 1300, 450), (16, 1600, 700)], 3.4),
     ]
-    for i, result in enumerate(results):
+    for result in results:
         trial = study.ask()
         config = engine_config(spec, suggest(trial, spec.space), baseline=trial_baseline(trial))
         for key, value in record.config_attrs(config.model, config.flags).items():

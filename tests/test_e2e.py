@@ -52,6 +52,6 @@ def test_run_export_and_resume(cpu_study_db: tuple[Path, str], tmp_path: Path) -
     assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
     second = optuna.load_study(study_name=name, storage=storage)
     assert len(booted(second)) == len(trials) + 1
-    for before, after in zip(first.trials, second.trials):  # nothing lost, nothing repeated
+    for before, after in zip(first.trials, second.trials, strict=False):  # nothing lost, nothing repeated
         assert (before.number, before.state, before.value, before.params) == (
             after.number, after.state, after.value, after.params)

@@ -97,7 +97,7 @@ async def serve(server: Server) -> tuple[web.AppRunner, str]:
     return runner, f"http://127.0.0.1:{port}"
 
 
-def drive(server: Server, specs, level=LoadLevel("concurrency", 1), **kw) -> LevelRun:
+def drive(server: Server, specs, level=LoadLevel("concurrency", 1), **kw) -> LevelRun:  # noqa: B008 (frozen)
     async def main():
         runner, url = await serve(server)
         try:

@@ -113,7 +113,7 @@ def parse_duration(text: object, key: str = "duration", source: str = "command l
                          text.strip().lower()) if isinstance(text, str) else None
         if not m or not any(m.groups()):
             raise SpecError(source, key, f"must be a duration like '4h', '90m', '1h30m' or '45s', got {text!r}")
-        seconds = sum(float(g) * u for g, u in zip(m.groups(), (86400, 3600, 60, 1)) if g)
+        seconds = sum(float(g) * u for g, u in zip(m.groups(), (86400, 3600, 60, 1), strict=True) if g)
     if seconds <= 0:
         raise SpecError(source, key, f"must be a positive duration, got {text!r}")
     return seconds

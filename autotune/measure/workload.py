@@ -133,7 +133,7 @@ class Workload:
         out: list[RequestSpec] = []
         pos = 0
         head = prefix.tolist()
-        for in_len, out_len in zip(in_lens.tolist(), out_lens.tolist()):
+        for in_len, out_len in zip(in_lens.tolist(), out_lens.tolist(), strict=True):
             k = in_len - self.shared_prefix_len
             ids = head + body[pos : pos + k].tolist()
             pos += k

@@ -180,7 +180,7 @@ def estimates_table(rows, *, title: str) -> Table:
     t = Table(title=escape(title), title_justify="left")
     for col in ("configuration", "weights", "KV cache", "KV tokens", "conc. at max len", "fits / why not"):
         t.add_column(col, justify="left" if col in ("configuration", "fits / why not") else "right", overflow="fold")
-    for label, model, flags, v in rows:
+    for label, model, _flags, v in rows:
         e = v.estimate
         t.add_row(f"{escape(label)}\n[dim]{escape(model)}[/]", format_gib(e.weights_bytes, 1), format_gib(e.kv_cache_bytes),
                   f"{e.kv_tokens:,}", f"{e.max_concurrency_at_max_len:.1f}x",
