@@ -190,7 +190,8 @@ def _load_study(study: str | None, storage: str | None):
     return load_existing_study(*_study_ref(study, storage))
 
 
-study_option = click.option("--study", default=None, help="Study name or study file (default: the latest under studies/).")
+study_option = click.option("--study", default=None,
+                            help="Study name or study file (default: the latest under studies/).")
 storage_option = click.option("--storage", default=None, help="Optuna storage URL (default: sqlite:///studies/NAME.db).")
 
 
@@ -279,7 +280,8 @@ gpus_option = click.option("--gpus", default=None, help="One trial at a time on 
 @gpus_option
 @click.option("--from-study", default=None, metavar="NAME",
               help="Begin with the best configurations of an earlier study (re-measured here, not copied).")
-@click.option("--from-storage", default=None, metavar="URL", help="Where --from-study lives (default: this study's storage).")
+@click.option("--from-storage", default=None, metavar="URL",
+              help="Where --from-study lives (default: this study's storage).")
 def run(study_file: Path, budget: str | None, n_trials: int | None, storage: str | None, workers: int | None,
         gpus: str | None, from_study: str | None, from_storage: str | None) -> None:
     """Search the study's space: boot, measure and record trials until the budget is spent.

@@ -164,7 +164,8 @@ def main() -> None:
             print(f"autotune run {i + 1}: " + ", ".join(f"{k}={v:.4g}" for k, v in ours[-1].items()), flush=True)
             theirs.append(run_vllm(url, model, seed=i))
             print(f"vllm bench run {i + 1}: " + ", ".join(f"{k}={v:.4g}" for k, v in theirs[-1].items()), flush=True)
-    print(f"\n{PROMPTS} requests, {INPUT_LEN} in / {OUTPUT_LEN} out tokens, concurrency {CONCURRENCY}, tiny dense model")
+    print(f"\n{PROMPTS} requests, {INPUT_LEN} in / {OUTPUT_LEN} out tokens, concurrency {CONCURRENCY}, "
+          "tiny dense model")
     print(table(ours, theirs))
 
 

@@ -55,12 +55,15 @@ def test_boot_info_is_parsed_from_a_real_log() -> None:
 
 def test_gpu_wordings_from_vllm_sources_are_classified() -> None:
     # Message fragments as vLLM's CUDA build prints them (FACTS.md); the captured CUDA logs test them in full.
-    assert classify_line("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB") is FailureKind.OUT_OF_MEMORY
-    assert classify_line("ValueError: No available memory for the cache blocks. Try increasing") is FailureKind.OUT_OF_MEMORY
+    oom = FailureKind.OUT_OF_MEMORY
+    assert classify_line("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB") is oom
+    assert classify_line("ValueError: No available memory for the cache blocks. Try increasing") is oom
     assert classify_line(
         "ValueError: Free memory on device (3.2/23.6 GiB) on startup is less than desired GPU memory utilization"
     ) is FailureKind.MEMORY_HELD
-    assert classify_line("max_num_seqs (256) exceeds available Mamba cache blocks (97)") is FailureKind.TOO_MANY_SEQS_FOR_STATE
+    assert classify_line(
+        "max_num_seqs (256) exceeds available Mamba cache blocks (97)"
+    ) is FailureKind.TOO_MANY_SEQS_FOR_STATE
     assert classify_line("INFO 12-02 [gpu_worker.py] Model loading took 14.2 GiB memory") is None
 
 

@@ -72,7 +72,8 @@ def test_workers_option_runs_trials_side_by_side_on_sqlite(study_dir: Path) -> N
     study = optuna.load_study(study_name="quick", storage=f"sqlite:///{study_dir / 'quick.db'}")
     booted = [t for t in study.trials if "duration_s" in t.user_attrs]
     assert len(booted) == 2
-    assert booted[0].datetime_start < booted[1].datetime_complete and booted[1].datetime_start < booted[0].datetime_complete
+    assert booted[0].datetime_start < booted[1].datetime_complete
+    assert booted[1].datetime_start < booted[0].datetime_complete
     assert vllm_processes() == []
 
 

@@ -228,7 +228,8 @@ class Server:
                     # The engine dying under load is a failure too, even while the API process lives on.
                     kind = classify_line(line) or (FailureKind.CRASH if _ENGINE_DIED.search(line) else None)
                     if kind is not None:
-                        self.failure = Failure(kind, _reason(kind, line), _excerpt(list(self.lines), len(self.lines) - 1))
+                        self.failure = Failure(kind, _reason(kind, line),
+                                               _excerpt(list(self.lines), len(self.lines) - 1))
                         self.failure_seen_at = time.monotonic()
                         self._failure_event.set()
 

@@ -121,7 +121,8 @@ def print_trial(console: Console, result: TrialResult, objective: Objective) -> 
         assert best is not None
         console.print(
             f"[bold green]result:[/] {best.stats.output_tok_s:,.0f} output tok/s at {objective.load.mode} "
-            f"{result.best_level:g} (p95 TTFT {best.stats.ttft.p95_ms:.0f} ms, p95 TPOT {best.stats.tpot.p95_ms:.1f} ms)"
+            f"{result.best_level:g} "
+            f"(p95 TTFT {best.stats.ttft.p95_ms:.0f} ms, p95 TPOT {best.stats.tpot.p95_ms:.1f} ms)"
         )
     else:
         console.print(f"[bold red]{result.status}:[/] {escape(result.reason)}")

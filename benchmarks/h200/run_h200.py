@@ -80,8 +80,8 @@ class Samplers:
         self.nvml_path = WORK / f"nvml-{tag}.jsonl"
         self.smi_path = WORK / f"smi-{tag}.csv"
         self.smi = subprocess.Popen(
-            ["nvidia-smi", "--query-gpu=timestamp,memory.total,memory.used,memory.free", "--format=csv,noheader,nounits",
-             "-lms", "200"], stdout=open(self.smi_path, "w"), stderr=subprocess.STDOUT)
+            ["nvidia-smi", "--query-gpu=timestamp,memory.total,memory.used,memory.free",
+             "--format=csv,noheader,nounits", "-lms", "200"], stdout=open(self.smi_path, "w"), stderr=subprocess.STDOUT)
         self.thread = threading.Thread(target=self._run, daemon=True)
         self.thread.start()
 
