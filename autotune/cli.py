@@ -472,6 +472,7 @@ def estimate(study_file: Path | None, model: str | None, hardware: str | None, s
             rows.append((label, config.model, flags, feasibility.judge(path, profile, flags, spec.env)))
         console.print(estimates_table(rows, title=f"{spec.name} on {profile.name}: predicted before any boot"))
     else:
+        assert model is not None  # exactly one of study_file and model, checked above
         profile = feasibility.resolve_profile(hardware or "auto", cpu_build)
         path, defaults = _resolve_model_option(model)
         flags = {**defaults, **parse_set(sets)}

@@ -258,7 +258,7 @@ def _space(top: _Table, engine: dict[str, object], base: Path, model_path: str) 
                                                  and all(isinstance(c, str) for c in p.choices)):
             raise pt.error("type", f"{name} must be categorical with string choices")
         if name == MODEL:
-            p = dataclasses.replace(p, choices=tuple(_resolve_model(pt, "choices", c, base) for c in p.choices))
+            p = dataclasses.replace(p, choices=tuple(_resolve_model(pt, "choices", str(c), base) for c in p.choices))
             if model_path not in p.choices:  # baselines boot [model] path: it must be a point of the space
                 raise pt.error("choices", f"must include the [model] path {model_path!r}")
             p = dataclasses.replace(p, default=model_path)

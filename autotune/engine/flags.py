@@ -157,7 +157,8 @@ def _merged(
     if method == "none":
         out.pop("speculative_config", None)
     elif method is not None or tokens is not None:
-        config = dict(out.get("speculative_config") or {})
+        # a TOML table here; a JSON-string speculative_config would fail (fit/estimate.py parses one)
+        config = dict(out.get("speculative_config") or {})  # type: ignore[call-overload]
         if method is not None:
             config["method"] = method
         if "method" not in config:

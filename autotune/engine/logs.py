@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from enum import Enum
+from typing import Literal, overload
 
 
 class FailureKind(str, Enum):
@@ -81,6 +82,10 @@ def classify_line(line: str) -> FailureKind | None:
     return None
 
 
+@overload
+def classify_log(lines: list[str], *, exited: Literal[True] = True) -> Failure: ...
+@overload
+def classify_log(lines: list[str], *, exited: bool) -> Failure | None: ...
 def classify_log(lines: list[str], *, exited: bool = True) -> Failure | None:
     """Classify a whole log (first specific cause wins; an exit without one is a crash)."""
     for i, line in enumerate(lines):

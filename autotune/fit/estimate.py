@@ -32,6 +32,7 @@ import json
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from autotune.engine.defaults import (
     DEFAULT_UTILIZATION,
@@ -144,7 +145,8 @@ def _host_has_avx512_bf16() -> bool:
         return False
 
 
-def _value(config: Mapping[str, object], key: str, kind: type, default: object) -> object:
+def _value(config: Mapping[str, object], key: str, kind: type, default: Any) -> Any:
+    """config[key] made a `kind` (the caller's conversion says which), or `default` when it is absent."""
     value = config.get(key)
     if value is None:
         return default
@@ -251,7 +253,7 @@ def _settings(shape: ModelShape, profile: GpuProfile, config: Mapping[str, objec
         util=float(_value(config, "gpu_memory_utilization", float, util)),
         eager=bool(_value(config, "enforce_eager", bool, False)),
         kv_b=DTYPE_BYTES.get(shape.dtype, 2) if kv_dtype == "auto" else DTYPE_BYTES[kv_dtype],
-        explicit_kv=None if explicit is None else int(explicit),  # type: ignore[call-overload]
+        explicit_kv=None if explicit is None else int(explicit),
         user_block=None if block is None else int(_value(config, "block_size", int, block)),
         mtp=method is not None and "mtp" in method,
         num_spec=num_spec,

@@ -161,8 +161,8 @@ class Workload:
         while len(order) < n:
             order.extend(rng.permutation(len(rows)).tolist())
         return [
-            RequestSpec(rows[j][0], rows[j][1] if rows[j][1] is not None else default_out[i])
-            for i, j in enumerate(order[:n])
+            RequestSpec(prompt, out if out is not None else default_out[i])
+            for i, (prompt, out) in enumerate(rows[j] for j in order[:n])
         ]
 
 

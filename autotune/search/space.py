@@ -47,11 +47,14 @@ def suggest(trial: optuna.Trial, params: Sequence[Param]) -> dict[str, object]:
         if not condition_met(p, values):
             continue
         if p.type == "int":
+            assert p.low is not None and p.high is not None  # the study file requires both for a number
             values[p.name] = trial.suggest_int(p.name, int(p.low), int(p.high), step=int(p.step or 1), log=p.log)
         elif p.type == "float":
+            assert p.low is not None and p.high is not None
             values[p.name] = trial.suggest_float(p.name, float(p.low), float(p.high), step=p.step, log=p.log)
         elif p.type == "categorical":
-            values[p.name] = trial.suggest_categorical(p.name, list(p.choices))
+            # the study file admits only bool, int, float and str choices: optuna's CategoricalChoiceType
+            values[p.name] = trial.suggest_categorical(p.name, list(p.choices))  # type: ignore[arg-type]
         else:
             values[p.name] = trial.suggest_categorical(p.name, [False, True])
     return values

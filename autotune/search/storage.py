@@ -10,6 +10,7 @@ import threading
 from collections.abc import Iterator
 from pathlib import Path
 from urllib.parse import quote
+from typing import cast
 
 import optuna
 from optuna.artifacts import (
@@ -18,6 +19,7 @@ from optuna.artifacts import (
 )
 from optuna.trial import FrozenTrial, TrialState
 from sqlalchemy.engine import URL, make_url
+from optuna.storages._heartbeat import BaseHeartbeat
 
 from autotune.config.study_file import StudySpec, check_study_name, load_study
 from autotune.errors import StorageError
@@ -167,7 +169,8 @@ def spec_from_storage(name: str, url: str, root: Path) -> StudySpec:
 @contextlib.contextmanager
 def _heartbeat(study: optuna.Study, trial: optuna.Trial) -> Iterator[None]:
     """Beat while the trial runs, so other workers (and the next run) can tell a live trial from a dead one."""
-    storage = study._storage  # the storage the study was opened with (RDBStorage, heartbeat-enabled)
+    # the storage the study was opened with (RDBStorage, heartbeat-enabled); optuna types the attribute as the base
+    storage = cast(BaseHeartbeat, study._storage)
     stop = threading.Event()
 
     def beat() -> None:

@@ -363,7 +363,7 @@ def levels_figure(study: optuna.Study, top: int = 3) -> go.Figure:
         fig.add_hline(y=limit, line={"color": RED, "dash": "dash"}, annotation_text=f"limit {limit:g} ms",
                       annotation_font_color=RED, row=1, col=2)
     ticks: list[float] = []
-    for t in sorted({_level_of(lv) for v in chosen for lv in v.levels} - {None}):
+    for t in sorted({level for v in chosen for lv in v.levels if (level := _level_of(lv)) is not None}):
         if not ticks or t >= ticks[-1] * 1.3:  # on a log axis, closer labels overlap
             ticks.append(t)
     fig.update_xaxes(type="log", tickvals=ticks, ticktext=[f"{t:g}" for t in ticks],

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from optuna.trial import TrialState
 from rich.console import Console, Group
+from optuna.trial import FrozenTrial, TrialState
+from rich.console import Console, Group, RenderableType
 from rich.live import Live
 from rich.markup import escape
 from rich.spinner import Spinner
