@@ -265,9 +265,12 @@ def _run(spec, plan, storage: str | None, slots) -> None:
         sys.exit(130)
 
 
-budget_option = click.option("--budget", default=None, help="Wall-clock budget: 4h, 90m, 1h30m (default: the study file's).")
-n_trials_option = click.option("--n-trials", type=int, default=None, help="Stop after this many booted trials (this run).")
-workers_option = click.option("--workers", type=int, default=None, help="Trials at a time, each its own server (CPU build).")
+budget_option = click.option("--budget", default=None,
+                             help="Wall-clock budget: 4h, 90m, 1h30m (default: the study file's).")
+n_trials_option = click.option("--n-trials", type=int, default=None,
+                               help="Stop after this many booted trials (this run).")
+workers_option = click.option("--workers", type=int, default=None,
+                              help="Trials at a time, each its own server (CPU build).")
 gpus_option = click.option("--gpus", default=None, help="One trial at a time on each of these GPUs, e.g. 0,1,2,3.")
 
 
@@ -424,7 +427,7 @@ def export(study: str | None, storage: str | None, fmt: str, max_vram: float | N
         click.echo(f"# best: {best.text}\n" + to_yaml(flags, model=model, env=env), nl=False)
     else:
         # The first measurement's figures (latencies, memory, ...), with the throughput every reader gives.
-        metrics = {k: v for k, v in winner.user_attrs.items()
+        metrics: dict[str, object] = {k: v for k, v in winner.user_attrs.items()
                    if isinstance(v, (int, float)) and not isinstance(v, bool)}
         metrics["output_tok_s"] = round(best.figure, 1)
         metrics["best"] = f"best: {best.text}"

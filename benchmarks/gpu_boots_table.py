@@ -42,7 +42,8 @@ PATTERNS: dict[str, tuple[str, type]] = {
     "attention_block_size": (r"Setting attention block size to " + NUM + r" tokens", int),
     "init_engine_s": (r"init engine \(profile, create kv cache, warmup model\) took " + NUM + r" s", float),
     "num_gpu_blocks": (r"num_gpu_blocks is: " + NUM, int),
-    "kv_cache_memory_fit_requested_bytes": (r"--kv-cache-memory=" + NUM + r"` \([0-9.]+ GiB\) to fit into requested", int),
+    "kv_cache_memory_fit_requested_bytes": (r"--kv-cache-memory=" + NUM + r"` \([0-9.]+ GiB\) to fit into requested",
+                                            int),
     "worker_init_cuda_memory_gib": (r"worker init memory snapshot: .*?cuda_memory=" + NUM + r"GiB", float),
 }
 TEXT_PATTERNS: dict[str, str] = {
@@ -103,10 +104,12 @@ def table(boots: list[dict]) -> str:
         f = b.get("figures", {})
         row = [b["name"], b.get("cache", {}).get("state", "-"), b.get("outcome", "-"), _fmt(b.get("boot_s"), 0),
                _fmt(f.get("weights_gib")), _fmt(f.get("torch_compile_s"), 1), _fmt(f.get("profiling_run_s"), 1),
-               _fmt(f.get("torch_peak_increase_gib")), _fmt(f.get("cudagraph_estimate_gib")), _fmt(f.get("cudagraph_captured_gib")),
+               _fmt(f.get("torch_peak_increase_gib")), _fmt(f.get("cudagraph_estimate_gib")),
+               _fmt(f.get("cudagraph_captured_gib")),
                _fmt(f.get("kv_cache_gib")), _fmt(f.get("kv_cache_tokens")), _fmt(f.get("max_concurrency")),
                _fmt(f.get("num_gpu_blocks", f.get("mamba_cache_blocks"))), _fmt(b.get("nvidia_smi_used_mib_at_ready"))]
-        lines.append("  ".join(f"{v:>{w}}" if i else f"{v:<{w}}" for i, (v, (_, w)) in enumerate(zip(row, cols))))
+        cells = enumerate(zip(row, cols, strict=True))  # one cell per column
+        lines.append("  ".join(f"{v:>{w}}" if i else f"{v:<{w}}" for i, (v, (_, w)) in cells))
         if b.get("outcome") not in ("ready", None) and b.get("failure"):
             lines.append(f"    {b['failure'][:150]}")
     lines.append("act: torch peak increase of the profiling run (GiB); cg: CUDA-graph memory (GiB); blocks: KV/Mamba "

@@ -2,7 +2,8 @@
 
 1. Time per estimate: the median of many calls of estimate() (the memory model alone) and of judge() (the
    pruning decision: the estimate corrected by a study's observations and checked against its out-of-memory
-   trials), for the tiny models on the CPU build and Qwen3.5-27B on an RTX 3090 (shapes from autotune/known_models).
+   trials), for the tiny models on the CPU build and Qwen3.5-27B on an RTX 3090 (shapes from
+   autotune/engine/known_models).
 2. The cost of one infeasible configuration: without pruning, booted for real until autotune has classified the
    failure (and until the server is stopped); with pruning, the decision (judge) and the decision recorded in a
    SQLite study (ask, judge, tell_rejected), side by side with the ratio.
@@ -39,16 +40,6 @@ from autotune.units import GiB, MiB
 from benchmarks.engine_lock import engine_lock
 
 REPO = Path(__file__).resolve().parents[1]
-from autotune.engine.defaults import installed_vllm_version  # noqa: E402
-from autotune.engine.logs import Failure  # noqa: E402
-from autotune.engine.models import resolve_model  # noqa: E402
-from autotune.engine.server import BootFailed, EngineSpec, Server  # noqa: E402
-from autotune.fit.estimate import estimate  # noqa: E402
-from autotune.fit.feasibility import Observation, judge, model_shape, prediction_attrs  # noqa: E402
-from autotune.fit.hardware import GpuProfile, cpu_profile, get_profile  # noqa: E402
-from autotune.search import record as search_record  # noqa: E402
-from autotune.search import tell  # noqa: E402
-from autotune.units import GiB, MiB  # noqa: E402
 
 EAGER = {"load_format": "dummy", "enforce_eager": True}
 

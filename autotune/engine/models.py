@@ -12,12 +12,10 @@ import json
 from pathlib import Path
 from typing import Literal
 
-from autotune.errors import ModelUnavailable
+from autotune.engine.flags import CACHE_DIR
+from autotune.errors import ModelError, ModelUnavailable, SpecError
 
 HUB_TIMEOUT_S = 10  # one request for a hub model's config.json, no retries
-
-from autotune.engine.flags import CACHE_DIR
-from autotune.errors import ModelError, SpecError
 
 KNOWN_MODELS = Path(__file__).parent / "known_models"
 
@@ -47,7 +45,8 @@ def _hub_config(model: str) -> Path:
         get_hf_file_metadata(hf_hub_url(model, "config.json"), timeout=HUB_TIMEOUT_S)
         return Path(hf_hub_download(model, "config.json"))
     except Exception as e:  # no network, no such repository, gated, offline mode: all one thing to a user
-        raise ModelUnavailable(f"not in the local Hugging Face cache, and the hub could not give it: {_first_line(e)}") from e
+        raise ModelUnavailable("not in the local Hugging Face cache, and the hub could not give it: "
+                               f"{_first_line(e)}") from e
 
 
 def _first_line(e: Exception) -> str:
@@ -174,7 +173,7 @@ def resolve_model(name: str) -> tuple[str, dict[str, object]]:
     kind = name.removeprefix("tiny:")
     if kind not in CONFIGS:
         raise ModelError(f"unknown tiny model {name!r}; known: {', '.join('tiny:' + k for k in KINDS)}")
-    return str(tiny_model_dir(kind)), {"load_format": "dummy"}  # type: ignore[arg-type]
+    return str(tiny_model_dir(kind)), {"load_format": "dummy"}
 
 
 def model_config(model: str) -> dict:

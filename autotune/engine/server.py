@@ -134,7 +134,8 @@ class Server:
         # The parent-death signal alone is not enough: a SIGTERM that lands while vLLM spawns its engine core
         # leaves both running. The watchdog kills the whole group once this process is gone, however it died.
         self._watchdog = subprocess.Popen(
-            [sys.executable, "-m", "autotune.engine.server", "watch", str(os.getpid()), str(self._proc.pid), str(record)],
+            [sys.executable, "-m", "autotune.engine.server", "watch",
+             str(os.getpid()), str(self._proc.pid), str(record)],
             stdin=subprocess.DEVNULL, start_new_session=True,
         )
 

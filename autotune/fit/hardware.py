@@ -222,7 +222,8 @@ def profile_for(info: GpuInfo) -> GpuProfile:
 
 
 # How a peak is named wherever it is shown: a GPU's memory and a process tree's host memory are not comparable.
-MEMORY_SOURCE_NAMES: dict[str, str] = {"nvml": "GPU memory (NVML)", "rss": "host memory (RSS of the server's processes)"}
+MEMORY_SOURCE_NAMES: dict[str, str] = {"nvml": "GPU memory (NVML)",
+                                       "rss": "host memory (RSS of the server's processes)"}
 
 
 MEMORY_SOURCE_SHORT: dict[str, str] = {"nvml": "GPU (NVML)", "rss": "host RSS"}

@@ -284,7 +284,7 @@ async def _poisson(
 
     tasks = []
     t0 = time.perf_counter()
-    for spec, at in zip(specs, due):
+    for spec, at in zip(specs, due, strict=True):  # arrival_times gives one time per spec
         if (delay := t0 + at - time.perf_counter()) > 0:
             await asyncio.sleep(delay)
         if done.reason:

@@ -172,7 +172,7 @@ def summary(trials: Sequence[FrozenTrial]) -> dict[str, dict[str, object]]:
     the figure it is reported with (Best.figure) with the min and max of those that met the limits."""
     by_number = {t.number: t for t in trials}
     out: dict[str, dict[str, object]] = {}
-    for number, values in remeasured(trials).items():
+    for number in remeasured(trials):
         if number not in by_number:
             continue
         b = _best_of(by_number[number], trials)

@@ -102,7 +102,10 @@ def transfer_params(params: Mapping[str, object], space: Sequence[Param]) -> dic
             v = params[p.name]
             if not p.holds(v):
                 return None
-            out[p.name] = int(v) if p.type == "int" else v  # type: ignore[arg-type]
+            if p.type == "int":
+                assert isinstance(v, int | float)  # holds() takes only a number for an int parameter
+                v = int(v)
+            out[p.name] = v
         elif p.default is not None and p.holds(p.default):
             out[p.name] = p.default
     return out

@@ -9,17 +9,17 @@ import re
 import threading
 from collections.abc import Iterator
 from pathlib import Path
-from urllib.parse import quote
 from typing import cast
+from urllib.parse import quote
 
 import optuna
 from optuna.artifacts import (
     FileSystemArtifactStore,
     upload_artifact,
 )
+from optuna.storages._heartbeat import BaseHeartbeat
 from optuna.trial import FrozenTrial, TrialState
 from sqlalchemy.engine import URL, make_url
-from optuna.storages._heartbeat import BaseHeartbeat
 
 from autotune.config.study_file import StudySpec, check_study_name, load_study
 from autotune.errors import StorageError

@@ -121,7 +121,8 @@ def _resume(spec: StudySpec, study: optuna.Study, files: dict[str, str], say: Ca
         raise SpecError(str(spec.path), None, "; ".join(changes) + ": start a new study (another `name`; "
                         "`--from-study` begins it with this one's best) or restore the file")
     queued = tomllib.loads(began["study"]).get("baselines", [])
-    new = [b for raw, b in zip(tomllib.loads(files["study"]).get("baselines", []), spec.baselines)
+    # strict=False: files["study"] is the file read again after spec was loaded from it, not the same read
+    new = [b for raw, b in zip(tomllib.loads(files["study"]).get("baselines", []), spec.baselines, strict=False)
            if raw not in queued]
     for baseline in new:
         enqueue_baseline(study, baseline, spec.space)
@@ -180,8 +181,10 @@ def check_inputs(spec: StudySpec) -> None:
     engine_flags.check(study_file.study_flag_names(spec))
     engine_flags.check_values(study_file.study_flag_values(spec))
     models = [("model.path", spec.model.path)]
-    models += [("space.model.choices", c) for p in spec.space if p.name == MODEL for c in p.choices]
-    models += [(f"baselines[{i}].flags.model", b.flags[MODEL]) for i, b in enumerate(spec.baselines) if MODEL in b.flags]
+    # str(): the study file takes only strings for a model (choices and baselines' flags are typed object)
+    models += [("space.model.choices", str(c)) for p in spec.space if p.name == MODEL for c in p.choices]
+    models += [(f"baselines[{i}].flags.model", str(b.flags[MODEL]))
+               for i, b in enumerate(spec.baselines) if MODEL in b.flags]
     for key, model in models:
         if model.startswith("tiny:") or Path(model).is_dir():
             continue
@@ -327,7 +330,7 @@ def _until_done(targets: list[tuple[str, Callable[[], None]]], stop: threading.E
         finally:
             done.set()
 
-    for (name, target), done in zip(targets, ended):
+    for (name, target), done in zip(targets, ended, strict=True):  # one event per target
         threading.Thread(target=run, args=(target, done), name=name, daemon=True).start()
     interrupted = False
     while not all(done.is_set() for done in ended):

@@ -89,9 +89,10 @@ def gains(study: optuna.Study) -> list[Gain]:
     for v in views(study):
         if v.baseline is None or v.kind == "running":
             continue
-        ok = v.kind == "feasible" and v.throughput
-        pct = (best.figure / v.throughput - 1) * 100 if ok and best is not None and best.figure else None
-        out.append(Gain(v.baseline, v.number, v.throughput if ok else None, pct, "" if ok else v.reason or v.kind))
+        # a baseline without a (non-zero) feasible figure has no gain: its reason is shown instead
+        figure = v.throughput if v.kind == "feasible" and v.throughput else None
+        pct = (best.figure / figure - 1) * 100 if figure is not None and best is not None and best.figure else None
+        out.append(Gain(v.baseline, v.number, figure, pct, "" if figure is not None else v.reason or v.kind))
     return out
 
 

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 from optuna.trial import TrialState
-from rich.console import Console, Group
-from optuna.trial import FrozenTrial, TrialState
 from rich.console import Console, Group, RenderableType
 from rich.live import Live
 from rich.markup import escape
@@ -49,7 +47,8 @@ class LiveProgress:
 
     def _render(self) -> Group:
         best = f"{self.best.figure:,.0f} tok/s (trial {self.best.trial.number})" if self.best else "none feasible yet"
-        lines = [Text(f"best {best}  ·  {self.done} done  ·  {_hms(self.budget.remaining())} left", style="bold")]
+        lines: list[RenderableType] = [
+            Text(f"best {best}  ·  {self.done} done  ·  {_hms(self.budget.remaining())} left", style="bold")]
         for number, (label, slot, stage) in sorted(self.running.items()):
             where = f"[slot {slot}] " if len(self.running) > 1 or slot != "0" else ""
             lines.append(Spinner("dots", text=Text.assemble(f"{where}trial {number}: ", (stage, "cyan"), "  ",
@@ -73,8 +72,8 @@ class LiveProgress:
         self.best = best
         colour = {TrialState.COMPLETE: "green", TrialState.PRUNED: "yellow"}.get(state, "red")
         # the summary carries flag values and vLLM's own words: text, never markup
-        self.console.print(f"[{colour}]trial {number}[/] {escape(summary)}  [dim]({_hms(self.budget.remaining())} left)[/]",
-                           soft_wrap=True)
+        self.console.print(f"[{colour}]trial {number}[/] {escape(summary)}  "
+                           f"[dim]({_hms(self.budget.remaining())} left)[/]", soft_wrap=True)
 
 
 def _gib(n: int | None) -> str:
@@ -155,7 +154,8 @@ def study_table(trials, *, limit: int = 15, title: str = "trials, best feasible 
     shown = ordered[:limit] + [t for t in ordered[limit:] if "baseline" in t.user_attrs]
     table = Table(title=escape(title), title_justify="left")
     # A GPU's memory (NVML) and a process tree's host memory (RSS) are different figures: each says which it is.
-    for col in ("#", "state", "out tok/s", "level", "p95 TTFT ms", "p95 TPOT ms", "peak memory", "configuration / reason"):
+    for col in ("#", "state", "out tok/s", "level", "p95 TTFT ms", "p95 TPOT ms", "peak memory",
+                "configuration / reason"):
         table.add_column(col, justify="left" if col in ("state", "configuration / reason") else "right",
                          overflow="fold")
     for t in shown:
@@ -185,7 +185,8 @@ def estimates_table(rows, *, title: str) -> Table:
         t.add_column(col, justify="left" if col in ("configuration", "fits / why not") else "right", overflow="fold")
     for label, model, _flags, v in rows:
         e = v.estimate
-        t.add_row(f"{escape(label)}\n[dim]{escape(model)}[/]", format_gib(e.weights_bytes, 1), format_gib(e.kv_cache_bytes),
+        t.add_row(f"{escape(label)}\n[dim]{escape(model)}[/]", format_gib(e.weights_bytes, 1),
+                  format_gib(e.kv_cache_bytes),
                   f"{e.kv_tokens:,}", f"{e.max_concurrency_at_max_len:.1f}x",
                   "[green]fits[/]" if v.fits else f"[red]no[/]: {escape(v.reason)}")
     return t

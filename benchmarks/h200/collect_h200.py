@@ -30,7 +30,7 @@ from autotune.units import GiB
 
 ROOT = Path(__file__).resolve().parents[2]
 RESULTS = ROOT / "benchmarks" / "data" / "results-h200.json"
-CONFIG = ROOT / "autotune" / "known_models" / "qwen3.5-27b-awq.json"  # the model run_h200.py served
+CONFIG = ROOT / "autotune" / "engine" / "known_models" / "qwen3.5-27b-awq.json"  # the model run_h200.py served
 FIXED = {"load_format": "dummy", "language_model_only": True, "skip_tokenizer_init": True,
          "gdn_prefill_backend": "triton"}
 BEFORE_COMMIT = "bd557e6"  # the estimator as it was when the device run was made
@@ -182,7 +182,8 @@ def main(folders: list[Path]) -> None:
     trials = []
     for key in ("trial:eager-s16-b2048", "trial:eager-s32-b8192"):
         r = raw[key]["result"]
-        trials.append({"name": key.split(":")[1], "via": "autotune.trial.run_trial (the path of `autotune trial`)",
+        trials.append({"name": key.split(":")[1],
+                       "via": "autotune.measure.trial.run_trial (the path of `autotune trial`)",
                        "status": r["status"], "output_tok_s": r["output_tok_s"], "boot_s": r["boot_s"],
                        "reason": r.get("reason"), "objective": "tests/data/gpu/smoke-objective.toml with its first "
                        "limits (p95 TTFT <= 1 s, p95 TPOT <= 50 ms)", "levels": r["levels"]})
@@ -203,7 +204,7 @@ def main(folders: list[Path]) -> None:
             "driver": "580.159.04", "cuda_runtime": "13.0 (torch 2.11.0+cu130 of the device image)",
             "vllm": idle["vllm_version"] + " (CUDA build, wheels from benchmarks/h200/fetch-wheels.sh)",
             "python": idle["python"], "date": "2026-12-02",
-            "model": "Qwen3.5-27B shape (a folder holding autotune/known_models/qwen3.5-27b-awq.json as its "
+            "model": "Qwen3.5-27B shape (a folder holding autotune/engine/known_models/qwen3.5-27b-awq.json as its "
                      "config.json): Qwen3_5ForConditionalGeneration, 64 layers "
                      "(48 Gated DeltaNet + 16 full attention), AWQ 4-bit g128 config, random weights "
                      "(--load-format dummy), text only (--language-model-only), --skip-tokenizer-init, "

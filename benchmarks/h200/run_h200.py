@@ -8,7 +8,7 @@ Run on the device by run_h200.sh, from the repository root, after vLLM 0.25.0 is
     python3 -m benchmarks.h200.run_h200 study    # `autotune run` of tests/data/gpu/smoke-study.toml (2 booted
                                                  # trials), status, export
 
-The model is the Qwen3.5-27B AWQ shape autotune ships (autotune/known_models/qwen3.5-27b-awq.json): every phase
+The model is the Qwen3.5-27B AWQ shape autotune ships (autotune/engine/known_models/qwen3.5-27b-awq.json): every phase
 first writes it as a model folder (that file as its config.json; the weights are random, --load-format dummy)
 under WORK, and the study phase gives `autotune run` a copy of the study file whose [model] path points there.
 Every phase samples NVML (its own raw series, beside the trial's MemorySampler) and nvidia-smi in the background,
@@ -30,7 +30,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 DATA = ROOT / "tests" / "data" / "gpu"
 WORK = Path(os.environ.get("GPURUN", "/tmp/gpurun"))
-CONFIG = ROOT / "autotune" / "known_models" / "qwen3.5-27b-awq.json"  # shipped for "QuantTrio/Qwen3.5-27B-AWQ"
+# shipped for "QuantTrio/Qwen3.5-27B-AWQ"
+CONFIG = ROOT / "autotune" / "engine" / "known_models" / "qwen3.5-27b-awq.json"
 MODEL = WORK / "qwen3.5-27b-awq-dummy"  # written by write_model(): CONFIG as its config.json, no weights
 OBJECTIVE = DATA / "smoke-objective.toml"
 STUDY = DATA / "smoke-study.toml"

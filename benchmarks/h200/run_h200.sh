@@ -7,7 +7,7 @@
 #   run_h200.py                                the phases; collect_h200.py turns what they bring back into
 #                                              benchmarks/data/results-h200.json
 # The study and objective are tests/data/gpu/smoke-study.toml and smoke-objective.toml; the model is the shipped
-# config autotune/known_models/qwen3.5-27b-awq.json, which run_h200.py writes as a model folder under $GPURUN.
+# config autotune/engine/known_models/qwen3.5-27b-awq.json, which run_h200.py writes as a model folder under $GPURUN.
 #
 # Here, once (in the repository root; .gitignore already ignores /.gpu*/ and /.whl/):
 #   bash benchmarks/h200/fetch-wheels.sh                               # -> .gpu1 ... .gpu5
