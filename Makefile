@@ -31,10 +31,10 @@ test: lint
 	$(BIN)/python -m pytest
 
 test-fast: lint
-	$(BIN)/python -m pytest -m "not engine"
+	$(BIN)/python -m pytest tests/unit
 
 test-engine: setup
-	$(BIN)/python -m pytest -m engine
+	$(BIN)/python -m pytest tests/engine
 
 clean:
 	rm -rf $(VENV) studies/*.db studies/*-artifacts runs reports

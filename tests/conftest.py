@@ -19,6 +19,14 @@ from benchmarks.engine_lock import engine_lock
 ROOT = Path(__file__).resolve().parents[1]
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Every test under tests/engine/ boots the real vLLM: marked `engine` by its folder, not test by test."""
+    engine = ROOT / "tests" / "engine"
+    for item in items:
+        if engine in Path(item.fspath).parents:
+            item.add_marker(pytest.mark.engine)
+
+
 # --- cpu_study_db: a study database made by a real `autotune run` on the vLLM CPU build (engine tests) ---------
 
 def _study_copy(dest: Path, name: str = "tiny-cpu") -> Path:
@@ -49,16 +57,29 @@ def cpu_study_db(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
 
 # --- demo_study_db: a study recorded through the real study/outcome code with hand-made results (no engine) ---
 
+def recorded_level(conc: float, tok_s: float, ttft: float):
+    """One load level as a trial records it (hand-made figures): p95 TTFT `ttft` ms judged against a 500 ms limit,
+    p95 TPOT 25 ms against 50."""
+    from autotune.measure.client import LoadLevel
+    from autotune.measure.stats import LevelStats, Limits, Percentiles, Verdict
+    from autotune.measure.trial import LevelOutcome
+
+    limits = Limits(ttft_p95_ms=500, tpot_p95_ms=50)
+    p, tpot = Percentiles(ttft / 2, ttft / 2, ttft, ttft), Percentiles(10, 10, 20, 25)
+    stats = LevelStats(LoadLevel("concurrency", conc), 32, 0, 10.0, tok_s, tok_s * 5, tok_s / 64, tok_s / 64,
+                       p, tpot, tpot, p, input_tokens=8192, output_tokens=2048)
+    passed = ttft <= 500
+    return conc, LevelOutcome(stats, Verdict(passed, {} if passed else {"ttft_p95_ms": ttft / 500}, limits))
+
+
 def build_demo_study(dest: Path) -> tuple[Path, str]:
     """Eight trials through open_study and outcome.tell_*, as the run loop records them, with their logs
     attached: trials 0 and 1 are the baselines (900 and 1,100 tok/s), 2, 3 and 7 sampled and feasible (1,500,
     700 and 1,300 tok/s), 4 misses the latency limit, 5 runs out of memory, 6 is rejected before boot."""
     from autotune.config.study_file import load_study
     from autotune.engine.logs import BootInfo, Failure, FailureKind
-    from autotune.measure.client import LoadLevel
     from autotune.measure.memory import MemoryPeak
-    from autotune.measure.stats import LevelStats, Limits, Percentiles, Verdict
-    from autotune.measure.trial import LevelOutcome, TrialResult
+    from autotune.measure.trial import TrialResult
     from autotune.search import record, tell
     from autotune.search.record import trial_baseline
     from autotune.search.space import engine_config, suggest
@@ -69,14 +90,7 @@ def build_demo_study(dest: Path) -> tuple[Path, str]:
     db = dest / f"{spec.name}.db"
     study = open_study(spec, f"sqlite:///{db}")
     store = open_artifact_store(dest / f"{spec.name}-artifacts")
-    limits = Limits(ttft_p95_ms=500, tpot_p95_ms=50)
-
-    def level(conc: float, tok_s: float, ttft: float) -> tuple[float, LevelOutcome]:
-        p, tpot = Percentiles(ttft / 2, ttft / 2, ttft, ttft), Percentiles(10, 10, 20, 25)
-        stats = LevelStats(LoadLevel("concurrency", conc), 32, 0, 10.0, tok_s, tok_s * 5, tok_s / 64, tok_s / 64,
-                           p, tpot, tpot, p, input_tokens=8192, output_tokens=2048)
-        passed = ttft <= 500
-        return conc, LevelOutcome(stats, Verdict(passed, {} if passed else {"ttft_p95_ms": ttft / 500}, limits))
+    level = recorded_level
 
     def ok(curve: list[tuple[float, float, float]], peak_gib: float) -> TrialResult:
         lv = tuple(level(*c) for c in curve)

@@ -10,10 +10,8 @@ import sys
 from pathlib import Path
 
 import optuna
-import pytest
 from optuna.trial import TrialState
 
-pytestmark = pytest.mark.engine
 AUTOTUNE = [sys.executable, "-m", "autotune.cli"]
 
 

@@ -21,8 +21,7 @@ from autotune.measure.stats import Limits, level_stats
 from autotune.measure.trial import LevelOutcome, TrialPlan, run_trial
 from autotune.measure.workload import LengthDist, Workload, prompt_decoder
 
-pytestmark = pytest.mark.engine
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 EAGER = {"enforce_eager": True, "load_format": "dummy"}
 SMALL_KV = {"VLLM_CPU_KVCACHE_SPACE": "1"}
 

@@ -22,7 +22,6 @@ from autotune.fit.hardware import cpu_profile
 from autotune.units import GiB, MiB
 from benchmarks.engine_lock import engine_lock as machine_engine_lock
 
-pytestmark = pytest.mark.engine
 EAGER = {"load_format": "dummy", "enforce_eager": True}
 TOLERANCE = 0.10
 _AUTO_KV = re.compile(r"Auto set \(([\d.]+)/[\d.]+\) GiB for KV cache on node \d+, with ([\d.]+) GiB requested"

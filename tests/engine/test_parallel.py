@@ -21,8 +21,7 @@ from processes import vllm_processes
 
 from autotune.search.storage import GRACE_S, open_storage
 
-pytestmark = pytest.mark.engine
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 QUICK = ROOT / "tests" / "data" / "quick"
 AUTOTUNE = [sys.executable, "-m", "autotune.cli"]
 

@@ -11,8 +11,8 @@ from autotune.config.study_file import load_study
 from autotune.config.toml import parse_duration
 from autotune.errors import SpecError
 
-ROOT = Path(__file__).resolve().parent.parent
-BAD = Path(__file__).resolve().parent / "data" / "bad"
+ROOT = Path(__file__).resolve().parents[3]
+BAD = Path(__file__).resolve().parents[2] / "data" / "bad"
 
 # (file, dotted key the error names, a fragment of its message)
 BAD_FILES = [
@@ -210,7 +210,8 @@ def test_text_prompts_need_the_models_tokenizer_before_anything_boots(tmp_path: 
     assert (info.value.source, info.value.key) == (str(objective), "workload.prompt")
     # The model without one is only a choice of the searched `model`: still refused before the first boot.
     study = _write(tmp_path, "s.toml", 'objective = "text.toml"\n[model]\npath = "tiny:dense"\n'
-                                       '[space.model]\ntype = "categorical"\nchoices = ["tiny:dense", "./models/bare"]\n')
+                                       '[space.model]\ntype = "categorical"\n'
+                                       'choices = ["tiny:dense", "./models/bare"]\n')
     assert study_models(load_study(study)) == ["tiny:dense", str(bare)]
     cli = [sys.executable, "-m", "autotune.cli"]
     for argv in (["trial", "--model", str(bare), "--objective", str(objective)],

@@ -13,7 +13,7 @@ from autotune.engine.logs import (
     parse_boot_info,
 )
 
-LOGS = Path(__file__).parent / "data" / "logs"
+LOGS = Path(__file__).parents[2] / "data" / "logs"
 
 
 def lines(name: str) -> list[str]:

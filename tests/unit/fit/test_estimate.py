@@ -1,5 +1,5 @@
 """The pre-boot memory model: hand-computed arithmetic on small configs, and the verdicts for Qwen3.5-27B on an
-RTX 3090 (the mission). autotune/known_models/qwen3.5-27b*.json are rebuilt from the published shapes (FACTS.md):
+RTX 3090 (the mission). autotune/engine/known_models/qwen3.5-27b*.json are rebuilt from the published shapes (FACTS.md):
 64 layers, every 4th full attention, hidden 5120, intermediate 17408, 24 heads / 4 KV heads of 256, vocab 248320,
 Gated DeltaNet 16 key / 48 value heads of 128, conv kernel 4, fp32 recurrent state, one MTP layer."""
 
@@ -22,7 +22,7 @@ from autotune.fit.hardware import get_profile
 from autotune.fit.model_shape import ModelShape
 from autotune.units import GiB, MiB
 
-CONFIGS = Path(__file__).resolve().parents[1] / "autotune" / "engine" / "known_models"
+CONFIGS = Path(__file__).resolve().parents[3] / "autotune" / "engine" / "known_models"
 RTX3090 = get_profile("rtx3090")
 CPU = get_profile("cpu")
 
@@ -289,7 +289,8 @@ def test_estimate_is_fast_and_torch_free():
     for n in range(100):
         estimate(shape, RTX3090, {"max_model_len": 4096 + n, "max_num_seqs": 16})
     assert (time.perf_counter() - start) / 100 < 0.005
-    probe = "import sys, autotune.estimate, autotune.hardware; print(sorted({'torch', 'vllm'} & set(sys.modules)))"
+    probe = ("import sys, autotune.fit.estimate, autotune.fit.hardware; "
+             "print(sorted({'torch', 'vllm'} & set(sys.modules)))")
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
 

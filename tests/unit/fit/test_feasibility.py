@@ -226,6 +226,7 @@ def test_a_models_config_is_read_in_one_place_for_its_shape_and_its_vocabulary(t
     from autotune.fit.feasibility import model_shape
 
     hub_id = next(iter(KNOWN))
-    assert model_vocab_size(hub_id) == model_shape(hub_id).vocab_size == model_config(hub_id)["text_config"]["vocab_size"]
+    vocab = model_config(hub_id)["text_config"]["vocab_size"]
+    assert model_vocab_size(hub_id) == model_shape(hub_id).vocab_size == vocab
     with pytest.raises(SpecError, match="cannot read model config"):
         model_config(str(tmp_path))

@@ -34,9 +34,9 @@ from autotune.fit.model_shape import ModelShape
 from autotune.measure.memory import MemoryReading, PeakTracker
 from autotune.units import GiB, MiB
 
-DATA = Path(__file__).parent / "data" / "gpu"
-ROOT = Path(__file__).parents[1]
-CONFIG = ROOT / "autotune" / "known_models" / "qwen3.5-27b-awq.json"  # the model the run served
+DATA = Path(__file__).parents[2] / "data" / "gpu"
+ROOT = Path(__file__).parents[3]
+CONFIG = ROOT / "autotune" / "engine" / "known_models" / "qwen3.5-27b-awq.json"  # the model the run served
 
 
 def lines(name: str) -> list[str]:

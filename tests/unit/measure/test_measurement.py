@@ -190,7 +190,7 @@ def test_steady_window_in_rate_mode_excludes_the_drain():
 
 @pytest.mark.parametrize("mode", ["concurrency", "rate"])
 def test_the_client_stops_sending_once_enough_and_keeps_what_was_in_flight(mode):
-    from test_load import (  # the protocol tests' small OpenAI-format server
+    from test_client import (  # the protocol tests' small OpenAI-format server
         Server,
         drive,
     )

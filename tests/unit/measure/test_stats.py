@@ -140,7 +140,7 @@ def test_rate_mode_trial_table_shows_the_offered_and_the_achieved_rate_by_the_la
     from autotune.measure.trial import LevelOutcome, TrialResult
     from autotune.show.tables import level_table
 
-    shipped = load_objective(Path(__file__).resolve().parents[1] / "objectives" / "tiny-cpu.toml")
+    shipped = load_objective(Path(__file__).resolve().parents[3] / "objectives" / "tiny-cpu.toml")
     objective = replace(shipped, load=replace(shipped.load, mode="rate"))
     stats = level_stats(replace(RUN, level=LoadLevel("rate", 2.5)), Limits())
     result = TrialResult("ok", stats.output_tok_s, 2.5, ((2.5, LevelOutcome(stats, judge(stats, Limits()))),))

@@ -26,7 +26,7 @@ from autotune.search.samplers import (
 )
 from benchmarks import search_efficiency as se
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def test_samplers_by_name_and_the_study_default():

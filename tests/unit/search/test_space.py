@@ -18,7 +18,7 @@ from autotune.search.space import (
     suggest,
 )
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[3]
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 
 SPEC_SPACE = (

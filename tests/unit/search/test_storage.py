@@ -18,12 +18,13 @@ from autotune.errors import SpecError
 from autotune.search.storage import open_storage, spec_from_storage
 from autotune.search.study import open_study
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def files_under(root: Path) -> dict[str, tuple[int, int, str]]:
     """Every file under root with its size, mtime and content hash: what "nothing written" is checked against."""
-    return {str(p.relative_to(root)): (p.stat().st_size, p.stat().st_mtime_ns, hashlib.sha256(p.read_bytes()).hexdigest())
+    return {str(p.relative_to(root)): (p.stat().st_size, p.stat().st_mtime_ns,
+                                       hashlib.sha256(p.read_bytes()).hexdigest())
             for p in sorted(root.rglob("*")) if p.is_file()}
 
 

@@ -26,7 +26,7 @@ from autotune.search.remeasure import best_trial
 from autotune.search.space import suggest
 from autotune.search.study import INTERRUPTED, open_study
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 @pytest.fixture()
@@ -108,7 +108,8 @@ def test_a_baseline_that_failed_through_no_fault_of_its_own_is_measured_when_the
     assert killed.user_attrs["baseline"]["name"] == "vllm-defaults"
     tell.tell_failed(study, killed, "the tuner was killed")  # failed a second time, through no fault of its own
     study = open_study(spec)
-    assert [t.user_attrs["baseline"]["name"] for t in study.trials if t.state == TrialState.WAITING] == ["vllm-defaults"]
+    waiting = [t.user_attrs["baseline"]["name"] for t in study.trials if t.state == TrialState.WAITING]
+    assert waiting == ["vllm-defaults"]
     assert told(study, ok_result(400.0)) == TrialState.COMPLETE
     study = open_study(spec)  # measured now: nothing queued again
     assert not [t for t in study.trials if t.state == TrialState.WAITING]

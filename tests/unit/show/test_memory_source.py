@@ -25,7 +25,7 @@ from autotune.search.space import engine_config, suggest
 from autotune.search.study import open_study
 from autotune.show import report
 
-DATA = Path(__file__).parent / "data" / "gpu"
+DATA = Path(__file__).parents[2] / "data" / "gpu"
 
 
 def h200(index: int) -> GpuInfo:

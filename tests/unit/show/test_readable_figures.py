@@ -21,7 +21,7 @@ from autotune.search.study import open_study
 from autotune.show import report
 from autotune.show.export import to_json, to_yaml
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[3]
 SUM = 0.85 + 7 * 0.01  # how a stepped float space lands on 0.92: 0.9199999999999999
 
 

@@ -10,15 +10,13 @@ from pathlib import Path
 import optuna
 import pytest
 from click.testing import CliRunner
-from conftest import _study_copy
+from conftest import _study_copy, recorded_level
 
 from autotune.cli import main
 from autotune.config.study_file import load_study
 from autotune.engine.logs import BootInfo
-from autotune.measure.client import LoadLevel
 from autotune.measure.memory import MemoryPeak
-from autotune.measure.stats import LevelStats, Limits, Percentiles, Verdict
-from autotune.measure.trial import LevelOutcome, TrialResult
+from autotune.measure.trial import TrialResult
 from autotune.search import record as search_record
 from autotune.search import tell
 from autotune.search.record import BASELINE_ATTR, REMEASURE_ATTR, trial_baseline
@@ -26,27 +24,18 @@ from autotune.search.space import engine_config, suggest
 from autotune.search.study import open_study
 from autotune.show import report
 
-LIMITS = Limits(ttft_p95_ms=500, tpot_p95_ms=50)
 # The first figure (181) held its limits; the one re-measurement missed them by noise (p95 TTFT 520 ms > 500).
 WINNER = "best: trial 0, 181 output tok/s (1 of 2 measurements met the limits)"
 
 
-def _level(conc: float, tok_s: float, ttft: float) -> tuple[float, LevelOutcome]:
-    p, tpot = Percentiles(ttft / 2, ttft / 2, ttft, ttft), Percentiles(10, 10, 20, 25)
-    stats = LevelStats(LoadLevel("concurrency", conc), 32, 0, 10.0, tok_s, tok_s * 5, tok_s / 64, tok_s / 64,
-                       p, tpot, tpot, p, input_tokens=8192, output_tokens=2048)
-    passed = ttft <= 500
-    return conc, LevelOutcome(stats, Verdict(passed, {} if passed else {"ttft_p95_ms": ttft / 500}, LIMITS))
-
-
 def _ok(tok_s: float, ttft: float) -> TrialResult:
-    lv = (_level(1, tok_s / 3, ttft / 3), _level(4, tok_s, ttft))
+    lv = (recorded_level(1, tok_s / 3, ttft / 3), recorded_level(4, tok_s, ttft))
     return TrialResult("ok", tok_s, 4, lv, BootInfo(40.0, 524_288), memory=MemoryPeak(3 << 30, "rss", 0, 50),
                        duration_s=90.0)
 
 
 def _missed(tok_s: float, ttft: float) -> TrialResult:
-    return TrialResult("infeasible", levels=(_level(1, tok_s, ttft),), boot=BootInfo(40.0, 524_288),
+    return TrialResult("infeasible", levels=(recorded_level(1, tok_s, ttft),), boot=BootInfo(40.0, 524_288),
                        miss_ratio=ttft / 500, memory=MemoryPeak(3 << 30, "rss", 0, 50), duration_s=90.0)
 
 
