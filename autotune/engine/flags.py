@@ -157,7 +157,7 @@ def _merged(
     if method == "none":
         out.pop("speculative_config", None)
     elif method is not None or tokens is not None:
-        # a TOML table here; a JSON-string speculative_config would fail (fit/estimate.py parses one)
+        # a TOML table here; a JSON-string speculative_config would fail (speculative_tokens parses one)
         config = dict(out.get("speculative_config") or {})  # type: ignore[call-overload]
         if method is not None:
             config["method"] = method
@@ -167,6 +167,22 @@ def _merged(
             config["num_speculative_tokens"] = tokens
         out["speculative_config"] = config
     return {k: v for k, v in out.items() if v is not None}
+
+
+def speculative_tokens(config: Mapping[str, object]) -> tuple[str | None, int]:
+    """(method, tokens proposed per step) of a configuration's speculative_config (a table or a JSON string),
+    or (None, 0) without one."""
+    spec = config.get("speculative_config")
+    if spec in (None, "", {}):
+        return None, 0
+    if isinstance(spec, str):
+        try:
+            spec = json.loads(spec)
+        except json.JSONDecodeError as e:
+            raise SpecError("config", "speculative_config", f"not JSON: {e}") from e
+    if not isinstance(spec, Mapping):
+        raise SpecError("config", "speculative_config", "expected a JSON object")
+    return str(spec.get("method", "")), int(spec.get("num_speculative_tokens", 1))
 
 
 def to_engine_flags(

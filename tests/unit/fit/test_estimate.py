@@ -327,12 +327,12 @@ def test_the_same_card_gets_the_same_batch_defaults_from_the_estimator_and_the_c
 
     from autotune.engine.defaults import batch_defaults
     from autotune.fit import memcap
-    from autotune.fit.estimate import _settings
+    from autotune.fit.settings import settings
 
     h200 = get_profile("h200")
     profile = (dataclasses.replace(h200, name="b200-like", memory_bytes=183 * GiB) if card == "b200-like"
                else get_profile(card))
-    s = _settings(ModelShape.from_config(DENSE), profile, {}, 0.92, None)
+    s = settings(ModelShape.from_config(DENSE), profile, {}, 0.92, None)
     expected = {"rtx3090": (256, 2048), "a100-80gb": (256, 2048), "h100-80gb": (1024, 8192), "h200": (1024, 8192),
                 "b200-like": (1024, 16384)}[card]
     assert (s.seqs, s.batched) == batch_defaults(profile.cuda_total_bytes, profile.name) == expected
@@ -340,5 +340,5 @@ def test_the_same_card_gets_the_same_batch_defaults_from_the_estimator_and_the_c
     cap = memcap.MemoryCap(profile.name, profile.memory_bytes, profile.driver_reserved_bytes)
     pinned = memcap.engine_flags({}, cap, real)
     assert (pinned.get("max_num_seqs", 1024), pinned.get("max_num_batched_tokens", 16384)) == expected
-    assert (_settings(ModelShape.from_config(DENSE), CPU, {}, 0.92, None).seqs,
-            _settings(ModelShape.from_config(DENSE), CPU, {}, 0.92, None).batched) == (128, 2048)
+    assert (settings(ModelShape.from_config(DENSE), CPU, {}, 0.92, None).seqs,
+            settings(ModelShape.from_config(DENSE), CPU, {}, 0.92, None).batched) == (128, 2048)
