@@ -250,7 +250,7 @@ def test_shipped_studies_give_vllm_values_it_takes(path: Path) -> None:
 def test_param_holds_is_one_rule_for_every_caller():
     """Param.holds: bools by type, categoricals by membership (True is not 1), numbers in [low, high]
     unless in_range=False, and an int parameter only integral values."""
-    from autotune.config.study_file import Param
+    from autotune.config.params import Param
 
     n = Param("max_num_seqs", "int", low=8, high=64)
     assert n.holds(8) and n.holds(64) and n.holds(16.0)
