@@ -342,3 +342,16 @@ def test_the_same_card_gets_the_same_batch_defaults_from_the_estimator_and_the_c
     assert (pinned.get("max_num_seqs", 1024), pinned.get("max_num_batched_tokens", 16384)) == expected
     assert (settings(ModelShape.from_config(DENSE), CPU, {}, 0.92, None).seqs,
             settings(ModelShape.from_config(DENSE), CPU, {}, 0.92, None).batched) == (128, 2048)
+
+
+def test_the_breakdown_autotune_estimate_prints_reads_the_estimate():
+    """`autotune estimate --model` shows show/tables.breakdown_rows: the figures by hand, a reason per line."""
+    from autotune.show.tables import breakdown_rows
+
+    est = estimate(ModelShape.from_config(DENSE), CPU, {"max_model_len": 2048}, cpu_kvcache_bytes=1 * GiB)
+    rows = dict(breakdown_rows(est))
+    assert rows["KV tokens"] == "524,288" and rows["max concurrency at 2,048 tokens"] == "256.00x"
+    assert rows["block size"] == "128 tokens" and rows["KV per token"] == "2.0 KiB" and rows["fits"] == "yes"
+    assert "state per sequence" not in rows  # a dense model has none
+    refused = estimate(ModelShape.from_config(DENSE), CPU, {"max_model_len": 10**9}, cpu_kvcache_bytes=1 * GiB)
+    assert [v for k, v in breakdown_rows(refused) if k == "reason"] == list(refused.reasons) != []
