@@ -12,16 +12,18 @@ import re
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
 
 from autotune.config.objective import load_objective
+from autotune.config.params import Baseline, Param, in_dependency_order, is_scalar, read_param
 from autotune.config.toml import _read, _show, _suggest, _Table, parse_duration
 from autotune.engine.flags import (
     MODEL,
     PSEUDO_PARAMS,
-    SPEC_METHOD,
+    RESERVED_REASONS,
     SPEC_TOKENS,
     invalid_reason,
+    pseudo_param_problem,
+    spec_tokens_problem,
     to_engine_flags,
 )
 from autotune.engine.models import KINDS as TINY_KINDS
@@ -33,59 +35,7 @@ from autotune.measure.trial import Objective
 DEFAULT_TOP = 3  # [budget] remeasure: how many configurations to re-measure (0: none)
 
 
-ParamType = Literal["int", "float", "categorical", "bool"]
-
-
-@dataclass(frozen=True)
-class Param:
-    """One searched flag (a vLLM dest name or a pseudo-parameter). `when` gates it on other params."""
-
-    name: str
-    type: ParamType
-    low: int | float | None = None
-    high: int | float | None = None
-    log: bool = False
-    step: int | float | None = None
-    choices: tuple[object, ...] = ()
-    when: dict[str, object] = field(default_factory=dict)  # {param: value or [values]}
-    default: object = None  # the value vLLM uses when the flag is absent; fills baselines' params
-
-    def holds(self, v: object, *, in_range: bool = True) -> bool:
-        """Can this parameter take value v? The one rule for a file's `when`/`default`, a baseline's
-        values and a warm start's: a bool by type, a categorical by membership (True apart from 1), a
-        number when it is one (an int parameter's must be integral) and, with in_range, in [low, high].
-        in_range=False is for values Optuna records out of range with a warning (vLLM's own defaults)."""
-        if self.type == "bool":
-            return isinstance(v, bool)
-        if self.type == "categorical":
-            return any(same_value(v, c) for c in self.choices)
-        if not isinstance(v, int | float) or isinstance(v, bool):
-            return False
-        if self.type == "int" and not float(v).is_integer():
-            return False
-        return not in_range or self.low <= v <= self.high  # type: ignore[operator]
-
-
-@dataclass(frozen=True)
-class Baseline:
-    """A configuration booted exactly as written (on top of the study's fixed flags)."""
-
-    name: str
-    flags: dict[str, object] = field(default_factory=dict)
-
-
-def same_value(a: object, b: object) -> bool:
-    """Equality that keeps True apart from 1 (TOML and Optuna both distinguish them)."""
-    return isinstance(a, bool) == isinstance(b, bool) and a == b
-
-
 SAMPLERS = ("tpe", "gp", "random")
-
-
-PARAM_TYPES = ("int", "float", "categorical", "bool")
-
-
-RESERVED_FLAGS = {"model": "set it in [model] (path)", "host": "the engine picks it", "port": "the engine picks it"}
 
 
 MODEL_FLAGS = ("load_format", "quantization", "revision")
@@ -199,46 +149,6 @@ def _flag_name(t: _Table, name: str) -> None:
         raise t.error(name, f"flag names are vLLM dest names (lowercase, underscores){hint}")
 
 
-def _scalar(v: object) -> bool:
-    return isinstance(v, str | int | float | bool)
-
-
-def _param(t: _Table, name: str) -> Param:
-    kind = t.get("type")
-    if kind not in PARAM_TYPES:
-        raise t.error("type", f"unknown type {_show(kind)}{_suggest(str(kind), PARAM_TYPES)} "
-                              f"(one of {', '.join(PARAM_TYPES)})")
-    fields: dict[str, Any] = {"name": name, "type": kind}
-    if kind in ("int", "float"):
-        read = t.integer if kind == "int" else t.number
-        low, high = read("low"), read("high")
-        log, step = t.boolean("log", False), read("step", None)
-        if low > high:
-            raise t.error("low", f"low ({low}) must be <= high ({high})")
-        if log and low <= 0:
-            raise t.error("log", f"log = true needs low > 0, got low = {low}")
-        if step is not None and step <= 0:
-            raise t.error("step", f"must be > 0, got {step}")
-        if log and step not in (None, 1):
-            raise t.error("step", "step cannot be combined with log = true")
-        fields |= {"low": low, "high": high, "log": log, "step": step}
-    elif kind == "categorical":
-        choices = t.get("choices")
-        t.expect("choices", isinstance(choices, list) and len(choices) > 0, "a non-empty list", choices)
-        for c in choices:
-            t.expect("choices", _scalar(c), "a list of strings, numbers or booleans", choices)
-        for i, c in enumerate(choices):
-            if any(same_value(c, d) for d in choices[:i]):
-                raise t.error("choices", f"{c!r} appears twice")
-        fields["choices"] = tuple(choices)
-    when = t.table("when")
-    fields["when"] = {k: (list(v) if isinstance(v, list) else v) for k, v in when.data.items()}
-    when.known.update(when.data)
-    fields["default"] = t.get("default", None)
-    t.done()
-    return Param(**fields)
-
-
 def _space(top: _Table, engine: dict[str, object], base: Path, model_path: str) -> tuple[Param, ...]:
     st = top.table("space")
     params: dict[str, Param] = {}
@@ -247,60 +157,37 @@ def _space(top: _Table, engine: dict[str, object], base: Path, model_path: str) 
         st.expect(name, isinstance(st.data[name], dict), "a table with a type", st.data[name])
         st.known.add(name)
         pt = _Table(st.data[name], st.source, st.key(name))
-        p = _param(pt, name)
+        p = read_param(pt, name)
         if name in engine:
             raise st.error(name, "is both fixed in [engine] and searched in [space]; keep one")
-        if name in RESERVED_FLAGS and name != MODEL:
-            raise st.error(name, f"cannot be searched: {RESERVED_FLAGS[name]}")
+        if name in RESERVED_REASONS and name != MODEL:
+            raise st.error(name, f"cannot be searched: {RESERVED_REASONS[name]}")
         if name in MODEL_FLAGS:
             raise st.error(name, "cannot be searched: it belongs to one model; search `model` instead")
-        if name in (MODEL, SPEC_METHOD) and not (p.type == "categorical"
-                                                 and all(isinstance(c, str) for c in p.choices)):
-            raise pt.error("type", f"{name} must be categorical with string choices")
+        if problem := pseudo_param_problem(name, p.type, p.choices):
+            raise pt.error("type", problem)
         if name == MODEL:
             p = dataclasses.replace(p, choices=tuple(_resolve_model(pt, "choices", str(c), base) for c in p.choices))
             if model_path not in p.choices:  # baselines boot [model] path: it must be a point of the space
                 raise pt.error("choices", f"must include the [model] path {model_path!r}")
             p = dataclasses.replace(p, default=model_path)
-        if name == SPEC_TOKENS and p.type != "int":
-            raise pt.error("type", f"{SPEC_TOKENS} must be an int")
         params[name] = p
-    if SPEC_TOKENS in params and not {SPEC_METHOD, "speculative_config"} & (set(params) | set(engine)):
-        raise st.error(SPEC_TOKENS, f"needs a {SPEC_METHOD} (in [space] or [engine]) or an [engine] speculative_config")
+    if problem := spec_tokens_problem(set(params), engine):
+        raise st.error(SPEC_TOKENS, problem)
     for p in params.values():
         wt = _Table(p.when, st.source, st.key(f"{p.name}.when"))
         for other, wanted in p.when.items():
             if other == p.name or other not in params:
                 raise wt.error(other, f"names no other parameter of [space]{_suggest(other, set(params) - {p.name})}")
             options = wanted if isinstance(wanted, list) else [wanted]
-            if not options or not all(_scalar(w) for w in options):
+            if not options or not all(is_scalar(w) for w in options):
                 raise wt.error(other, f"must be a value or a non-empty list of values, got {_show(wanted)}")
             if not any(params[other].holds(w) for w in options):
                 raise wt.error(other, f"{other} can never be {wanted!r}, so {p.name} would never be searched")
         # A numeric default may lie outside [low, high] (vLLM's own default often does): Optuna records it.
         if p.default is not None and not p.holds(p.default, in_range=False):
             raise st.error(f"{p.name}.default", f"{p.default!r} is not a value {p.name} can take")
-    return _ordered(params, st)
-
-
-def _ordered(params: dict[str, Param], st: _Table) -> tuple[Param, ...]:
-    """Declaration order, except that a param comes after the params its `when` reads."""
-    done: dict[str, Param] = {}
-    visiting: set[str] = set()
-
-    def visit(name: str) -> None:
-        if name in done:
-            return
-        if name in visiting:
-            raise st.error(f"{name}.when", "conditions form a cycle")
-        visiting.add(name)
-        for other in params[name].when:
-            visit(other)
-        done[name] = params[name]
-
-    for name in params:
-        visit(name)
-    return tuple(done.values())
+    return in_dependency_order(params, st)
 
 
 def _flags_table(t: _Table, base: Path, allow_model: bool) -> dict[str, object]:
@@ -308,8 +195,8 @@ def _flags_table(t: _Table, base: Path, allow_model: bool) -> dict[str, object]:
     for name, v in t.data.items():
         _flag_name(t, name)
         t.known.add(name)
-        if name in RESERVED_FLAGS and not (allow_model and name == MODEL):
-            raise t.error(name, f"cannot be set here: {RESERVED_FLAGS[name]}")
+        if name in RESERVED_REASONS and not (allow_model and name == MODEL):
+            raise t.error(name, f"cannot be set here: {RESERVED_REASONS[name]}")
         if name == MODEL:
             t.expect(name, isinstance(v, str), "a model path or hub id", v)
             v = _resolve_model(t, name, v, base)
@@ -332,7 +219,7 @@ def _engine(top: _Table, base: Path) -> tuple[dict[str, object], dict[str, str]]
     env_table = et.table("env")
     env: dict[str, str] = {}
     for k, v in env_table.data.items():
-        env_table.expect(k, _scalar(v) and not isinstance(v, bool), "a string or a number", v)
+        env_table.expect(k, is_scalar(v) and not isinstance(v, bool), "a string or a number", v)
         env[k] = str(v)
     engine = _flags_table(_Table({k: v for k, v in et.data.items() if k != "env"}, et.source, "engine"), base,
                           allow_model=False)

@@ -146,6 +146,27 @@ SPEC_TOKENS = "num_speculative_tokens"
 PSEUDO_PARAMS = (MODEL, SPEC_METHOD, SPEC_TOKENS)
 
 
+# Flags a study file may not set, and why: autotune passes them to every server itself (the model as a [model] path).
+RESERVED_REASONS = {"model": "set it in [model] (path)", "host": "the engine picks it", "port": "the engine picks it"}
+
+
+def pseudo_param_problem(name: str, kind: str, choices: Sequence[object]) -> str | None:
+    """Why a searched pseudo-parameter of this type could not be folded into vLLM flags (_merged), or None."""
+    if name in (MODEL, SPEC_METHOD) and not (kind == "categorical" and all(isinstance(c, str) for c in choices)):
+        return f"{name} must be categorical with string choices"
+    if name == SPEC_TOKENS and kind != "int":
+        return f"{SPEC_TOKENS} must be an int"
+    return None
+
+
+def spec_tokens_problem(searched: Iterable[str], fixed: Iterable[str]) -> str | None:
+    """A searched token count needs a method to fold into (_merged raises without one), or None."""
+    names = set(searched)
+    if SPEC_TOKENS in names and not {SPEC_METHOD, "speculative_config"} & (names | set(fixed)):
+        return f"needs a {SPEC_METHOD} (in [space] or [engine]) or an [engine] speculative_config"
+    return None
+
+
 def _merged(
     params: Mapping[str, object], fixed: Mapping[str, object], baseline: Mapping[str, object] | None
 ) -> dict[str, object]:
@@ -157,7 +178,7 @@ def _merged(
     if method == "none":
         out.pop("speculative_config", None)
     elif method is not None or tokens is not None:
-        # a TOML table here; a JSON-string speculative_config would fail (fit/estimate.py parses one)
+        # a TOML table here; a JSON-string speculative_config would fail (speculative_tokens parses one)
         config = dict(out.get("speculative_config") or {})  # type: ignore[call-overload]
         if method is not None:
             config["method"] = method
@@ -167,6 +188,22 @@ def _merged(
             config["num_speculative_tokens"] = tokens
         out["speculative_config"] = config
     return {k: v for k, v in out.items() if v is not None}
+
+
+def speculative_tokens(config: Mapping[str, object]) -> tuple[str | None, int]:
+    """(method, tokens proposed per step) of a configuration's speculative_config (a table or a JSON string),
+    or (None, 0) without one."""
+    spec = config.get("speculative_config")
+    if spec in (None, "", {}):
+        return None, 0
+    if isinstance(spec, str):
+        try:
+            spec = json.loads(spec)
+        except json.JSONDecodeError as e:
+            raise SpecError("config", "speculative_config", f"not JSON: {e}") from e
+    if not isinstance(spec, Mapping):
+        raise SpecError("config", "speculative_config", "expected a JSON object")
+    return str(spec.get("method", "")), int(spec.get("num_speculative_tokens", 1))
 
 
 def to_engine_flags(

@@ -28,26 +28,19 @@ Blocks (vllm/v1/core/kv_cache_utils.py, vllm/platforms/interface.py _align_hybri
 from __future__ import annotations
 
 import functools
-import json
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
 
-from autotune.engine.defaults import (
-    DEFAULT_UTILIZATION,
-    batch_defaults,
-    default_gpu_memory_utilization,
-    hybrid_prefix_caching_default,
-)
-from autotune.errors import SpecError
-from autotune.fit.hardware import GpuProfile
+from autotune.engine.defaults import DEFAULT_UTILIZATION, hybrid_prefix_caching_default
+from autotune.fit.hardware import GpuProfile, host_has_avx512_bf16
 from autotune.fit.model_shape import (
     _QUANT_ALIASES,
     DTYPE_BYTES,
     ModelShape,
     Quantization,
 )
+from autotune.fit.settings import Settings, settings
 from autotune.units import GiB, MiB, format_gib
 
 # Runtime figures that are not derivable from the config; Corrections fitted from real boots adjust them.
@@ -118,237 +111,6 @@ class Estimate:
     max_model_len: int = 0
     max_model_len_fit: int = 0  # the longest max_model_len whose one request fits (vLLM's own estimate)
 
-    def breakdown(self) -> list[tuple[str, str]]:
-        g = format_gib
-        rows = [("weights", g(self.weights_bytes)), ("activation peak", g(self.activation_peak_bytes)),
-                ("CUDA graphs", g(self.cudagraph_bytes)), ("overhead", g(self.overhead_bytes)),
-                ("reserved (total x utilization)", g(self.reserved_bytes)), ("KV cache", g(self.kv_cache_bytes)),
-                ("KV per token", f"{self.kv_bytes_per_token / 1024:.1f} KiB")]
-        if self.state_bytes_per_seq:
-            rows.append(("state per sequence", f"{self.state_bytes_per_seq / MiB:.1f} MiB"))
-        rows += [("block size", f"{self.block_size} tokens"),
-                 ("blocks", f"{self.num_blocks} x {self.bytes_per_block / MiB:.2f} MiB"),
-                 ("KV tokens", f"{self.kv_tokens:,}"),
-                 (f"max concurrency at {self.max_model_len:,} tokens", f"{self.max_concurrency_at_max_len:.2f}x"),
-                 ("sequences whose state fits", str(self.max_seqs_by_state)),
-                 ("fits", "yes" if self.fits else "no")]
-        rows += [("reason", r) for r in self.reasons]
-        return rows
-
-
-@functools.cache
-def _host_has_avx512_bf16() -> bool:
-    try:
-        with open("/proc/cpuinfo") as f:
-            return "avx512_bf16" in f.read()
-    except OSError:
-        return False
-
-
-def _value(config: Mapping[str, object], key: str, kind: type, default: Any) -> Any:
-    """config[key] made a `kind` (the caller's conversion says which), or `default` when it is absent."""
-    value = config.get(key)
-    if value is None:
-        return default
-    if kind is bool and isinstance(value, str):
-        return value.lower() in ("1", "true", "yes", "on")
-    if kind is not str and isinstance(value, bool) and kind is not bool:
-        raise SpecError("config", key, f"expected a number, got {value!r}")
-    try:
-        return kind(value)
-    except (TypeError, ValueError) as e:
-        raise SpecError("config", key, f"expected {kind.__name__}, got {value!r}") from e
-
-
-def _spec_tokens(config: Mapping[str, object]) -> tuple[str | None, int]:
-    spec = config.get("speculative_config")
-    if spec in (None, "", {}):
-        return None, 0
-    if isinstance(spec, str):
-        try:
-            spec = json.loads(spec)
-        except json.JSONDecodeError as e:
-            raise SpecError("config", "speculative_config", f"not JSON: {e}") from e
-    if not isinstance(spec, Mapping):
-        raise SpecError("config", "speculative_config", "expected a JSON object")
-    return str(spec.get("method", "")), int(spec.get("num_speculative_tokens", 1))
-
-
-def _weights(shape: ModelShape, quant: Quantization, dtype_b: int, mtp: bool, vision: bool,
-             machete: bool = False) -> int:
-    per_param = quant.bits / 8 + MACHETE_BYTES_PER_GROUP / quant.group_size if machete else quant.bytes_per_param
-
-    def part(params: int, module: str) -> float:
-        q = quant.method != "none" and not quant.excludes(module)
-        return params * (per_param if q else dtype_b)
-
-    quantized = (
-        part(shape.num_full_attention_layers * shape.attention_params_per_layer, "model.layers.3.self_attn.q_proj")
-        + part(shape.num_linear_attention_layers * shape.linear_attention_params_per_layer,
-               "model.layers.0.linear_attn.in_proj_qkvz")
-        + part(shape.num_dense_mlp_layers * shape.mlp_params_per_layer, "model.layers.0.mlp.gate_proj")
-        + part(shape.num_moe_layers * shape.moe_params_per_layer, "model.layers.0.mlp.experts.0.gate_proj")
-        + (part(shape.mtp_params, "mtp.layers.0.self_attn.q_proj") if mtp else 0)
-        + (part(shape.lm_head_params, "lm_head") if quant.lm_head else shape.lm_head_params * dtype_b)
-    )
-    plain = (shape.embedding_params + shape.norm_params + shape.num_moe_layers * shape.moe_router_params_per_layer
-             + shape.num_linear_attention_layers * shape.linear_attention_small_params_per_layer
-             + (shape.vision_params if vision else 0) + (shape.mtp_small_params if mtp else 0))
-    return int(quantized + plain * dtype_b)
-
-
-def _capture_sizes(max_num_seqs: int, batched: int, query_len: int) -> tuple[int, int]:
-    """(piecewise graphs, full decode graphs) as VllmConfig._set_cudagraph_sizes picks them by default."""
-    top = min(max_num_seqs * query_len * 2, 512, batched)
-    sizes = {s for s in (1, 2, 4) if s <= top} | set(range(8, min(top + 1, 256), 8)) | set(range(256, top + 1, 16))
-    if batched <= top:
-        sizes.add(batched)
-    if max_num_seqs * query_len <= top:
-        sizes.add(max_num_seqs * query_len)
-    return len(sizes), sum(1 for s in sizes if s <= max_num_seqs * query_len)
-
-
-@dataclass(frozen=True)
-class _Settings:
-    """The configuration with vLLM's defaults filled in (engine/arg_utils.py get_batch_defaults)."""
-
-    max_len: int
-    seqs: int
-    batched: int
-    chunked: bool
-    prefix: bool
-    util: float
-    eager: bool
-    kv_b: int
-    explicit_kv: int | None
-    user_block: int | None
-    mtp: bool
-    num_spec: int
-    vision: bool
-
-
-def _settings(shape: ModelShape, profile: GpuProfile, config: Mapping[str, object], util: float,
-              cpu_kvcache_bytes: int | None, prefix_default: bool = True) -> _Settings:
-    cpu = profile.kind == "cpu"
-    default_seqs, default_batched = batch_defaults(profile.cuda_total_bytes, profile.name, cpu=cpu)
-    max_len = int(_value(config, "max_model_len", int, shape.max_position_embeddings))
-    chunked = bool(_value(config, "enable_chunked_prefill", bool, True))
-    batched = int(_value(config, "max_num_batched_tokens", int, default_batched))
-    if config.get("max_num_batched_tokens") is None and not chunked:
-        batched = max(batched, max_len)
-    kv_dtype = str(_value(config, "kv_cache_dtype", str, "auto"))
-    if kv_dtype != "auto" and kv_dtype not in DTYPE_BYTES:
-        raise SpecError("config", "kv_cache_dtype", f"unknown KV-cache dtype {kv_dtype!r}")
-    explicit = _value(config, "kv_cache_memory_bytes", int, None)
-    if cpu and cpu_kvcache_bytes is not None:
-        explicit = cpu_kvcache_bytes  # platforms/cpu.py: VLLM_CPU_KVCACHE_SPACE overrides the flag
-    method, num_spec = _spec_tokens(config)
-    block = config.get("block_size")
-    return _Settings(
-        max_len=max_len,
-        seqs=int(_value(config, "max_num_seqs", int, default_seqs)),
-        batched=batched,
-        chunked=chunked,
-        prefix=bool(_value(config, "enable_prefix_caching", bool, prefix_default)),
-        util=float(_value(config, "gpu_memory_utilization", float, util)),
-        eager=bool(_value(config, "enforce_eager", bool, False)),
-        kv_b=DTYPE_BYTES.get(shape.dtype, 2) if kv_dtype == "auto" else DTYPE_BYTES[kv_dtype],
-        explicit_kv=None if explicit is None else int(explicit),
-        user_block=None if block is None else int(_value(config, "block_size", int, block)),
-        mtp=method is not None and "mtp" in method,
-        num_spec=num_spec,
-        vision=shape.vision_params > 0 and not bool(_value(config, "language_model_only", bool, False)),
-    )
-
-
-def _quantization(shape: ModelShape, profile: GpuProfile, asked: str) -> tuple[Quantization, list[str]]:
-    """The checkpoint's quantization, an online one (FP8 of an unquantized checkpoint), or why vLLM refuses."""
-    quant, reasons = shape.quantization, []
-    if asked and asked != "auto":
-        want = _QUANT_ALIASES.get(asked)
-        have = {"gptq": "gptq", "awq": "awq", "fp8": "fp8", "none": None}.get(quant.method, "ct")
-        if want is None:
-            reasons.append(f"quantization {asked!r} is not modelled (vLLM 0.33 no longer ships GGUF or bitsandbytes)")
-        elif have is None and want == "fp8":
-            quant = Quantization("fp8", 8, 0, ("visual",))
-        elif have != want:
-            reasons.append(f"quantization {asked!r} does not match the checkpoint's ({quant.method})")
-    if quant.method == "fp8" and profile.kind == "cuda" and profile.compute_capability < (8, 0):
-        reasons.append(f"FP8 weights need compute capability >= 8.0 (Marlin); {profile.name} has "
-                       f"{profile.compute_capability[0]}.{profile.compute_capability[1]}")
-    return quant, reasons
-
-
-@dataclass(frozen=True)
-class _Layout:
-    block: int
-    bytes_per_block: int
-    g_attn: int  # attention groups: each takes ceil(len / block) blocks per request
-    g_mamba: int  # mamba groups: each takes per_state blocks per request
-    per_state: int
-    n_attn: int
-    attn_1tok: int  # bytes per token per attention layer
-    state_seq: int  # unpadded GDN state of one sequence
-
-
-def _layout(shape: ModelShape, s: _Settings, cpu: bool, ssm_asked: str) -> _Layout:
-    """Block size, block bytes and groups as _align_hybrid_block_size and get_kv_cache_groups derive them."""
-    dtype_b = DTYPE_BYTES.get(shape.dtype, 2)
-    n_attn = shape.num_full_attention_layers + (shape.num_mtp_layers if s.mtp else 0)
-    attn_1tok = 2 * shape.num_kv_heads * shape.head_dim * s.kv_b
-    block = s.user_block if s.user_block is not None else (128 if cpu else 16)
-    n_mamba, state_seq, per_state = shape.num_linear_attention_layers, 0, 0
-    if shape.is_hybrid:
-        ssm = shape.mamba_ssm_dtype if ssm_asked == "auto" and shape.mamba_ssm_dtype else ssm_asked
-        if cpu and _host_has_avx512_bf16() and ssm not in ("float16", "bfloat16", "float32"):
-            ssm = "float32"  # platforms/cpu.py: the accelerated GDN path resets "auto" to float32
-        conv_e, rec_e = shape.gdn_state_elems(s.num_spec)
-        mamba_page = conv_e * dtype_b + rec_e * DTYPE_BYTES.get(ssm if ssm != "auto" else shape.dtype, 2)
-        state_seq = n_mamba * mamba_page
-        align = max(32 if cpu else 16, block)  # the attention backend's smallest kernel block, or the user's
-        block = max(block, align * math.ceil(mamba_page / (align * attn_1tok)))
-        per_state = (2 if s.prefix else 1) + s.num_spec  # prefix caching = mamba cache mode "align"
-    page = block * attn_1tok
-    if shape.is_hybrid and n_attn:
-        small, large = min(n_attn, n_mamba), max(n_attn, n_mamba)
-        size = large if large < 1.5 * small else small
-        g_attn, g_mamba = math.ceil(n_attn / size), math.ceil(n_mamba / size)
-        bytes_per_block = max(math.ceil(n_attn / g_attn), math.ceil(n_mamba / g_mamba)) * page
-    else:
-        g_attn, g_mamba, bytes_per_block = 1, 0, max(n_attn, 1) * page
-    return _Layout(block, bytes_per_block, g_attn, g_mamba, per_state, n_attn, attn_1tok, state_seq)
-
-
-def _activation(shape: ModelShape, s: _Settings, cuda_graphs: bool) -> tuple[int, int]:
-    """(activation peak, CUDA-graph memory): the largest live intermediates of a forward pass over
-    max_num_batched_tokens (MLP / attention / GDN, whichever is widest), the vision encoder's profile run, or the
-    sampler's top-k/p warm-up over max_num_seqs rows; graphs: a fixed cost per captured graph and layer."""
-    b, h = DTYPE_BYTES.get(shape.dtype, 2), shape.hidden_size
-    kd = shape.linear_num_key_heads * shape.linear_key_head_dim
-    vd = shape.linear_num_value_heads * shape.linear_value_head_dim
-    gdn = (2 * (2 * kd + vd) * b + vd * (2 * b + shape.linear_key_head_dim * 4 / 64)) if shape.is_hybrid else 0
-    dense = shape.intermediate_size if shape.num_dense_mlp_layers else 0
-    moe = (shape.moe_intermediate_size * max(shape.num_experts_per_tok, 1) + shape.shared_expert_intermediate_size
-           if shape.num_moe_layers else 0)
-    attn = (shape.num_attention_heads * shape.head_dim * 3 + 2 * shape.num_kv_heads * shape.head_dim) * b
-    per_token = int(4 * h * b + max(3 * max(dense, moe) * b, attn, gdn))
-    forward = s.batched * per_token
-    if s.vision:  # the encoder profile: max_num_batched_tokens of image tokens, merge^2 patches each
-        patches = s.batched * shape.vision_merge ** 2
-        forward = max(forward + s.batched * h * b,
-                      patches * (6 * shape.vision_hidden_size + 2 * shape.vision_intermediate_size) * b)
-    sampler = min(s.seqs, s.batched) * shape.vocab_size * SAMPLER_BYTES_PER_LOGIT
-    activation = int(ACTIVATION_FUDGE * max(forward, sampler))
-    if not cuda_graphs:
-        return activation, 0
-    query = 1 + s.num_spec
-    piecewise, full = _capture_sizes(s.seqs, s.batched, query)
-    layers = shape.num_layers + (shape.num_mtp_layers if s.mtp else 0)
-    per_graph = CUDAGRAPH_BYTES_PER_LAYER * layers + MiB
-    compiled = max(0, CUDA_COMPILE_FLOOR_BYTES_PER_LAYER * layers - activation)  # the floor's part over the peak
-    graphs = (piecewise + full) * per_graph + min(s.seqs * query * 2, 512, s.batched) * per_token
-    return activation, int(graphs + compiled)
-
 
 def estimate(
     shape: ModelShape,
@@ -365,7 +127,7 @@ def estimate(
     in the module docstring; every rule vLLM enforces at startup that fails becomes a reason."""
     cpu = profile.kind == "cpu"
     prefix_default = not shape.is_hybrid or hybrid_prefix_caching_default(vllm_version)
-    s = _settings(shape, profile, config, default_gpu_memory_utilization, cpu_kvcache_bytes, prefix_default)
+    s = settings(shape, profile, config, default_gpu_memory_utilization, cpu_kvcache_bytes, prefix_default)
     quant, reasons = _quantization(shape, profile, str(config.get("quantization") or "").lower())
     if s.mtp and shape.num_mtp_layers == 0:
         reasons.append("speculative_config asks for MTP but the model has no MTP layers")
@@ -437,4 +199,130 @@ def estimate(
     )
 
 
-__all__ = ["Corrections", "Estimate", "ModelShape", "Quantization", "default_gpu_memory_utilization", "estimate"]
+
+
+
+def _weights(shape: ModelShape, quant: Quantization, dtype_b: int, mtp: bool, vision: bool,
+             machete: bool = False) -> int:
+    per_param = quant.bits / 8 + MACHETE_BYTES_PER_GROUP / quant.group_size if machete else quant.bytes_per_param
+
+    def part(params: int, module: str) -> float:
+        q = quant.method != "none" and not quant.excludes(module)
+        return params * (per_param if q else dtype_b)
+
+    quantized = (
+        part(shape.num_full_attention_layers * shape.attention_params_per_layer, "model.layers.3.self_attn.q_proj")
+        + part(shape.num_linear_attention_layers * shape.linear_attention_params_per_layer,
+               "model.layers.0.linear_attn.in_proj_qkvz")
+        + part(shape.num_dense_mlp_layers * shape.mlp_params_per_layer, "model.layers.0.mlp.gate_proj")
+        + part(shape.num_moe_layers * shape.moe_params_per_layer, "model.layers.0.mlp.experts.0.gate_proj")
+        + (part(shape.mtp_params, "mtp.layers.0.self_attn.q_proj") if mtp else 0)
+        + (part(shape.lm_head_params, "lm_head") if quant.lm_head else shape.lm_head_params * dtype_b)
+    )
+    plain = (shape.embedding_params + shape.norm_params + shape.num_moe_layers * shape.moe_router_params_per_layer
+             + shape.num_linear_attention_layers * shape.linear_attention_small_params_per_layer
+             + (shape.vision_params if vision else 0) + (shape.mtp_small_params if mtp else 0))
+    return int(quantized + plain * dtype_b)
+
+
+def _capture_sizes(max_num_seqs: int, batched: int, query_len: int) -> tuple[int, int]:
+    """(piecewise graphs, full decode graphs) as VllmConfig._set_cudagraph_sizes picks them by default."""
+    top = min(max_num_seqs * query_len * 2, 512, batched)
+    sizes = {s for s in (1, 2, 4) if s <= top} | set(range(8, min(top + 1, 256), 8)) | set(range(256, top + 1, 16))
+    if batched <= top:
+        sizes.add(batched)
+    if max_num_seqs * query_len <= top:
+        sizes.add(max_num_seqs * query_len)
+    return len(sizes), sum(1 for s in sizes if s <= max_num_seqs * query_len)
+
+
+def _quantization(shape: ModelShape, profile: GpuProfile, asked: str) -> tuple[Quantization, list[str]]:
+    """The checkpoint's quantization, an online one (FP8 of an unquantized checkpoint), or why vLLM refuses."""
+    quant, reasons = shape.quantization, []
+    if asked and asked != "auto":
+        want = _QUANT_ALIASES.get(asked)
+        have = {"gptq": "gptq", "awq": "awq", "fp8": "fp8", "none": None}.get(quant.method, "ct")
+        if want is None:
+            reasons.append(f"quantization {asked!r} is not modelled (vLLM 0.33 no longer ships GGUF or bitsandbytes)")
+        elif have is None and want == "fp8":
+            quant = Quantization("fp8", 8, 0, ("visual",))
+        elif have != want:
+            reasons.append(f"quantization {asked!r} does not match the checkpoint's ({quant.method})")
+    if quant.method == "fp8" and profile.kind == "cuda" and profile.compute_capability < (8, 0):
+        reasons.append(f"FP8 weights need compute capability >= 8.0 (Marlin); {profile.name} has "
+                       f"{profile.compute_capability[0]}.{profile.compute_capability[1]}")
+    return quant, reasons
+
+
+@dataclass(frozen=True)
+class _Layout:
+    block: int
+    bytes_per_block: int
+    g_attn: int  # attention groups: each takes ceil(len / block) blocks per request
+    g_mamba: int  # mamba groups: each takes per_state blocks per request
+    per_state: int
+    n_attn: int
+    attn_1tok: int  # bytes per token per attention layer
+    state_seq: int  # unpadded GDN state of one sequence
+
+
+def _layout(shape: ModelShape, s: Settings, cpu: bool, ssm_asked: str) -> _Layout:
+    """Block size, block bytes and groups as _align_hybrid_block_size and get_kv_cache_groups derive them."""
+    dtype_b = DTYPE_BYTES.get(shape.dtype, 2)
+    n_attn = shape.num_full_attention_layers + (shape.num_mtp_layers if s.mtp else 0)
+    attn_1tok = 2 * shape.num_kv_heads * shape.head_dim * s.kv_b
+    block = s.user_block if s.user_block is not None else (128 if cpu else 16)
+    n_mamba, state_seq, per_state = shape.num_linear_attention_layers, 0, 0
+    if shape.is_hybrid:
+        ssm = shape.mamba_ssm_dtype if ssm_asked == "auto" and shape.mamba_ssm_dtype else ssm_asked
+        if cpu and host_has_avx512_bf16() and ssm not in ("float16", "bfloat16", "float32"):
+            ssm = "float32"  # platforms/cpu.py: the accelerated GDN path resets "auto" to float32
+        conv_e, rec_e = shape.gdn_state_elems(s.num_spec)
+        mamba_page = conv_e * dtype_b + rec_e * DTYPE_BYTES.get(ssm if ssm != "auto" else shape.dtype, 2)
+        state_seq = n_mamba * mamba_page
+        align = max(32 if cpu else 16, block)  # the attention backend's smallest kernel block, or the user's
+        block = max(block, align * math.ceil(mamba_page / (align * attn_1tok)))
+        per_state = (2 if s.prefix else 1) + s.num_spec  # prefix caching = mamba cache mode "align"
+    page = block * attn_1tok
+    if shape.is_hybrid and n_attn:
+        small, large = min(n_attn, n_mamba), max(n_attn, n_mamba)
+        size = large if large < 1.5 * small else small
+        g_attn, g_mamba = math.ceil(n_attn / size), math.ceil(n_mamba / size)
+        bytes_per_block = max(math.ceil(n_attn / g_attn), math.ceil(n_mamba / g_mamba)) * page
+    else:
+        g_attn, g_mamba, bytes_per_block = 1, 0, max(n_attn, 1) * page
+    return _Layout(block, bytes_per_block, g_attn, g_mamba, per_state, n_attn, attn_1tok, state_seq)
+
+
+def _activation(shape: ModelShape, s: Settings, cuda_graphs: bool) -> tuple[int, int]:
+    """(activation peak, CUDA-graph memory): the largest live intermediates of a forward pass over
+    max_num_batched_tokens (MLP / attention / GDN, whichever is widest), the vision encoder's profile run, or the
+    sampler's top-k/p warm-up over max_num_seqs rows; graphs: a fixed cost per captured graph and layer."""
+    b, h = DTYPE_BYTES.get(shape.dtype, 2), shape.hidden_size
+    kd = shape.linear_num_key_heads * shape.linear_key_head_dim
+    vd = shape.linear_num_value_heads * shape.linear_value_head_dim
+    gdn = (2 * (2 * kd + vd) * b + vd * (2 * b + shape.linear_key_head_dim * 4 / 64)) if shape.is_hybrid else 0
+    dense = shape.intermediate_size if shape.num_dense_mlp_layers else 0
+    moe = (shape.moe_intermediate_size * max(shape.num_experts_per_tok, 1) + shape.shared_expert_intermediate_size
+           if shape.num_moe_layers else 0)
+    attn = (shape.num_attention_heads * shape.head_dim * 3 + 2 * shape.num_kv_heads * shape.head_dim) * b
+    per_token = int(4 * h * b + max(3 * max(dense, moe) * b, attn, gdn))
+    forward = s.batched * per_token
+    if s.vision:  # the encoder profile: max_num_batched_tokens of image tokens, merge^2 patches each
+        patches = s.batched * shape.vision_merge ** 2
+        forward = max(forward + s.batched * h * b,
+                      patches * (6 * shape.vision_hidden_size + 2 * shape.vision_intermediate_size) * b)
+    sampler = min(s.seqs, s.batched) * shape.vocab_size * SAMPLER_BYTES_PER_LOGIT
+    activation = int(ACTIVATION_FUDGE * max(forward, sampler))
+    if not cuda_graphs:
+        return activation, 0
+    query = 1 + s.num_spec
+    piecewise, full = _capture_sizes(s.seqs, s.batched, query)
+    layers = shape.num_layers + (shape.num_mtp_layers if s.mtp else 0)
+    per_graph = CUDAGRAPH_BYTES_PER_LAYER * layers + MiB
+    compiled = max(0, CUDA_COMPILE_FLOOR_BYTES_PER_LAYER * layers - activation)  # the floor's part over the peak
+    graphs = (piecewise + full) * per_graph + min(s.seqs * query * 2, 512, s.batched) * per_token
+    return activation, int(graphs + compiled)
+
+
+__all__ = ["Corrections", "Estimate", "estimate"]

@@ -8,6 +8,7 @@ from, and memory is the resident set of the server's process tree.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 import re
 from dataclasses import dataclass
@@ -18,6 +19,16 @@ import pynvml
 
 from autotune.errors import SpecError
 from autotune.units import GiB, MiB
+
+
+@functools.cache
+def host_has_avx512_bf16() -> bool:
+    """Whether this CPU has AVX512-BF16: the CPU build's accelerated GDN path, which resets the state dtype."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            return "avx512_bf16" in f.read()
+    except OSError:
+        return False
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,8 @@ from typing import TYPE_CHECKING
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
-from autotune.config.study_file import SAMPLERS, Param, same_value
+from autotune.config.params import Param, same_value
+from autotune.config.study_file import SAMPLERS
 from autotune.search.record import REMEASURE_ATTR, feasible
 from autotune.search.remeasure import score
 from autotune.search.space import condition_met

@@ -16,7 +16,7 @@ if TYPE_CHECKING:
     import optuna
 
     from autotune.config.study_file import StudySpec
-from autotune.config.study_file import Baseline, Param, same_value
+from autotune.config.params import Baseline, Param, same_value
 from autotune.engine.flags import MODEL, SPEC_METHOD, SPEC_TOKENS, _merged
 from autotune.search.record import BASELINE_ATTR
 

@@ -10,12 +10,13 @@ from rich.spinner import Spinner
 from rich.table import Table
 from rich.text import Text
 
+from autotune.fit.estimate import Estimate
 from autotune.measure.memory import memory_text
 from autotune.measure.trial import Objective, TrialResult
 from autotune.search.budget import Budget
 from autotune.search.record import trial_label
 from autotune.search.remeasure import Best
-from autotune.units import format_gib
+from autotune.units import MiB, format_gib
 
 
 def _hms(seconds: float) -> str:
@@ -192,10 +193,29 @@ def estimates_table(rows, *, title: str) -> Table:
     return t
 
 
-def breakdown_table(est, *, title: str) -> Table:
+def breakdown_rows(est: Estimate) -> list[tuple[str, str]]:
+    """An estimate's figures as (item, value) lines, for `autotune estimate`."""
+    g = format_gib
+    rows = [("weights", g(est.weights_bytes)), ("activation peak", g(est.activation_peak_bytes)),
+            ("CUDA graphs", g(est.cudagraph_bytes)), ("overhead", g(est.overhead_bytes)),
+            ("reserved (total x utilization)", g(est.reserved_bytes)), ("KV cache", g(est.kv_cache_bytes)),
+            ("KV per token", f"{est.kv_bytes_per_token / 1024:.1f} KiB")]
+    if est.state_bytes_per_seq:
+        rows.append(("state per sequence", f"{est.state_bytes_per_seq / MiB:.1f} MiB"))
+    rows += [("block size", f"{est.block_size} tokens"),
+             ("blocks", f"{est.num_blocks} x {est.bytes_per_block / MiB:.2f} MiB"),
+             ("KV tokens", f"{est.kv_tokens:,}"),
+             (f"max concurrency at {est.max_model_len:,} tokens", f"{est.max_concurrency_at_max_len:.2f}x"),
+             ("sequences whose state fits", str(est.max_seqs_by_state)),
+             ("fits", "yes" if est.fits else "no")]
+    rows += [("reason", r) for r in est.reasons]
+    return rows
+
+
+def breakdown_table(est: Estimate, *, title: str) -> Table:
     t = Table(title=escape(title), title_justify="left", show_header=False)
     t.add_column("item")
     t.add_column("value", overflow="fold")
-    for item, value in est.breakdown():
+    for item, value in breakdown_rows(est):
         t.add_row(escape(item), escape(value))
     return t

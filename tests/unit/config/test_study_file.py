@@ -250,7 +250,7 @@ def test_shipped_studies_give_vllm_values_it_takes(path: Path) -> None:
 def test_param_holds_is_one_rule_for_every_caller():
     """Param.holds: bools by type, categoricals by membership (True is not 1), numbers in [low, high]
     unless in_range=False, and an int parameter only integral values."""
-    from autotune.config.study_file import Param
+    from autotune.config.params import Param
 
     n = Param("max_num_seqs", "int", low=8, high=64)
     assert n.holds(8) and n.holds(64) and n.holds(16.0)
@@ -273,3 +273,20 @@ def test_an_unknown_tiny_model_is_an_autotune_error_the_cli_reports_in_one_line(
     with pytest.raises(ModelError, match="unknown tiny model 'tiny:nope'") as e:
         resolve_model("tiny:nope")
     assert isinstance(e.value, AutotuneError) and e.value.exit_code == 2
+
+
+def test_pseudo_parameters_are_searched_only_as_the_fold_into_vllm_flags_can_take_them():
+    """engine/flags holds the rules: model and speculative_method as string categoricals, the token count as an
+    int that needs a method (searched, fixed, or a fixed speculative_config) to fold into."""
+    from autotune.engine.flags import pseudo_param_problem, spec_tokens_problem
+
+    assert pseudo_param_problem("model", "categorical", ("a", "b")) is None
+    assert "string choices" in (pseudo_param_problem("model", "categorical", ("a", 1)) or "")
+    assert "string choices" in (pseudo_param_problem("speculative_method", "int", ()) or "")
+    assert pseudo_param_problem("num_speculative_tokens", "int", ()) is None
+    assert "must be an int" in (pseudo_param_problem("num_speculative_tokens", "float", ()) or "")
+    assert pseudo_param_problem("max_num_seqs", "float", ()) is None
+    assert "needs a speculative_method" in (spec_tokens_problem({"num_speculative_tokens"}, {}) or "")
+    assert spec_tokens_problem({"num_speculative_tokens", "speculative_method"}, {}) is None
+    assert spec_tokens_problem({"num_speculative_tokens"}, {"speculative_config": {}}) is None
+    assert spec_tokens_problem({"max_num_seqs"}, {}) is None

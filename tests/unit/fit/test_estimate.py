@@ -327,12 +327,12 @@ def test_the_same_card_gets_the_same_batch_defaults_from_the_estimator_and_the_c
 
     from autotune.engine.defaults import batch_defaults
     from autotune.fit import memcap
-    from autotune.fit.estimate import _settings
+    from autotune.fit.settings import settings
 
     h200 = get_profile("h200")
     profile = (dataclasses.replace(h200, name="b200-like", memory_bytes=183 * GiB) if card == "b200-like"
                else get_profile(card))
-    s = _settings(ModelShape.from_config(DENSE), profile, {}, 0.92, None)
+    s = settings(ModelShape.from_config(DENSE), profile, {}, 0.92, None)
     expected = {"rtx3090": (256, 2048), "a100-80gb": (256, 2048), "h100-80gb": (1024, 8192), "h200": (1024, 8192),
                 "b200-like": (1024, 16384)}[card]
     assert (s.seqs, s.batched) == batch_defaults(profile.cuda_total_bytes, profile.name) == expected
@@ -340,5 +340,18 @@ def test_the_same_card_gets_the_same_batch_defaults_from_the_estimator_and_the_c
     cap = memcap.MemoryCap(profile.name, profile.memory_bytes, profile.driver_reserved_bytes)
     pinned = memcap.engine_flags({}, cap, real)
     assert (pinned.get("max_num_seqs", 1024), pinned.get("max_num_batched_tokens", 16384)) == expected
-    assert (_settings(ModelShape.from_config(DENSE), CPU, {}, 0.92, None).seqs,
-            _settings(ModelShape.from_config(DENSE), CPU, {}, 0.92, None).batched) == (128, 2048)
+    assert (settings(ModelShape.from_config(DENSE), CPU, {}, 0.92, None).seqs,
+            settings(ModelShape.from_config(DENSE), CPU, {}, 0.92, None).batched) == (128, 2048)
+
+
+def test_the_breakdown_autotune_estimate_prints_reads_the_estimate():
+    """`autotune estimate --model` shows show/tables.breakdown_rows: the figures by hand, a reason per line."""
+    from autotune.show.tables import breakdown_rows
+
+    est = estimate(ModelShape.from_config(DENSE), CPU, {"max_model_len": 2048}, cpu_kvcache_bytes=1 * GiB)
+    rows = dict(breakdown_rows(est))
+    assert rows["KV tokens"] == "524,288" and rows["max concurrency at 2,048 tokens"] == "256.00x"
+    assert rows["block size"] == "128 tokens" and rows["KV per token"] == "2.0 KiB" and rows["fits"] == "yes"
+    assert "state per sequence" not in rows  # a dense model has none
+    refused = estimate(ModelShape.from_config(DENSE), CPU, {"max_model_len": 10**9}, cpu_kvcache_bytes=1 * GiB)
+    assert [v for k, v in breakdown_rows(refused) if k == "reason"] == list(refused.reasons) != []

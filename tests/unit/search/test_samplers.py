@@ -11,7 +11,8 @@ import optuna
 import pytest
 from optuna.trial import TrialState
 
-from autotune.config.study_file import Param, load_study
+from autotune.config.params import Param
+from autotune.config.study_file import load_study
 from autotune.measure.stats import Limits
 from autotune.search import tell
 from autotune.search.record import WARM_START_ATTR

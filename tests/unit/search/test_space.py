@@ -7,7 +7,8 @@ from pathlib import Path
 import optuna
 import pytest
 
-from autotune.config.study_file import Baseline, Param, load_study
+from autotune.config.params import Baseline, Param
+from autotune.config.study_file import load_study
 from autotune.engine.flags import invalid_reason, to_engine_flags
 from autotune.search.record import BASELINE_ATTR, trial_baseline
 from autotune.search.space import (
