@@ -153,6 +153,7 @@ class TrialView:
     completed: datetime | None
     command: str
     levels: tuple[dict, ...]
+    duration_s: float | None  # how long its measurement took (a re-measurement's budget is sized on it)
     status: str  # the recorded status ("ok", "boot_failed", ...), else the trial state's name
     objective_value: float | None  # what the trial told Optuna (0 for a trial that is not feasible)
     best_level: float | None  # the best level within the limits, as recorded (None: no level met them)
@@ -198,7 +199,8 @@ def view(t: FrozenTrial) -> TrialView:
         ttft_p95_ms=at.get("ttft_p95_ms"), tpot_p95_ms=at.get("tpot_p95_ms"),
         peak_memory_gib=a.get("peak_memory_gib"), memory_source=a.get("memory_source"), reason=a.get("reason", ""),
         completed=t.datetime_complete, command=a.get("vllm_command", ""), levels=levels,
-        status=a.get("status") or t.state.name.lower(), objective_value=t.value, best_level=a.get("best_level"),
+        duration_s=a.get("duration_s"), status=a.get("status") or t.state.name.lower(), objective_value=t.value,
+        best_level=a.get("best_level"),
         figures_recorded="ttft_p95_ms" in a,
         figures={k: v for k, v in a.items() if isinstance(v, (int, float)) and not isinstance(v, bool)},
         why_not="" if kind == "feasible" else why_not(t), booted=a.get("booted") is not False,
