@@ -249,6 +249,7 @@ def _budget(budget: str | None, n_trials: int | None, spec):
 
 
 def _run(spec, plan, storage: str | None, slots) -> None:
+    from autotune.search.record import view
     from autotune.search.study import open_study, run_study
     from autotune.show.tables import LiveProgress, study_table
 
@@ -260,7 +261,7 @@ def _run(spec, plan, storage: str | None, slots) -> None:
     for line in summary.lines():
         console.print(line, markup=False, soft_wrap=True)
     if summary.best is not None:
-        console.print(summary.best.trial.user_attrs.get("vllm_command", ""), markup=False, soft_wrap=True)
+        console.print(view(summary.best.trial).command, markup=False, soft_wrap=True)
     if summary.stopped_because == "interrupted":
         sys.exit(130)
 
@@ -399,27 +400,28 @@ def export(study: str | None, storage: str | None, fmt: str, max_vram: float | N
     """
     from autotune.engine.flags import serve_command
     from autotune.errors import AutotuneError
+    from autotune.search.record import view
     from autotune.search.remeasure import best_trial
     from autotune.show.export import to_json, to_yaml
 
     s = _load_study(study, storage)
-    if max_vram is not None and not any(t.user_attrs.get("memory_source") == "nvml" for t in s.trials):
+    if max_vram is not None and not any(v.memory_source == "nvml" for v in map(view, s.trials)):
         raise SpecError("--max-vram", None, "this study's peaks are host memory (RSS of the server's processes, the "
                         "CPU build), not GPU memory: nothing to filter on")
 
     def keep(t) -> bool:
-        a = t.user_attrs
-        vram = a.get("peak_memory_gib", float("inf")) if a.get("memory_source") == "nvml" else float("inf")
-        return ((max_vram is None or vram <= max_vram)
-                and (max_p95_ttft_ms is None or a.get("ttft_p95_ms", float("inf")) <= max_p95_ttft_ms))
+        v = view(t)
+        vram = v.peak_memory_gib if v.memory_source == "nvml" and v.peak_memory_gib is not None else float("inf")
+        ttft = v.ttft_p95_ms if v.figures_recorded and v.ttft_p95_ms is not None else float("inf")
+        return (max_vram is None or vram <= max_vram) and (max_p95_ttft_ms is None or ttft <= max_p95_ttft_ms)
 
     best = best_trial(s, keep)
     if best is None:
         raise AutotuneError(f"study {s.study_name}: no feasible trial" + (" within the filters" if
                             max_vram is not None or max_p95_ttft_ms is not None else ""))
-    winner = best.trial
-    model, flags = winner.user_attrs["model"], json.loads(winner.user_attrs["flags"])
-    env = json.loads(winner.user_attrs.get("env", "{}"))  # as booted (older trials: none recorded)
+    winner = view(best.trial)
+    model, flags, env = winner.model, winner.flags, winner.env
+    assert model is not None and flags is not None, "a measured trial records its model and flags (config_attrs)"
     if fmt == "flags":
         click.echo(f"# best: {best.text}", err=True)  # stdout stays a command to paste or capture
         click.echo(serve_command(model, flags, env))
@@ -427,8 +429,7 @@ def export(study: str | None, storage: str | None, fmt: str, max_vram: float | N
         click.echo(f"# best: {best.text}\n" + to_yaml(flags, model=model, env=env), nl=False)
     else:
         # The first measurement's figures (latencies, memory, ...), with the throughput every reader gives.
-        metrics: dict[str, object] = {k: v for k, v in winner.user_attrs.items()
-                   if isinstance(v, (int, float)) and not isinstance(v, bool)}
+        metrics: dict[str, object] = dict(winner.figures)
         metrics["output_tok_s"] = round(best.figure, 1)
         metrics["best"] = f"best: {best.text}"
         metrics["measurements"] = [{"trial": m.trial, "output_tok_s": m.output_tok_s,
@@ -498,7 +499,7 @@ def report(study: str | None, storage: str | None, out_dir: Path, png: bool | No
     \b
       autotune report --study tiny-cpu --out reports/
     """
-    from autotune.show.report import write_report
+    from autotune.show.page import write_report
 
     loaded = _load_study(study, storage)
     try:

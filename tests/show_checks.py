@@ -25,6 +25,7 @@ from nbclient import NotebookClient
 
 from autotune.search import record
 from autotune.search.remeasure import best_trial
+from autotune.show import page as report_page
 from autotune.show import report
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -162,7 +163,7 @@ def embedded_figures(page: str) -> dict[str, list[dict]]:
 
 
 def check_report(study: optuna.Study, out: Path, png: bool = True) -> str:
-    files = report.write_report(study, out, png=png)
+    files = report_page.write_report(study, out, png=png)
     page = files.html.read_text()
     assert not re.search(r"<script[^>]*\bsrc=", page), "the report must not load scripts from anywhere"
     assert not re.search(r"<link[^>]*href=\"?https?:", page)

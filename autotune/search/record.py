@@ -37,7 +37,7 @@ def trial_note(t: FrozenTrial, has_log: bool = False) -> str:
                 f"{v.ttft_p95_ms or 0:,.0f} ms, p95 TPOT {v.tpot_p95_ms or 0:,.1f} ms)")
     else:
         kind = {"pruned": "Pruned (stopped early)", "failed": "Failed (not the configuration's fault)"}
-        head = f"**{kind.get(v.kind) or 'Not feasible: ' + why_not(t)}**" + (f". {v.reason}" if v.reason else "")
+        head = f"**{kind.get(v.kind) or 'Not feasible: ' + v.why_not}**" + (f". {v.reason}" if v.reason else "")
     if v.peak_memory_gib is not None:
         head += f"; peak {memory_text(v.peak_memory_gib, v.memory_source)}"
     what = f"Baseline **{v.baseline}**" if v.baseline else "Configuration"
@@ -153,6 +153,18 @@ class TrialView:
     completed: datetime | None
     command: str
     levels: tuple[dict, ...]
+    duration_s: float | None  # how long its measurement took (a re-measurement's budget is sized on it)
+    status: str  # the recorded status ("ok", "boot_failed", ...), else the trial state's name
+    objective_value: float | None  # what the trial told Optuna (0 for a trial that is not feasible)
+    best_level: float | None  # the best level within the limits, as recorded (None: no level met them)
+    figures_recorded: bool  # ttft/tpot are the recorded best level's, not read off the levels
+    figures: Mapping[str, float]  # every number recorded with it (units in their names), for `export`
+    why_not: str  # the category of a trial that is not feasible ("" when feasible)
+    booted: bool  # False: refused before boot
+    config_key: str  # the booted flags (JSON), else the sampled parameters: one configuration, one key
+    model: str | None
+    flags: dict | None  # as booted (config_attrs); None for a trial recorded without them
+    env: dict[str, str]
 
 
 def _kind(t: FrozenTrial) -> str:
@@ -187,6 +199,14 @@ def view(t: FrozenTrial) -> TrialView:
         ttft_p95_ms=at.get("ttft_p95_ms"), tpot_p95_ms=at.get("tpot_p95_ms"),
         peak_memory_gib=a.get("peak_memory_gib"), memory_source=a.get("memory_source"), reason=a.get("reason", ""),
         completed=t.datetime_complete, command=a.get("vllm_command", ""), levels=levels,
+        duration_s=a.get("duration_s"), status=a.get("status") or t.state.name.lower(), objective_value=t.value,
+        best_level=a.get("best_level"),
+        figures_recorded="ttft_p95_ms" in a,
+        figures={k: v for k, v in a.items() if isinstance(v, (int, float)) and not isinstance(v, bool)},
+        why_not="" if kind == "feasible" else why_not(t), booted=a.get("booted") is not False,
+        config_key=str(a.get("flags", str(t.params))), model=a.get("model"),
+        flags=json.loads(a["flags"]) if "flags" in a else None,
+        env=json.loads(a.get("env", "{}")),  # as booted (older trials: none recorded)
     )
 
 
@@ -194,6 +214,12 @@ def at_level(v: TrialView) -> str:
     if v.level is None:
         return ""
     return f"at {v.level:g} req/s" if v.level_unit == "req/s" else f"at concurrency {v.level:g}"
+
+
+def remeasure_views(study: optuna.Study) -> list[TrialView]:
+    """The finished re-measurements, each pointing (remeasure_of) at the configuration it measured again."""
+    return [view(t) for t in study.get_trials(deepcopy=False)
+            if t.state.is_finished() and REMEASURE_ATTR in t.user_attrs]
 
 
 def views(study: optuna.Study) -> list[TrialView]:

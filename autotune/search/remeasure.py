@@ -25,6 +25,7 @@ from autotune.search.record import (
     BASELINE_ATTR,
     REMEASURE_ATTR,
     feasible,
+    view,
 )
 
 SUMMARY_ATTR = "remeasured"  # study user attr: {original number: {"output_tok_s": [...], "median": ...}}
@@ -73,7 +74,7 @@ def remeasured(trials: Sequence[FrozenTrial]) -> dict[int, list[float]]:
     (missed the limits, ran out of memory) counts as 0; one that was pruned, failed or still runs does not count."""
     out: dict[int, list[float]] = {}
     for t in sorted(trials, key=lambda t: t.number):
-        of = t.user_attrs.get(REMEASURE_ATTR)
+        of = view(t).remeasure_of
         if of is None or t.state != TrialState.COMPLETE:
             continue
         out.setdefault(int(of), []).append(float(t.value or 0.0) if feasible(t) else 0.0)
@@ -140,7 +141,7 @@ class Best:
 
 def _best_of(t: FrozenTrial, trials: Sequence[FrozenTrial]) -> Best:
     again = [r for r in sorted(trials, key=lambda r: r.number)
-             if r.user_attrs.get(REMEASURE_ATTR) == t.number and r.state == TrialState.COMPLETE]
+             if view(r).remeasure_of == t.number and r.state == TrialState.COMPLETE]
     return Best(t, tuple(Measurement(r.number, float(r.value or 0.0) if feasible(r) else None) for r in [t, *again]))
 
 
@@ -149,7 +150,7 @@ def best(trials: Sequence[FrozenTrial], keep: Callable[[FrozenTrial], bool] = la
     the winner is chosen among those that hold their limits; the others' single figures are biased upwards
     (the winner's curse) and are not comparable with figures of several measurements."""
     candidates = [_best_of(t, trials) for t in trials
-                  if feasible(t) and keep(t) and REMEASURE_ATTR not in t.user_attrs]
+                  if feasible(t) and keep(t) and view(t).remeasure_of is None]
     pool = [b for b in candidates if len(b.measurements) > 1 and b.holds] or candidates
     return max(pool, key=lambda b: b.figure, default=None)
 
@@ -158,9 +159,9 @@ def top_configs(trials: Sequence[FrozenTrial], n: int) -> list[FrozenTrial]:
     """The `n` best feasible trials with distinct configurations (vLLM flags), re-measurements excluded."""
     out: list[FrozenTrial] = []
     seen: set[str] = set()
-    for t in sorted((t for t in trials if feasible(t) and REMEASURE_ATTR not in t.user_attrs),
+    for t in sorted((t for t in trials if feasible(t) and view(t).remeasure_of is None),
                     key=lambda t: t.value or 0.0, reverse=True):
-        key = str(t.user_attrs.get("flags", t.params))
+        key = view(t).config_key
         if key not in seen and len(out) < n:
             seen.add(key)
             out.append(t)
@@ -213,7 +214,7 @@ def remeasure_top(study: optuna.Study, budget: Budget, reserved: Reserve, run_on
         for t in top:
             if stop is not None and stop.is_set():
                 break
-            length = t.user_attrs.get("duration_s")  # this configuration's own trial
+            length = view(t).duration_s  # this configuration's own trial
             needed = LENGTH_MARGIN * length if length is not None else None
             fits, why = budget.claim(needed)
             if not fits:

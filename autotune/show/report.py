@@ -1,36 +1,32 @@
-"""The study as pictures: Pareto plots, history, importances, load curves, and one offline HTML report.
+"""The study as pictures: Pareto plots, history, importances, load curves, and the gains over the baselines
+(show/page.py puts them on one offline HTML page).
 
-Everything is read from the trials' user attributes (outcome.py writes them, units in their names), so a report
-can be made from any study database, finished or still running, on a machine without vLLM or a GPU.
+Everything is read through the trial read model (search/record.TrialView), so a report can be made from any
+study database, finished or still running, on a machine without vLLM or a GPU.
 """
 
 from __future__ import annotations
 
 import html
 import math
-import os
-import shutil
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from pathlib import Path
 
 import optuna
 import plotly.graph_objects as go
 from optuna.trial import FrozenTrial, TrialState
 from plotly.subplots import make_subplots
 
-from autotune.errors import AutotuneError
 from autotune.measure.memory import memory_source_name, memory_text
 from autotune.search.record import (
-    REMEASURE_ATTR,
     TrialView,
     _level_of,
     at_level,
     feasible,
+    remeasure_views,
     view,
     views,
-    why_not,
 )
 from autotune.search.remeasure import best_trial
 
@@ -51,11 +47,6 @@ THROUGHPUT = "output tokens/s (best level within the limits)"
 
 def _memory_text(v: TrialView) -> str:
     return f"peak {memory_text(v.peak_memory_gib, v.memory_source)}"
-
-
-def remeasure_views(study: optuna.Study) -> list[TrialView]:
-    return [view(t) for t in study.get_trials(deepcopy=False)
-            if t.state.is_finished() and REMEASURE_ATTR in t.user_attrs]
 
 
 def pareto_front(points: Sequence[tuple[float, float]]) -> list[int]:
@@ -214,10 +205,9 @@ def latency_figure(study: optuna.Study, metric: str = "ttft_p95_ms") -> go.Figur
 def memory_axis_title(study: optuna.Study) -> str:
     """What the memory axis measures, from the sources recorded with the peaks: one, or each with its count."""
     counts: dict[str | None, int] = {}
-    for t in study.get_trials(deepcopy=False):
-        if "peak_memory_gib" in t.user_attrs:
-            source = t.user_attrs.get("memory_source")
-            counts[source] = counts.get(source, 0) + 1
+    for v in map(view, study.get_trials(deepcopy=False)):
+        if v.peak_memory_gib is not None:
+            counts[v.memory_source] = counts.get(v.memory_source, 0) + 1
     if not counts:
         return "peak memory, GiB"
     if len(counts) == 1:
@@ -284,8 +274,8 @@ class ImportanceBasis:
 
 def importance_basis(study: optuna.Study) -> ImportanceBasis:
     done = tuple(t for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
-                 if REMEASURE_ATTR not in t.user_attrs)
-    booted = {t.user_attrs.get("flags", str(t.params)) for t in done if t.user_attrs.get("booted") is not False}
+                 if view(t).remeasure_of is None)
+    booted = {v.config_key for v in map(view, done) if v.booted}
     return ImportanceBasis(done, len(booted))
 
 
@@ -376,12 +366,12 @@ def levels_figure(study: optuna.Study, top: int = 3) -> go.Figure:
 
 
 def infeasible_figure(study: optuna.Study) -> go.Figure:
-    bad = [t for t in study.get_trials(deepcopy=False) if t.state.is_finished() and not feasible(t)]
+    bad = [v for t in study.get_trials(deepcopy=False) if t.state.is_finished() and (v := view(t)).kind != "feasible"]
     fig = go.Figure()
     if bad:
         fig.add_trace(go.Scatter(
-            x=[t.number for t in bad], y=[why_not(t) for t in bad], mode="markers", hoverinfo="text",
-            hovertext=[_hover(view(t)) for t in bad], marker={"symbol": "x", "size": 12, "color": RED},
+            x=[v.number for v in bad], y=[v.why_not for v in bad], mode="markers", hoverinfo="text",
+            hovertext=[_hover(v) for v in bad], marker={"symbol": "x", "size": 12, "color": RED},
             name="not feasible"))
     else:
         fig.add_annotation(text="Every finished trial was feasible.", xref="paper", yref="paper", x=0.5, y=0.5,
@@ -402,114 +392,3 @@ def figures(study: optuna.Study) -> dict[str, go.Figure]:
         "importances": importance_figure(study),
         "infeasible": infeasible_figure(study),
     }
-
-
-def _num(value: float | None, fmt: str, unit: str = "") -> str:
-    return "-" if value is None else f"{value:{fmt}}{unit}"
-
-
-def trials_table_html(study: optuna.Study, limit: int | None = 10) -> str:
-    """Feasible trials by throughput (the first `limit`), then every baseline, with the command each boots."""
-    vs = sorted((v for v in views(study) if v.kind != "running"),
-                key=lambda v: (v.kind != "feasible", -(v.throughput or 0.0), v.number))
-    top = vs if limit is None else vs[:limit] + [v for v in vs[limit:] if v.baseline is not None]
-    head = ("#", "trial", "result", "output tok/s", "level", "p95 TTFT", "p95 TPOT", "peak memory", "configuration")
-    rows = []
-    for rank, v in enumerate(top, 1):
-        result = v.reason if v.reason.startswith(v.kind) else f"{v.kind}: {v.reason}" if v.reason else v.kind
-        cls = " class='baseline'" if v.baseline else ""
-        rows.append(f"<tr{cls}><td>{rank}</td><td>{v.number}</td><td>{html.escape(result)}</td>"
-                    f"<td>{_num(v.throughput if v.kind == 'feasible' else None, ',.0f')}</td>"
-                    f"<td>{_num(v.level if v.kind == 'feasible' else None, 'g')}</td>"
-                    f"<td>{_num(v.ttft_p95_ms if v.kind == 'feasible' else None, ',.0f', ' ms')}</td>"
-                    f"<td>{_num(v.tpot_p95_ms if v.kind == 'feasible' else None, ',.1f', ' ms')}</td>"
-                    f"<td>{html.escape(memory_text(v.peak_memory_gib, v.memory_source, short=True))}</td>"
-                    f"<td>{html.escape(v.label)}<br><code>{html.escape(v.command)}</code></td></tr>")
-    return (f"<table><thead><tr>{''.join(f'<th>{h}</th>' for h in head)}</tr></thead>"
-            f"<tbody>{''.join(rows)}</tbody></table>")
-
-
-def summary_html(study: optuna.Study) -> str:
-    vs = views(study)
-    counts = {k: sum(v.kind == k for v in vs) for k in ("feasible", "infeasible", "pruned", "failed", "running")}
-    again = remeasure_views(study)
-    a = study.user_attrs
-    limits = ", ".join(f"{k} &le; {v:g}" for k, v in (a.get("limits") or {}).items()) or "none recorded"
-    parts = [f"<p>Objective <b>{html.escape(str(a.get('objective', '?')))}</b> (limits: {limits}) on hardware "
-             f"<b>{html.escape(str(a.get('hardware', '?')))}</b>. {len(vs)} trials: "
-             + ", ".join(f"{n} {k}" for k, n in counts.items() if n)
-             + (f"; {len(again)} re-measurement(s) of the top ones" if again else "") + ".</p>"]
-    best = best_trial(study)
-    if best is None:
-        parts.append("<p class='bad'>No feasible configuration yet.</p>")
-    else:
-        b = view(best.trial)
-        parts.append(f"<p class='best'><b>best: {html.escape(best.text)}</b></p>"
-                     f"<p>Its first measurement: {_num(b.throughput, ',.0f', ' output tok/s')} {at_level(b)} "
-                     f"(p95 TTFT {_num(b.ttft_p95_ms, ',.0f', ' ms')}, p95 TPOT {_num(b.tpot_p95_ms, ',.1f', ' ms')}, "
-                     f"{_memory_text(b)})</p><pre>{html.escape(b.command)}</pre>")
-    items = [f"<li>{html.escape(g.baseline)} (trial {g.number}): "
-             + ("the best trial itself" if best is not None and g.number == best.trial.number
-                else f"{g.throughput:,.0f} tok/s; best is <b>{g.gain_pct:+.0f}%</b>" if g.gain_pct is not None
-                else f"{_num(g.throughput, ',.0f', ' tok/s')}" if g.throughput is not None
-                else f"not feasible ({html.escape(g.reason)})") + "</li>" for g in gains(study)]
-    if items:
-        parts.append(f"<p>Against the baselines:</p><ul>{''.join(items)}</ul>")
-    return "".join(parts)
-
-
-_CSS = """body{font-family:system-ui,sans-serif;margin:2em auto;max-width:1200px;color:#222}
-table{border-collapse:collapse;font-size:13px}td,th{border-bottom:1px solid #ddd;padding:4px 8px;text-align:left;
-vertical-align:top}tr.baseline{background:#fff4e5}code,pre{font-size:12px;white-space:pre-wrap;word-break:break-all}
-pre{background:#f6f6f6;padding:8px}.best{color:#2ca02c}.bad{color:#d62728}"""
-
-
-@dataclass(frozen=True)
-class ReportFiles:
-    html: Path
-    pngs: tuple[Path, ...]
-    png_error: str | None = None  # why no PNGs were written when they were optional (no Chromium)
-
-
-def write_report(study: optuna.Study, out_dir: Path, *, png: bool | None = True) -> ReportFiles:
-    """One self-contained HTML file (plotly.js inline: it opens offline) and PNGs of the two Pareto plots.
-    png=None: the PNGs where Chromium can render them; the HTML is the report either way."""
-    out_dir.mkdir(parents=True, exist_ok=True)
-    figs = figures(study)
-    divs = [fig.to_html(full_html=False, include_plotlyjs=(i == 0), div_id=key,
-                        config={"displaylogo": False, "responsive": True})
-            for i, (key, fig) in enumerate(figs.items())]
-    name = study.study_name
-    page = (f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>autotune: {html.escape(name)}</title>"
-            f"<style>{_CSS}</style></head><body><h1>autotune study {html.escape(name)}</h1>{summary_html(study)}"
-            + "".join(divs[:4]) + f"<h2>Top trials and baselines</h2>{trials_table_html(study)}"
-            + "".join(divs[4:]) + "</body></html>")
-    html_path = out_dir / f"{name}.html"
-    html_path.write_text(page, encoding="utf-8")
-    if png is False:
-        return ReportFiles(html_path, ())
-    pngs = (out_dir / f"{name}-pareto-latency.png", out_dir / f"{name}-pareto-memory.png")
-    try:
-        export_pngs([figs["pareto_ttft"], figs["pareto_memory"]], pngs)
-    except AutotuneError as e:
-        if png:
-            raise
-        return ReportFiles(html_path, (), str(e))
-    return ReportFiles(html_path, pngs)
-
-
-def export_pngs(figs: Sequence[go.Figure], paths: Sequence[Path], width: int = 1100, height: int = 650) -> None:
-    """PNG export runs plotly.js in a headless Chromium (kaleido 1.x): the system's chromium when it has one."""
-    import logging
-
-    import plotly.io as pio
-
-    logging.getLogger("choreographer").setLevel(logging.CRITICAL)  # logs (and ignores) torn DevTools messages
-    if "BROWSER_PATH" not in os.environ and (chromium := shutil.which("chromium")):
-        os.environ["BROWSER_PATH"] = chromium
-    try:
-        pio.write_images(list(figs), [str(p) for p in paths], format="png", width=width, height=height, scale=1)
-    except Exception as e:  # kaleido raises its own types (and paragraphs) for a missing or crashing browser
-        detail = next((line.strip() for line in str(e).splitlines() if line.strip()), "")
-        raise AutotuneError(f"PNG export failed ({type(e).__name__}: {detail}); it needs Chromium: "
-                            "`apt-get install chromium`, or run `plotly_get_chrome`, or pass --no-png") from e

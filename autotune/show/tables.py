@@ -14,7 +14,7 @@ from autotune.fit.estimate import Estimate
 from autotune.measure.memory import memory_text
 from autotune.measure.trial import Objective, TrialResult
 from autotune.search.budget import Budget
-from autotune.search.record import trial_label
+from autotune.search.record import TrialView, view
 from autotune.search.remeasure import Best
 from autotune.units import MiB, format_gib
 
@@ -134,47 +134,37 @@ def print_trial(console: Console, result: TrialResult, objective: Objective) -> 
         console.print(f"server log: {result.log_path}", markup=False)
 
 
-def _best_level(attrs) -> str:
+def _best_level(v: TrialView) -> str:
     """The best level's label; in rate mode with the rate it offered, which a Poisson schedule only meets on average."""
-    if "best_level" not in attrs:
+    if v.best_level is None:
         return "-"
-    best = next((lv for lv in attrs.get("levels", []) if lv.get("rate_req_s") == attrs["best_level"]), None)
+    best = next((lv for lv in v.levels if lv.get("rate_req_s") == v.best_level), None)
     if best is None or "offered_req_s" not in best:
-        return f"{attrs['best_level']:g}"
-    return f"{attrs['best_level']:g} req/s (offered {best['offered_req_s']:.2f})"
+        return f"{v.best_level:g}"
+    return f"{v.best_level:g} req/s (offered {best['offered_req_s']:.2f})"
 
 
 def study_table(trials, *, limit: int = 15, title: str = "trials, best feasible first") -> Table:
     """Feasible trials by throughput, then the rest; baselines always shown so gains can be read against them."""
-    from autotune.search.record import REMEASURE_ATTR, feasible
-
-    def key(t):
-        return (not feasible(t), -(t.value or 0.0), t.number)
-
-    ordered = sorted(trials, key=key)
-    shown = ordered[:limit] + [t for t in ordered[limit:] if "baseline" in t.user_attrs]
+    ordered = sorted((view(t) for t in trials),
+                     key=lambda v: (v.kind != "feasible", -(v.objective_value or 0.0), v.number))
+    shown = ordered[:limit] + [v for v in ordered[limit:] if v.baseline is not None]
     table = Table(title=escape(title), title_justify="left")
     # A GPU's memory (NVML) and a process tree's host memory (RSS) are different figures: each says which it is.
     for col in ("#", "state", "out tok/s", "level", "p95 TTFT ms", "p95 TPOT ms", "peak memory",
                 "configuration / reason"):
         table.add_column(col, justify="left" if col in ("state", "configuration / reason") else "right",
                          overflow="fold")
-    for t in shown:
-        a = t.user_attrs
-        state = "feasible" if feasible(t) else escape(a.get("status") or t.state.name.lower())
-        if t.state.name == "PRUNED":
-            state = "pruned"
-        detail = escape(trial_label(t))  # flag values and vLLM's words are text, never markup
-        if (of := a.get(REMEASURE_ATTR)) is not None:
-            detail = f"re-measure of trial {of}: {detail}"
-        if not feasible(t) and a.get("reason"):
-            detail += f"\n[dim]{escape(a['reason'][:160])}[/]"
-        mem = a.get("peak_memory_gib")
+    for v in shown:
+        state = "feasible" if v.kind == "feasible" else "pruned" if v.kind == "pruned" else escape(v.status)
+        detail = escape(v.label)  # flag values and vLLM's words are text, never markup
+        if v.kind != "feasible" and v.reason:
+            detail += f"\n[dim]{escape(v.reason[:160])}[/]"
         table.add_row(
-            str(t.number), state, f"{t.value:,.0f}" if t.value else "-", _best_level(a),
-            f"{a['ttft_p95_ms']:.0f}" if "ttft_p95_ms" in a else "-",
-            f"{a['tpot_p95_ms']:.1f}" if "tpot_p95_ms" in a else "-",
-            memory_text(mem, a.get("memory_source"), short=True), detail,
+            str(v.number), state, f"{v.objective_value:,.0f}" if v.objective_value else "-", _best_level(v),
+            f"{v.ttft_p95_ms:.0f}" if v.figures_recorded and v.ttft_p95_ms is not None else "-",
+            f"{v.tpot_p95_ms:.1f}" if v.figures_recorded and v.tpot_p95_ms is not None else "-",
+            memory_text(v.peak_memory_gib, v.memory_source, short=True), detail,
         )
     return table
 

@@ -23,6 +23,7 @@ from autotune.search import record, tell
 from autotune.search.record import trial_baseline
 from autotune.search.space import engine_config, suggest
 from autotune.search.study import open_study
+from autotune.show import page as report_page
 from autotune.show import report
 
 DATA = Path(__file__).parents[2] / "data" / "gpu"
@@ -80,7 +81,7 @@ def test_every_peak_shown_names_its_source(tmp_path: Path):
 
     axis = report.memory_figure(study).layout.xaxis.title.text
     assert "GPU memory (NVML) for 1 trial(s)" in axis and "host memory (RSS" in axis and "not comparable" in axis
-    page = report.write_report(study, tmp_path / "r", png=False).html.read_text()
+    page = report_page.write_report(study, tmp_path / "r", png=False).html.read_text()
     assert "23.23 GiB GPU (NVML)" in page and "3.40 GiB host RSS" in page  # the table of top trials
 
     # --max-vram filters on GPU memory only: trial 0's 3.4 GiB is host memory, whatever its size.

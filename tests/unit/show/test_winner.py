@@ -22,6 +22,7 @@ from autotune.search import tell
 from autotune.search.record import BASELINE_ATTR, REMEASURE_ATTR, trial_baseline
 from autotune.search.space import engine_config, suggest
 from autotune.search.study import open_study
+from autotune.show import page as report_page
 from autotune.show import report
 
 # The first figure (181) held its limits; the one re-measurement missed them by noise (p95 TTFT 520 ms > 500).
@@ -69,7 +70,7 @@ def test_summary_status_report_and_export_give_one_winner_and_one_figure(remeasu
     spec, url, study = remeasured_study
     runner = CliRunner()
 
-    files = report.write_report(study, tmp_path / "report", png=False)
+    files = report_page.write_report(study, tmp_path / "report", png=False)
     page = files.html.read_text()
     assert WINNER in page
 
