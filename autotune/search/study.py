@@ -21,13 +21,11 @@ from optuna.trial import TrialState
 
 from autotune.config.study_file import StudySpec
 from autotune.engine.flags import Build, detect_build, invalid_reason, value_text
-from autotune.engine.logs import FailureKind
-from autotune.engine.models import model_vocab_size, resolve_model
-from autotune.engine.server import EngineSpec, reap_leftover_servers
+from autotune.engine.server import reap_leftover_servers
 from autotune.errors import EngineError, SpecError
 from autotune.fit import feasibility, memcap
 from autotune.fit.hardware import GpuProfile, detect_gpus
-from autotune.measure.trial import LevelOutcome, TrialPlan, TrialResult, run_trial
+from autotune.measure.trial import LevelOutcome, TrialResult, configured, plan_trial, run_trial
 from autotune.search import record, remeasure, tell
 from autotune.search.budget import Budget
 from autotune.search.record import BASELINE_ATTR, save_trial_note, trial_baseline
@@ -42,9 +40,6 @@ from autotune.search.storage import (
     open_storage,
 )
 from autotune.units import GiB, format_gib
-
-INTERRUPTED = "interrupted by the user"
-
 
 MAX_REJECTED_IN_A_ROW = 200
 
@@ -362,8 +357,7 @@ def _one_trial(run: _Run, slot: Slot) -> TrialResult | None:
     baseline = trial_baseline(trial)
     params = suggest(trial, spec.space)
     config = engine_config(spec, params, baseline=baseline)
-    model_path, model_defaults = resolve_model(config.model)
-    flags = {**model_defaults, **config.flags}
+    model_path, flags = configured(config.model, config.flags)
     for key, value in record.config_attrs(model_path, flags, spec.env).items():
         trial.set_user_attr(key, value)
     label = ((trial.user_attrs.get("baseline") or {}).get("name")
@@ -385,17 +379,12 @@ def _one_trial(run: _Run, slot: Slot) -> TrialResult | None:
     if run.profile.kind == "cuda":
         _check_gpu_free(run, trial, slot)
 
-    engine_flags = flags
-    if spec.memory_cap is not None:
-        engine_flags = memcap.engine_flags(flags, spec.memory_cap, run.real_profile)
-        trial.set_user_attr("engine_flags", json.dumps(engine_flags, sort_keys=True))
     log_path = run.artifacts_dir / f"trial-{trial.number:04d}.log"
-    plan = TrialPlan(
-        EngineSpec(model=model_path, flags=engine_flags, env=spec.env,
-                   boot_timeout_s=max(1.0, min(spec.boot_timeout_s, run.budget.remaining())),
-                   cuda_visible_devices=slot.cuda_visible_devices),
-        spec.objective, model_vocab_size(model_path), log_path, slot.gpu_indices,
-    )
+    plan = plan_trial(model_path, flags, spec.objective, log_path, env=spec.env,
+                      boot_timeout_s=max(1.0, min(spec.boot_timeout_s, run.budget.remaining())),
+                      gpu_indices=slot.gpu_indices, memory_cap=spec.memory_cap, real_gpu=run.real_profile)
+    if spec.memory_cap is not None:
+        trial.set_user_attr("engine_flags", json.dumps(plan.engine.flags, sort_keys=True))
 
     passing: list[float] = []
 
@@ -404,7 +393,7 @@ def _one_trial(run: _Run, slot: Slot) -> TrialResult | None:
             passing.append(level.stats.output_tok_s)
         trial.report(max(passing, default=0.0), step)  # best passing throughput so far, per load level
         if run.stop.is_set():
-            return INTERRUPTED
+            return tell.INTERRUPTED
         if run.budget.remaining() <= 0:
             return "stopped at the end of the time budget"
         if trial.should_prune():
@@ -417,18 +406,17 @@ def _one_trial(run: _Run, slot: Slot) -> TrialResult | None:
                                cancel=run.stop)
     except EngineError as e:
         attach_log(study, trial, log_path, run.store)
-        tell.tell_failed(study, trial, str(e))
+        tell.tell_engine_error(study, trial, e)
         run.ended(trial, TrialState.FAIL, str(e))
         raise
     attach_log(study, trial, log_path, run.store)  # before the tell: Optuna refuses artifacts on finished trials
     if run.stop.is_set():  # whatever the trial saw after Ctrl-C says nothing about the configuration
-        tell.tell_failed(study, trial, INTERRUPTED)
+        tell.tell_interrupted(study, trial)
         run.ended(trial, TrialState.FAIL, "interrupted")
         return result
     state = tell.tell_result(study, trial, result)
     run.ended(trial, state, _summary(result))
-    if result.failure is not None and result.failure.kind is FailureKind.MODEL_NOT_FOUND:
-        raise EngineError(f"model {config.model!r} not found: {result.failure.reason}")
+    tell.abort_if_model_missing(result, config.model)
     return result
 
 
@@ -445,10 +433,9 @@ def _check_gpu_free(run: _Run, trial: optuna.Trial, slot: Slot, wait_s: float = 
             return
         if time.monotonic() > deadline:
             what = ", ".join(f"GPU {g.index}: {format_gib(g.used_bytes, 1)} in use" for g in busy)
-            tell.tell_failed(run.study, trial, f"GPU memory held by another process ({what})")
+            error = tell.tell_gpu_busy(run.study, trial, what)
             run.ended(trial, TrialState.FAIL, "GPU busy")
-            raise EngineError(f"GPU memory is held by another process before trial {trial.number} ({what}); "
-                              "free the GPU and run the same command again to resume")
+            raise error
         run.progress.stage(trial.number, "waiting for GPU memory to be released")
         time.sleep(2)
 
