@@ -22,7 +22,7 @@ from optuna.trial import FrozenTrial, TrialState
 from sqlalchemy.engine import URL, make_url
 
 from autotune.config.study_file import StudySpec, check_study_name, load_study
-from autotune.errors import StorageError
+from autotune.errors import SpecError, StorageError
 
 STORE_DIR = "store"  # inside the study's artifacts directory, beside the log files
 
@@ -148,6 +148,39 @@ def load_existing_study(name: str, url: str) -> optuna.Study:
         return optuna.load_study(study_name=name, storage=storage)
     except KeyError:
         raise StorageError(f"--study {name}: no such study in {shown_url(url)}") from None
+
+
+def study_ref(study: str | None, storage: str | None) -> tuple[str, str]:
+    """Which study the user means: (study name, storage URL) from --study (a name or a study file) and --storage;
+    by default the most recently used SQLite study under studies/."""
+    if study and not study.endswith(".toml"):
+        check_study_name(study, "--study", None)
+    if study and study.endswith(".toml"):
+        spec = load_study(study)
+        return spec.name, storage or spec.storage or default_storage(spec)
+    if storage:
+        if not study:
+            raise SpecError("--study", None, "give the study's name with --storage")
+        return study, storage
+    if study:
+        toml = Path("studies") / f"{study}.toml"
+        if toml.is_file():
+            spec = load_study(toml)
+            return spec.name, spec.storage or default_storage(spec)
+        db = Path("studies") / f"{study}.db"
+        if not db.is_file():
+            raise SpecError("--study", study, f"no study file {toml} and no database {db}")
+        return study, f"sqlite:///{db}"
+    dbs = sorted(Path("studies").glob("*.db"), key=lambda p: p.stat().st_mtime)
+    if not dbs:
+        raise SpecError("--study", None, "no study database under studies/ yet: run `autotune run STUDY.toml` first")
+    return check_study_name(dbs[-1].stem, str(dbs[-1]), None), f"sqlite:///{dbs[-1]}"
+
+
+def load_study_ref(study: str | None, storage: str | None) -> optuna.Study:
+    """The study a read-only command (status, export, report, dashboard, a warm start) reads: it must exist, and
+    nothing is created or changed to find out."""
+    return load_existing_study(*study_ref(study, storage))
 
 
 def spec_from_storage(name: str, url: str, root: Path) -> StudySpec:
