@@ -33,11 +33,12 @@ from autotune.search.remeasure import best_trial
 from autotune.search.samplers import make_pruner, make_sampler
 from autotune.search.space import EngineConfig, engine_config, enqueue_baseline, suggest
 from autotune.search.storage import (
-    _heartbeat,
     attach_log,
     default_storage,
+    heartbeat,
     open_artifact_store,
     open_storage,
+    resume,
 )
 from autotune.units import GiB, format_gib
 
@@ -100,68 +101,10 @@ def open_study(spec: StudySpec, storage_url: str | None = None,
         for baseline in spec.baselines:
             enqueue_baseline(study, baseline, spec.space)
     else:
-        _resume(spec, study, files, say)
+        resume(spec, study, files, say)
     optuna.storages.fail_stale_trials(study)
     _queue_unmeasured_baselines(study, spec)
     return study
-
-
-def _resume(spec: StudySpec, study: optuna.Study, files: dict[str, str], say: Callable[[str], None]) -> None:
-    began = study.user_attrs.get("files")
-    if not began:  # made before studies kept their files: nothing to compare with
-        study.set_user_attr("files", files)
-        return
-    changes = _changes(_definition(began["study"], began["objective"]), _definition(files["study"], files["objective"]))
-    if changes:
-        raise SpecError(str(spec.path), None, "; ".join(changes) + ": start a new study (another `name`; "
-                        "`--from-study` begins it with this one's best) or restore the file")
-    queued = tomllib.loads(began["study"]).get("baselines", [])
-    # strict=False: files["study"] is the file read again after spec was loaded from it, not the same read
-    new = [b for raw, b in zip(tomllib.loads(files["study"]).get("baselines", []), spec.baselines, strict=False)
-           if raw not in queued]
-    for baseline in new:
-        enqueue_baseline(study, baseline, spec.space)
-    if new:
-        say(f"{len(new)} new baseline(s) queued: {', '.join(b.name for b in new)}")
-    if files != began:
-        study.set_user_attr("files", files)
-
-
-def _definition(study_text: str, objective_text: str) -> dict[str, object]:
-    """What every trial of a study shares, keyed as the files name it: the searched space, the fixed flags and
-    environment, the hardware, and the objective's workload and limits. The budget, the sampler, the load search
-    and the baselines may change between runs."""
-    study, objective = tomllib.loads(study_text), tomllib.loads(objective_text)
-    engine = dict(study.get("engine", {}))
-    tables = {"space": study.get("space", {}), "model": study.get("model", {}), "engine.env": engine.pop("env", {}),
-              "engine": engine}
-    out: dict[str, object] = {f"[{table}.{k}]": v for table, items in tables.items() for k, v in items.items()}
-    out |= {"hardware": study.get("hardware", "auto"), "memory_cap_gib": study.get("memory_cap_gib")}
-    out |= {f"the objective's [{table}.{k}]": v for table in ("workload", "limits")
-            for k, v in objective.get(table, {}).items()}
-    return out
-
-
-def _changes(began: dict[str, object], now: dict[str, object]) -> list[str]:
-    """One phrase per key that differs: "[space.max_num_seqs] changed since the study began (high 64 -> 128)"."""
-
-    def show(v: object) -> str:
-        return "(unset)" if v is None else json.dumps(v)
-
-    out = []
-    for key in [*began, *(k for k in now if k not in began)]:
-        old, new = began.get(key), now.get(key)
-        if key not in now:
-            out.append(f"{key} removed since the study began")
-        elif key not in began:
-            out.append(f"{key} added since the study began")
-        elif isinstance(old, dict) and isinstance(new, dict) and old != new:
-            inner = [f"{k} {show(old.get(k))} -> {show(new.get(k))}" for k in [*old, *(k for k in new if k not in old)]
-                     if old.get(k) != new.get(k)]
-            out.append(f"{key} changed since the study began ({', '.join(inner)})")
-        elif old != new:
-            out.append(f"{key} changed since the study began ({show(old)} -> {show(new)})")
-    return out
 
 
 def check_inputs(spec: StudySpec) -> None:
@@ -171,7 +114,7 @@ def check_inputs(spec: StudySpec) -> None:
     from autotune.config import study_file
     from autotune.engine import flags as engine_flags
     from autotune.engine.flags import MODEL
-    from autotune.errors import ModelUnavailable, SpecError
+    from autotune.errors import ModelUnavailable
 
     engine_flags.check(study_file.study_flag_names(spec))
     engine_flags.check_values(study_file.study_flag_values(spec))
@@ -401,7 +344,7 @@ def _one_trial(run: _Run, slot: Slot) -> TrialResult | None:
         return None
 
     try:
-        with _heartbeat(study, trial):
+        with heartbeat(study, trial):
             result = run_trial(plan, on_level=on_level, on_stage=lambda text: run.progress.stage(trial.number, text),
                                cancel=run.stop)
     except EngineError as e:
