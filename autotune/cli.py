@@ -104,90 +104,54 @@ def trial(model: str, objective_path: Path, sets: tuple[str, ...], envs: tuple[s
     from autotune.config.objective import load_objective
     from autotune.config.study_file import check_prompt_tokenizer
     from autotune.config.toml import parse_duration
+    from autotune.engine import defaults as engine_defaults
     from autotune.engine import flags as engine_flags
-    from autotune.engine.models import model_vocab_size
-    from autotune.engine.server import EngineSpec
-    from autotune.measure.trial import TrialPlan, run_trial
+    from autotune.fit import memcap
+    from autotune.measure.trial import plan_trial, run_trial
     from autotune.show.tables import print_trial
 
     objective = load_objective(objective_path)
-    path, defaults = _resolve_model_option(model)
+    path, flags = _configured_model_option(model, sets)
     check_prompt_tokenizer(objective, [path])
-    flags = {**defaults, **parse_set(sets)}
     engine_flags.check(("--set", k) for k in flags)
     engine_flags.check_values(("--set", k, k, v) for k, v in flags.items())
     gpu_indices = tuple(int(g) for g in gpus.split(",") if g.strip())
-    if memory_cap is not None:
-        from autotune.engine import defaults as engine_defaults
-        from autotune.fit import memcap
-
+    cap, real = None, None
+    if memory_cap is not None:  # the estimator's card is the capped one; the flags are translated for the real one
         cap, real = memcap.parse_cap(memory_cap), memcap.present_gpu(gpu_indices[0] if gpu_indices else 0)
         util = float(flags.get("gpu_memory_utilization") or engine_defaults.DEFAULT_UTILIZATION)  # type: ignore[arg-type]
         console.print(memcap.describe(real, cap, util))
-        flags = memcap.engine_flags(flags, cap, real)
-    spec = EngineSpec(
-        model=path, flags=flags, env=parse_env(envs), boot_timeout_s=parse_duration(boot_timeout, "--boot-timeout"),
-        cuda_visible_devices=",".join(map(str, gpu_indices)) if gpu_indices else None,
-    )
-    log_path = log_path or Path("runs") / f"trial-{time.strftime('%Y%m%d-%H%M%S')}.log"
-    plan = TrialPlan(spec, objective, model_vocab_size(path), log_path, gpu_indices)
+    plan = plan_trial(path, flags, objective,
+                      log_path or Path("runs") / f"trial-{time.strftime('%Y%m%d-%H%M%S')}.log",
+                      env=parse_env(envs), boot_timeout_s=parse_duration(boot_timeout, "--boot-timeout"),
+                      gpu_indices=gpu_indices, memory_cap=cap, real_gpu=real)
     with console.status("booting") as status:
         result = run_trial(plan, on_stage=lambda s: status.update(s))
     print_trial(console, result, objective)
     sys.exit(0 if result.status == "ok" else 1)
 
 
-def _resolve_model_option(model: str) -> tuple[str, dict[str, object]]:
-    """--model as tinymodel.resolve_model gives it, with a bad tiny:KIND or an unresolvable hub id as a one-line
-    error naming the flag."""
-    from autotune.engine.models import resolve_model
+def _configured_model_option(model: str, sets: tuple[str, ...]) -> tuple[str, dict[str, object]]:
+    """--model and --set as a trial boots them (measure/trial.configured), with a bad tiny:KIND or an
+    unresolvable hub id as a one-line error naming the flag (said before a bad --set, as it always was)."""
     from autotune.errors import ModelUnavailable
     from autotune.fit import feasibility
+    from autotune.measure.trial import configured
 
     try:
-        path, defaults = resolve_model(model)
+        configured(model, {})
         if not model.startswith("tiny:") and not Path(model).is_dir():
             feasibility.model_shape(model)
     except (ValueError, ModelUnavailable) as e:
         raise SpecError("--model", model, str(e)) from None
-    return path, defaults
-
-
-def _study_ref(study: str | None, storage: str | None) -> tuple[str, str]:
-    """(study name, storage URL) from --study (a name or a study file) and --storage; by default the most
-    recently used SQLite study under studies/."""
-    from autotune.config.study_file import check_study_name, load_study
-    from autotune.search.storage import default_storage
-
-    if study and not study.endswith(".toml"):
-        check_study_name(study, "--study", None)
-    if study and study.endswith(".toml"):
-        spec = load_study(study)
-        return spec.name, storage or spec.storage or default_storage(spec)
-    if storage:
-        if not study:
-            raise SpecError("--study", None, "give the study's name with --storage")
-        return study, storage
-    if study:
-        toml = Path("studies") / f"{study}.toml"
-        if toml.is_file():
-            spec = load_study(toml)
-            return spec.name, spec.storage or default_storage(spec)
-        db = Path("studies") / f"{study}.db"
-        if not db.is_file():
-            raise SpecError("--study", study, f"no study file {toml} and no database {db}")
-        return study, f"sqlite:///{db}"
-    dbs = sorted(Path("studies").glob("*.db"), key=lambda p: p.stat().st_mtime)
-    if not dbs:
-        raise SpecError("--study", None, "no study database under studies/ yet: run `autotune run STUDY.toml` first")
-    return check_study_name(dbs[-1].stem, str(dbs[-1]), None), f"sqlite:///{dbs[-1]}"
+    return configured(model, parse_set(sets))
 
 
 def _load_study(study: str | None, storage: str | None):
-    """The study a read-only command reads: it must exist, and nothing is created or changed to find out."""
-    from autotune.search.storage import load_existing_study
+    """The study a read-only command reads (search/storage.py's load_study_ref)."""
+    from autotune.search.storage import load_study_ref
 
-    return load_existing_study(*_study_ref(study, storage))
+    return load_study_ref(study, storage)
 
 
 study_option = click.option("--study", default=None,
@@ -454,8 +418,8 @@ def estimate(study_file: Path | None, model: str | None, hardware: str | None, s
     """
     from autotune.config.study_file import load_study
     from autotune.engine.flags import Build, detect_build
-    from autotune.engine.models import resolve_model
     from autotune.fit import feasibility
+    from autotune.measure.trial import configured
     from autotune.search.study import preview_configs
     from autotune.show.tables import breakdown_table, estimates_table
 
@@ -471,15 +435,13 @@ def estimate(study_file: Path | None, model: str | None, hardware: str | None, s
             profile = memcap.capped_profile(profile, spec.memory_cap)
         rows = []
         for label, config in preview_configs(spec, samples):
-            path, defaults = resolve_model(config.model)
-            flags = {**defaults, **config.flags}
+            path, flags = configured(config.model, config.flags)
             rows.append((label, config.model, flags, feasibility.judge(path, profile, flags, spec.env)))
         console.print(estimates_table(rows, title=f"{spec.name} on {profile.name}: predicted before any boot"))
     else:
         assert model is not None  # exactly one of study_file and model, checked above
         profile = feasibility.resolve_profile(hardware or "auto", cpu_build)
-        path, defaults = _resolve_model_option(model)
-        flags = {**defaults, **parse_set(sets)}
+        path, flags = _configured_model_option(model, sets)
         verdict = feasibility.judge(path, profile, flags, {})
         console.print(breakdown_table(verdict.estimate, title=f"{model} on {profile.name}"))
 
@@ -528,7 +490,9 @@ def dashboard(study: str | None, storage: str | None, port: int) -> None:
 
     if not 0 <= port <= 65535:
         raise SpecError("--port", str(port), "must be a TCP port, 0 to 65535 (0: any free port)")
-    name, url = _study_ref(study, storage)
+    from autotune.search.storage import study_ref
+
+    name, url = study_ref(study, storage)
 
     def announce(address: str) -> None:
         click.echo(f"optuna-dashboard for study {name}: {address}  (Ctrl-C to stop)")

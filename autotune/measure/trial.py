@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -20,8 +20,10 @@ from autotune.engine.flags import (
     detect_build,
 )
 from autotune.engine.logs import BootInfo, Failure, FailureKind
+from autotune.engine.models import model_vocab_size, resolve_model
 from autotune.engine.server import BootFailed, EngineSpec, Server
-from autotune.fit.hardware import detect_gpus
+from autotune.fit import memcap
+from autotune.fit.hardware import GpuProfile, detect_gpus
 from autotune.measure.client import STALLED, LoadLevel, measure_level
 from autotune.measure.ladder import LoadSearch, find_sustainable
 from autotune.measure.memory import MemoryPeak, MemorySampler, MemoryWatch, memory_watch
@@ -61,6 +63,26 @@ class TrialPlan:
     vocab_size: int
     log_path: Path
     gpu_indices: tuple[int, ...] = ()  # the slot's GPUs (NVML indices); empty: every GPU the server may use
+
+
+def configured(model: str, flags: Mapping[str, object]) -> tuple[str, dict[str, object]]:
+    """(model path, flags) as a trial boots them and the estimator judges them: the model's own defaults (a tiny
+    model's) under the given flags. `autotune trial`, `autotune estimate --model` and the loop all start here."""
+    path, defaults = resolve_model(model)
+    return path, {**defaults, **flags}
+
+
+def plan_trial(model_path: str, flags: Mapping[str, object], objective: Objective, log_path: Path, *,
+               env: Mapping[str, str], boot_timeout_s: float, gpu_indices: tuple[int, ...] = (),
+               memory_cap: memcap.MemoryCap | None = None, real_gpu: GpuProfile | None = None) -> TrialPlan:
+    """The one assembly of a trial from a configured model and flags: under a memory cap the flags are translated
+    for the card present (`real_gpu`), so that the server behaves as on the capped card."""
+    if memory_cap is not None:
+        assert real_gpu is not None, "a memory cap is translated for the card present"
+        flags = memcap.engine_flags(flags, memory_cap, real_gpu)
+    engine = EngineSpec(model=model_path, flags=flags, env=env, boot_timeout_s=boot_timeout_s,
+                        cuda_visible_devices=",".join(map(str, gpu_indices)) if gpu_indices else None)
+    return TrialPlan(engine, objective, model_vocab_size(model_path), log_path, gpu_indices)
 
 
 @dataclass(frozen=True)

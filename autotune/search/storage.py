@@ -1,13 +1,16 @@
-"""Where a study lives: storage URLs, opening with heartbeats, the study file stored for remote workers,
-and the artifact store for server logs."""
+"""Where a study lives: storage URLs, which study the user means, opening with heartbeats, the study file stored
+with it (for remote workers, and to refuse a resumed study whose definition changed), and the artifact store for
+server logs."""
 
 from __future__ import annotations
 
 import contextlib
 import importlib.util
+import json
 import re
 import threading
-from collections.abc import Iterator
+import tomllib
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import cast
 from urllib.parse import quote
@@ -22,7 +25,8 @@ from optuna.trial import FrozenTrial, TrialState
 from sqlalchemy.engine import URL, make_url
 
 from autotune.config.study_file import StudySpec, check_study_name, load_study
-from autotune.errors import StorageError
+from autotune.errors import SpecError, StorageError
+from autotune.search.space import enqueue_baseline
 
 STORE_DIR = "store"  # inside the study's artifacts directory, beside the log files
 
@@ -150,6 +154,39 @@ def load_existing_study(name: str, url: str) -> optuna.Study:
         raise StorageError(f"--study {name}: no such study in {shown_url(url)}") from None
 
 
+def study_ref(study: str | None, storage: str | None) -> tuple[str, str]:
+    """Which study the user means: (study name, storage URL) from --study (a name or a study file) and --storage;
+    by default the most recently used SQLite study under studies/."""
+    if study and not study.endswith(".toml"):
+        check_study_name(study, "--study", None)
+    if study and study.endswith(".toml"):
+        spec = load_study(study)
+        return spec.name, storage or spec.storage or default_storage(spec)
+    if storage:
+        if not study:
+            raise SpecError("--study", None, "give the study's name with --storage")
+        return study, storage
+    if study:
+        toml = Path("studies") / f"{study}.toml"
+        if toml.is_file():
+            spec = load_study(toml)
+            return spec.name, spec.storage or default_storage(spec)
+        db = Path("studies") / f"{study}.db"
+        if not db.is_file():
+            raise SpecError("--study", study, f"no study file {toml} and no database {db}")
+        return study, f"sqlite:///{db}"
+    dbs = sorted(Path("studies").glob("*.db"), key=lambda p: p.stat().st_mtime)
+    if not dbs:
+        raise SpecError("--study", None, "no study database under studies/ yet: run `autotune run STUDY.toml` first")
+    return check_study_name(dbs[-1].stem, str(dbs[-1]), None), f"sqlite:///{dbs[-1]}"
+
+
+def load_study_ref(study: str | None, storage: str | None) -> optuna.Study:
+    """The study a read-only command (status, export, report, dashboard, a warm start) reads: it must exist, and
+    nothing is created or changed to find out."""
+    return load_existing_study(*study_ref(study, storage))
+
+
 def spec_from_storage(name: str, url: str, root: Path) -> StudySpec:
     """Rebuild a study's spec from the files `autotune run` stored with it (for workers on other hosts)."""
     files = load_existing_study(name, url).user_attrs.get("files")
@@ -166,8 +203,68 @@ def spec_from_storage(name: str, url: str, root: Path) -> StudySpec:
     return load_study(study_file)
 
 
+def resume(spec: StudySpec, study: optuna.Study, files: dict[str, str], say: Callable[[str], None]) -> None:
+    """Refuse a study whose shared definition changed since it began (its files are stored with it); queue and say
+    the baselines added since; keep the stored files current."""
+    began = study.user_attrs.get("files")
+    if not began:  # made before studies kept their files: nothing to compare with
+        study.set_user_attr("files", files)
+        return
+    changes = _changes(_definition(began["study"], began["objective"]), _definition(files["study"], files["objective"]))
+    if changes:
+        raise SpecError(str(spec.path), None, "; ".join(changes) + ": start a new study (another `name`; "
+                        "`--from-study` begins it with this one's best) or restore the file")
+    queued = tomllib.loads(began["study"]).get("baselines", [])
+    # strict=False: files["study"] is the file read again after spec was loaded from it, not the same read
+    new = [b for raw, b in zip(tomllib.loads(files["study"]).get("baselines", []), spec.baselines, strict=False)
+           if raw not in queued]
+    for baseline in new:
+        enqueue_baseline(study, baseline, spec.space)
+    if new:
+        say(f"{len(new)} new baseline(s) queued: {', '.join(b.name for b in new)}")
+    if files != began:
+        study.set_user_attr("files", files)
+
+
+def _definition(study_text: str, objective_text: str) -> dict[str, object]:
+    """What every trial of a study shares, keyed as the files name it: the searched space, the fixed flags and
+    environment, the hardware, and the objective's workload and limits. The budget, the sampler, the load search
+    and the baselines may change between runs."""
+    study, objective = tomllib.loads(study_text), tomllib.loads(objective_text)
+    engine = dict(study.get("engine", {}))
+    tables = {"space": study.get("space", {}), "model": study.get("model", {}), "engine.env": engine.pop("env", {}),
+              "engine": engine}
+    out: dict[str, object] = {f"[{table}.{k}]": v for table, items in tables.items() for k, v in items.items()}
+    out |= {"hardware": study.get("hardware", "auto"), "memory_cap_gib": study.get("memory_cap_gib")}
+    out |= {f"the objective's [{table}.{k}]": v for table in ("workload", "limits")
+            for k, v in objective.get(table, {}).items()}
+    return out
+
+
+def _changes(began: dict[str, object], now: dict[str, object]) -> list[str]:
+    """One phrase per key that differs: "[space.max_num_seqs] changed since the study began (high 64 -> 128)"."""
+
+    def show(v: object) -> str:
+        return "(unset)" if v is None else json.dumps(v)
+
+    out = []
+    for key in [*began, *(k for k in now if k not in began)]:
+        old, new = began.get(key), now.get(key)
+        if key not in now:
+            out.append(f"{key} removed since the study began")
+        elif key not in began:
+            out.append(f"{key} added since the study began")
+        elif isinstance(old, dict) and isinstance(new, dict) and old != new:
+            inner = [f"{k} {show(old.get(k))} -> {show(new.get(k))}" for k in [*old, *(k for k in new if k not in old)]
+                     if old.get(k) != new.get(k)]
+            out.append(f"{key} changed since the study began ({', '.join(inner)})")
+        elif old != new:
+            out.append(f"{key} changed since the study began ({show(old)} -> {show(new)})")
+    return out
+
+
 @contextlib.contextmanager
-def _heartbeat(study: optuna.Study, trial: optuna.Trial) -> Iterator[None]:
+def heartbeat(study: optuna.Study, trial: optuna.Trial) -> Iterator[None]:
     """Beat while the trial runs, so other workers (and the next run) can tell a live trial from a dead one."""
     # the storage the study was opened with (RDBStorage, heartbeat-enabled); optuna types the attribute as the base
     storage = cast(BaseHeartbeat, study._storage)

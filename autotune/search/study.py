@@ -21,13 +21,11 @@ from optuna.trial import TrialState
 
 from autotune.config.study_file import StudySpec
 from autotune.engine.flags import Build, detect_build, invalid_reason, value_text
-from autotune.engine.logs import FailureKind
-from autotune.engine.models import model_vocab_size, resolve_model
-from autotune.engine.server import EngineSpec, reap_leftover_servers
+from autotune.engine.server import reap_leftover_servers
 from autotune.errors import EngineError, SpecError
 from autotune.fit import feasibility, memcap
 from autotune.fit.hardware import GpuProfile, detect_gpus
-from autotune.measure.trial import LevelOutcome, TrialPlan, TrialResult, run_trial
+from autotune.measure.trial import LevelOutcome, TrialResult, configured, plan_trial, run_trial
 from autotune.search import record, remeasure, tell
 from autotune.search.budget import Budget
 from autotune.search.record import BASELINE_ATTR, save_trial_note, trial_baseline
@@ -35,16 +33,14 @@ from autotune.search.remeasure import best_trial
 from autotune.search.samplers import make_pruner, make_sampler
 from autotune.search.space import EngineConfig, engine_config, enqueue_baseline, suggest
 from autotune.search.storage import (
-    _heartbeat,
     attach_log,
     default_storage,
+    heartbeat,
     open_artifact_store,
     open_storage,
+    resume,
 )
 from autotune.units import GiB, format_gib
-
-INTERRUPTED = "interrupted by the user"
-
 
 MAX_REJECTED_IN_A_ROW = 200
 
@@ -105,68 +101,10 @@ def open_study(spec: StudySpec, storage_url: str | None = None,
         for baseline in spec.baselines:
             enqueue_baseline(study, baseline, spec.space)
     else:
-        _resume(spec, study, files, say)
+        resume(spec, study, files, say)
     optuna.storages.fail_stale_trials(study)
     _queue_unmeasured_baselines(study, spec)
     return study
-
-
-def _resume(spec: StudySpec, study: optuna.Study, files: dict[str, str], say: Callable[[str], None]) -> None:
-    began = study.user_attrs.get("files")
-    if not began:  # made before studies kept their files: nothing to compare with
-        study.set_user_attr("files", files)
-        return
-    changes = _changes(_definition(began["study"], began["objective"]), _definition(files["study"], files["objective"]))
-    if changes:
-        raise SpecError(str(spec.path), None, "; ".join(changes) + ": start a new study (another `name`; "
-                        "`--from-study` begins it with this one's best) or restore the file")
-    queued = tomllib.loads(began["study"]).get("baselines", [])
-    # strict=False: files["study"] is the file read again after spec was loaded from it, not the same read
-    new = [b for raw, b in zip(tomllib.loads(files["study"]).get("baselines", []), spec.baselines, strict=False)
-           if raw not in queued]
-    for baseline in new:
-        enqueue_baseline(study, baseline, spec.space)
-    if new:
-        say(f"{len(new)} new baseline(s) queued: {', '.join(b.name for b in new)}")
-    if files != began:
-        study.set_user_attr("files", files)
-
-
-def _definition(study_text: str, objective_text: str) -> dict[str, object]:
-    """What every trial of a study shares, keyed as the files name it: the searched space, the fixed flags and
-    environment, the hardware, and the objective's workload and limits. The budget, the sampler, the load search
-    and the baselines may change between runs."""
-    study, objective = tomllib.loads(study_text), tomllib.loads(objective_text)
-    engine = dict(study.get("engine", {}))
-    tables = {"space": study.get("space", {}), "model": study.get("model", {}), "engine.env": engine.pop("env", {}),
-              "engine": engine}
-    out: dict[str, object] = {f"[{table}.{k}]": v for table, items in tables.items() for k, v in items.items()}
-    out |= {"hardware": study.get("hardware", "auto"), "memory_cap_gib": study.get("memory_cap_gib")}
-    out |= {f"the objective's [{table}.{k}]": v for table in ("workload", "limits")
-            for k, v in objective.get(table, {}).items()}
-    return out
-
-
-def _changes(began: dict[str, object], now: dict[str, object]) -> list[str]:
-    """One phrase per key that differs: "[space.max_num_seqs] changed since the study began (high 64 -> 128)"."""
-
-    def show(v: object) -> str:
-        return "(unset)" if v is None else json.dumps(v)
-
-    out = []
-    for key in [*began, *(k for k in now if k not in began)]:
-        old, new = began.get(key), now.get(key)
-        if key not in now:
-            out.append(f"{key} removed since the study began")
-        elif key not in began:
-            out.append(f"{key} added since the study began")
-        elif isinstance(old, dict) and isinstance(new, dict) and old != new:
-            inner = [f"{k} {show(old.get(k))} -> {show(new.get(k))}" for k in [*old, *(k for k in new if k not in old)]
-                     if old.get(k) != new.get(k)]
-            out.append(f"{key} changed since the study began ({', '.join(inner)})")
-        elif old != new:
-            out.append(f"{key} changed since the study began ({show(old)} -> {show(new)})")
-    return out
 
 
 def check_inputs(spec: StudySpec) -> None:
@@ -176,7 +114,7 @@ def check_inputs(spec: StudySpec) -> None:
     from autotune.config import study_file
     from autotune.engine import flags as engine_flags
     from autotune.engine.flags import MODEL
-    from autotune.errors import ModelUnavailable, SpecError
+    from autotune.errors import ModelUnavailable
 
     engine_flags.check(study_file.study_flag_names(spec))
     engine_flags.check_values(study_file.study_flag_values(spec))
@@ -362,8 +300,7 @@ def _one_trial(run: _Run, slot: Slot) -> TrialResult | None:
     baseline = trial_baseline(trial)
     params = suggest(trial, spec.space)
     config = engine_config(spec, params, baseline=baseline)
-    model_path, model_defaults = resolve_model(config.model)
-    flags = {**model_defaults, **config.flags}
+    model_path, flags = configured(config.model, config.flags)
     for key, value in record.config_attrs(model_path, flags, spec.env).items():
         trial.set_user_attr(key, value)
     label = ((trial.user_attrs.get("baseline") or {}).get("name")
@@ -385,17 +322,12 @@ def _one_trial(run: _Run, slot: Slot) -> TrialResult | None:
     if run.profile.kind == "cuda":
         _check_gpu_free(run, trial, slot)
 
-    engine_flags = flags
-    if spec.memory_cap is not None:
-        engine_flags = memcap.engine_flags(flags, spec.memory_cap, run.real_profile)
-        trial.set_user_attr("engine_flags", json.dumps(engine_flags, sort_keys=True))
     log_path = run.artifacts_dir / f"trial-{trial.number:04d}.log"
-    plan = TrialPlan(
-        EngineSpec(model=model_path, flags=engine_flags, env=spec.env,
-                   boot_timeout_s=max(1.0, min(spec.boot_timeout_s, run.budget.remaining())),
-                   cuda_visible_devices=slot.cuda_visible_devices),
-        spec.objective, model_vocab_size(model_path), log_path, slot.gpu_indices,
-    )
+    plan = plan_trial(model_path, flags, spec.objective, log_path, env=spec.env,
+                      boot_timeout_s=max(1.0, min(spec.boot_timeout_s, run.budget.remaining())),
+                      gpu_indices=slot.gpu_indices, memory_cap=spec.memory_cap, real_gpu=run.real_profile)
+    if spec.memory_cap is not None:
+        trial.set_user_attr("engine_flags", json.dumps(plan.engine.flags, sort_keys=True))
 
     passing: list[float] = []
 
@@ -404,7 +336,7 @@ def _one_trial(run: _Run, slot: Slot) -> TrialResult | None:
             passing.append(level.stats.output_tok_s)
         trial.report(max(passing, default=0.0), step)  # best passing throughput so far, per load level
         if run.stop.is_set():
-            return INTERRUPTED
+            return tell.INTERRUPTED
         if run.budget.remaining() <= 0:
             return "stopped at the end of the time budget"
         if trial.should_prune():
@@ -412,23 +344,22 @@ def _one_trial(run: _Run, slot: Slot) -> TrialResult | None:
         return None
 
     try:
-        with _heartbeat(study, trial):
+        with heartbeat(study, trial):
             result = run_trial(plan, on_level=on_level, on_stage=lambda text: run.progress.stage(trial.number, text),
                                cancel=run.stop)
     except EngineError as e:
         attach_log(study, trial, log_path, run.store)
-        tell.tell_failed(study, trial, str(e))
+        tell.tell_engine_error(study, trial, e)
         run.ended(trial, TrialState.FAIL, str(e))
         raise
     attach_log(study, trial, log_path, run.store)  # before the tell: Optuna refuses artifacts on finished trials
     if run.stop.is_set():  # whatever the trial saw after Ctrl-C says nothing about the configuration
-        tell.tell_failed(study, trial, INTERRUPTED)
+        tell.tell_interrupted(study, trial)
         run.ended(trial, TrialState.FAIL, "interrupted")
         return result
     state = tell.tell_result(study, trial, result)
     run.ended(trial, state, _summary(result))
-    if result.failure is not None and result.failure.kind is FailureKind.MODEL_NOT_FOUND:
-        raise EngineError(f"model {config.model!r} not found: {result.failure.reason}")
+    tell.abort_if_model_missing(result, config.model)
     return result
 
 
@@ -445,10 +376,9 @@ def _check_gpu_free(run: _Run, trial: optuna.Trial, slot: Slot, wait_s: float = 
             return
         if time.monotonic() > deadline:
             what = ", ".join(f"GPU {g.index}: {format_gib(g.used_bytes, 1)} in use" for g in busy)
-            tell.tell_failed(run.study, trial, f"GPU memory held by another process ({what})")
+            error = tell.tell_gpu_busy(run.study, trial, what)
             run.ended(trial, TrialState.FAIL, "GPU busy")
-            raise EngineError(f"GPU memory is held by another process before trial {trial.number} ({what}); "
-                              "free the GPU and run the same command again to resume")
+            raise error
         run.progress.stage(trial.number, "waiting for GPU memory to be released")
         time.sleep(2)
 

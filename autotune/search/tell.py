@@ -1,10 +1,27 @@
-"""The one place where a trial's result becomes an Optuna outcome.
+"""The one place where a trial's ending becomes an Optuna outcome: its state, its constraints, its reason.
 
 Optuna's samplers learn from COMPLETE (and TPE from PRUNED) trials and ignore FAIL ones, so a configuration that
 runs out of memory, cannot meet the latency limits or does not boot with its flags is a COMPLETE trial with a
-violated constraint (value > 0), never a bare FAIL. FAIL is kept for what says nothing about the configuration:
-another process holding the memory, a port conflict, the tuner being stopped, the server killed by a
-signal autotune did not send.
+violated constraint (value > 0), never a bare FAIL. FAIL is kept for what says nothing about the configuration.
+
+    ending                       function             state      constraint (> 0 violated)  status
+    refused before boot          tell_rejected        COMPLETE   boots=1 (vLLM would refuse) infeasible
+                                                                 memory=excess GiB (no fit)
+    out of memory                tell_result          COMPLETE   memory=1                   infeasible
+    missed the limits            tell_result          COMPLETE   latency=worst p95/limit-1  infeasible
+    failed to boot for its flags tell_result          COMPLETE   boots=1                    failed
+    unresponsive (hung, timeout) tell_result          COMPLETE   boots=1                    failed
+    pruned                       tell_result          PRUNED     latency=0 or 1             stopped
+    stopped at the budget's end  tell_result          FAIL       -                          stopped
+    interrupted (Ctrl-C)         tell_interrupted     FAIL       -                          failed
+    GPU busy (before boot)       tell_gpu_busy        FAIL       -                          failed
+    memory held, port in use,    tell_result          FAIL       -                          failed
+      model not found, killed from outside
+    the machine or setup failed  tell_engine_error    FAIL       -                          failed
+    re-measured                  any of the above; the trial carries remeasure_of (search/remeasure.py)
+
+A missing model (abort_if_model_missing) and a busy GPU end the run after the tell: every other trial would end
+the same way.
 """
 
 from __future__ import annotations
@@ -13,6 +30,7 @@ import optuna
 from optuna.trial import TrialState
 
 from autotune.engine.logs import FailureKind
+from autotune.errors import EngineError
 from autotune.measure.trial import TrialResult
 from autotune.search.record import result_attrs
 
@@ -30,6 +48,9 @@ CONSTRAINTS = (MEMORY, LATENCY, BOOTS)
 
 
 PRUNED = "pruned: throughput clearly below the other trials' at the same load level"
+
+
+INTERRUPTED = "interrupted by the user"
 
 
 _NOT_THE_CONFIGS_FAULT = (FailureKind.MEMORY_HELD, FailureKind.PORT_IN_USE, FailureKind.MODEL_NOT_FOUND,
@@ -81,7 +102,31 @@ def tell_rejected(study: optuna.Study, trial: optuna.Trial, reason: str, *, memo
     study.tell(trial, 0.0, state=TrialState.COMPLETE)
 
 
-def tell_failed(study: optuna.Study, trial: optuna.Trial, reason: str) -> None:
+def tell_interrupted(study: optuna.Study, trial: optuna.Trial) -> None:
+    """Ctrl-C: whatever the trial saw after it says nothing about the configuration; it is measured on resume."""
+    _tell_fail(study, trial, INTERRUPTED)
+
+
+def tell_gpu_busy(study: optuna.Study, trial: optuna.Trial, held: str) -> EngineError:
+    """Another process holds GPU memory before boot; returns the error that stops the run (raised by the caller
+    once the trial's ending is shown)."""
+    _tell_fail(study, trial, f"GPU memory held by another process ({held})")
+    return EngineError(f"GPU memory is held by another process before trial {trial.number} ({held}); "
+                       "free the GPU and run the same command again to resume")
+
+
+def tell_engine_error(study: optuna.Study, trial: optuna.Trial, error: EngineError) -> None:
+    """The machine or the setup failed mid-trial (not the configuration); the caller re-raises and the run stops."""
+    _tell_fail(study, trial, str(error))
+
+
+def abort_if_model_missing(result: TrialResult, model: str) -> None:
+    """A model that cannot be found fails every trial alike: stop the run instead (after the trial is told)."""
+    if result.failure is not None and result.failure.kind is FailureKind.MODEL_NOT_FOUND:
+        raise EngineError(f"model {model!r} not found: {result.failure.reason}")
+
+
+def _tell_fail(study: optuna.Study, trial: optuna.Trial, reason: str) -> None:
     trial.set_user_attr("status", "failed")
     trial.set_user_attr("reason", reason)
     study.tell(trial, state=TrialState.FAIL)

@@ -25,7 +25,8 @@ from processes import group_gone, vllm_processes, within
 from autotune.config.study_file import load_study
 from autotune.engine import server
 from autotune.search.budget import Budget
-from autotune.search.study import INTERRUPTED, NoProgress, run_study
+from autotune.search.study import NoProgress, run_study
+from autotune.search.tell import INTERRUPTED
 
 ROOT = Path(__file__).resolve().parents[2]
 QUICK = ROOT / "tests" / "data" / "quick"

@@ -16,6 +16,7 @@ from autotune.cli import main
 from autotune.config.study_file import load_study
 from autotune.engine.logs import BootInfo, Failure, FailureKind
 from autotune.engine.server import EngineSpec, server_env
+from autotune.errors import EngineError
 from autotune.measure.client import LoadLevel
 from autotune.measure.stats import LevelStats, Limits, Percentiles, Verdict
 from autotune.measure.trial import LevelOutcome, TrialResult
@@ -24,7 +25,7 @@ from autotune.search.budget import Budget
 from autotune.search.record import feasible, trial_baseline
 from autotune.search.remeasure import best_trial
 from autotune.search.space import suggest
-from autotune.search.study import INTERRUPTED, open_study
+from autotune.search.study import open_study
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -99,14 +100,15 @@ def test_a_stale_baseline_outside_the_space_is_retried_as_it_was(spec) -> None:
 def test_a_baseline_that_failed_through_no_fault_of_its_own_is_measured_when_the_study_resumes(spec) -> None:
     study = open_study(spec)
     interrupted = study.ask()
-    tell.tell_failed(study, interrupted, INTERRUPTED)
+    tell.tell_interrupted(study, interrupted)
     study = open_study(spec)  # resumed: vllm-defaults has no measurement, so it is queued once more
     waiting = [t.user_attrs["baseline"]["name"] for t in study.trials if t.state == TrialState.WAITING]
     assert waiting == ["recipe", "vllm-defaults"]
     assert told(study, ok_result(500.0)) == TrialState.COMPLETE  # recipe
     killed = study.ask()
     assert killed.user_attrs["baseline"]["name"] == "vllm-defaults"
-    tell.tell_failed(study, killed, "the tuner was killed")  # failed a second time, through no fault of its own
+    # failed a second time, through no fault of its own
+    tell.tell_engine_error(study, killed, EngineError("the tuner was killed"))
     study = open_study(spec)
     waiting = [t.user_attrs["baseline"]["name"] for t in study.trials if t.state == TrialState.WAITING]
     assert waiting == ["vllm-defaults"]
