@@ -159,59 +159,6 @@ study_option = click.option("--study", default=None,
 storage_option = click.option("--storage", default=None, help="Optuna storage URL (default: sqlite:///studies/NAME.db).")
 
 
-def _slots(workers: int | None, gpus: str | None):
-    from autotune.search.study import Slot
-
-    if workers is not None and gpus is not None:
-        raise SpecError("--workers", None, "give --workers (CPU build) or --gpus (one trial per GPU), not both")
-    if gpus is not None:
-        try:
-            indices = [int(g) for g in gpus.split(",") if g.strip()]
-        except ValueError:
-            raise SpecError("--gpus", gpus, "expected GPU indices such as 0,1,2") from None
-        if not indices or len(set(indices)) != len(indices):
-            raise SpecError("--gpus", gpus, "expected distinct GPU indices such as 0,1,2")
-        return tuple(Slot(str(i), (i,)) for i in indices)
-    if workers is not None and workers < 1:
-        raise SpecError("--workers", None, f"must be at least 1, got {workers}")
-    return tuple(Slot(str(i)) for i in range(workers or 1))
-
-
-def _check_slots_fit(slots) -> None:
-    """--gpus names GPUs this machine has (the CPU build uses none); --workers runs at most one server per core:
-    more CPU-build servers than cores time-share them, and every figure measured would be the crowd's, not the
-    configuration's."""
-    import os
-
-    from autotune.engine.flags import Build, detect_build
-    from autotune.fit.hardware import detect_gpus
-
-    wanted = [i for slot in slots for i in slot.gpu_indices]
-    if wanted:
-        gpus = ",".join(map(str, wanted))
-        if detect_build() is Build.CPU:
-            raise SpecError("--gpus", gpus, "the installed vLLM is the CPU build, which uses no GPU; use --workers")
-        present = sorted(g.index for g in detect_gpus())
-        if missing := [i for i in wanted if i not in present]:
-            have = f"GPUs {', '.join(map(str, present))}" if present else "no GPU NVML can see"
-            raise SpecError("--gpus", gpus, f"no GPU {', '.join(map(str, missing))} on this machine (it has {have})")
-    elif len(slots) > (cores := len(os.sched_getaffinity(0))):
-        raise SpecError("--workers", str(len(slots)), f"more servers than the {cores} core(s) this process may use; "
-                                                     f"at most --workers {cores}")
-
-
-def _budget(budget: str | None, n_trials: int | None, spec):
-    from autotune.config.toml import parse_duration
-    from autotune.search.budget import Budget
-
-    seconds = parse_duration(budget, "--budget") if budget is not None else spec.time_budget_s
-    if n_trials is not None and n_trials < 1:
-        raise SpecError("--n-trials", None, f"must be at least 1, got {n_trials}")
-    if seconds is None and n_trials is None and spec.max_trials is None:
-        raise SpecError("--budget", None, "give a time budget (e.g. --budget 4h) or --n-trials")
-    return Budget(seconds=seconds, trials=n_trials or spec.max_trials)
-
-
 def _run(spec, plan, storage: str | None, slots) -> None:
     from autotune.search.record import view
     from autotune.search.study import open_study, run_study
@@ -264,18 +211,15 @@ def run(study_file: Path, budget: str | None, n_trials: int | None, storage: str
       autotune run studies/tiny-hybrid-cpu.toml --budget 30m --from-study tiny-cpu \\
           --from-storage sqlite:///studies/tiny-cpu.db
     """
-    from autotune.config.study_file import (
-        check_prompt_tokenizer,
-        load_study,
-        study_models,
-    )
+    from autotune.config.study_file import check_prompt_tokenizer, load_study, study_models
+    from autotune.search.budget import budget_for
+    from autotune.search.slots import check_slots_fit, slots_for
     from autotune.search.study import check_inputs
 
     spec = load_study(study_file)
     check_prompt_tokenizer(spec.objective, study_models(spec))
-    slots = _slots(workers, gpus)
-    _check_slots_fit(slots)
-    plan = _budget(budget, n_trials, spec)
+    slots = check_slots_fit(slots_for(workers, gpus))
+    plan = budget_for(budget, n_trials, spec)
     check_inputs(spec)
     if from_study is not None:
         _warm_start(spec, storage, from_study, from_storage)
@@ -313,14 +257,15 @@ def worker(name: str, storage: str, budget: str | None, n_trials: int | None, wo
       autotune worker --study qwen3.5-27b-rtx3090 --storage postgresql://tuner@db/autotune --budget 4h
     """
     from autotune.config.study_file import check_prompt_tokenizer, study_models
+    from autotune.search.budget import budget_for
+    from autotune.search.slots import check_slots_fit, slots_for
     from autotune.search.storage import spec_from_storage
     from autotune.search.study import check_inputs
 
-    slots = _slots(workers, gpus)
-    _check_slots_fit(slots)
+    slots = check_slots_fit(slots_for(workers, gpus))
     spec = spec_from_storage(name, storage, Path(".autotune-worker") / name)
     check_prompt_tokenizer(spec.objective, study_models(spec))
-    plan = _budget(budget, n_trials, spec)
+    plan = budget_for(budget, n_trials, spec)
     check_inputs(spec)
     _run(spec, plan, storage, slots)
 

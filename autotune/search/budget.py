@@ -10,6 +10,13 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from autotune.config.toml import parse_duration
+from autotune.errors import SpecError
+
+if TYPE_CHECKING:
+    from autotune.config.study_file import StudySpec
 
 Clock = Callable[[], float]
 
@@ -74,3 +81,13 @@ class Budget:
     def record(self, duration_s: float) -> None:
         with self._lock:
             self.durations.append(duration_s)
+
+
+def budget_for(budget: str | None, n_trials: int | None, spec: StudySpec) -> Budget:
+    """The run's budget: --budget (else the study's [budget] time), --n-trials (else the study's), at least one."""
+    seconds = parse_duration(budget, "--budget") if budget is not None else spec.time_budget_s
+    if n_trials is not None and n_trials < 1:
+        raise SpecError("--n-trials", None, f"must be at least 1, got {n_trials}")
+    if seconds is None and n_trials is None and spec.max_trials is None:
+        raise SpecError("--budget", None, "give a time budget (e.g. --budget 4h) or --n-trials")
+    return Budget(seconds=seconds, trials=n_trials or spec.max_trials)

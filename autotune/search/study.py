@@ -31,6 +31,7 @@ from autotune.search.budget import Budget
 from autotune.search.record import BASELINE_ATTR, save_trial_note, trial_baseline
 from autotune.search.remeasure import best_trial
 from autotune.search.samplers import make_pruner, make_sampler
+from autotune.search.slots import Slot
 from autotune.search.space import EngineConfig, engine_config, enqueue_baseline, suggest
 from autotune.search.storage import (
     attach_log,
@@ -141,18 +142,6 @@ def _queue_unmeasured_baselines(study: optuna.Study, spec: StudySpec) -> None:
     for baseline in spec.baselines:
         if baseline.name not in have:
             enqueue_baseline(study, baseline, spec.space)
-
-
-@dataclass(frozen=True)
-class Slot:
-    """Where one trial at a time runs: a GPU (or several, for one server) or, on the CPU build, a share of it."""
-
-    name: str = "0"
-    gpu_indices: tuple[int, ...] = ()
-
-    @property
-    def cuda_visible_devices(self) -> str | None:
-        return ",".join(map(str, self.gpu_indices)) if self.gpu_indices else None
 
 
 @dataclass

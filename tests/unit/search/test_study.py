@@ -255,7 +255,7 @@ def test_run_rejects_bad_slot_options_with_one_line_and_exit_2(spec, args, fragm
 
 
 def test_gpus_give_one_slot_per_gpu_each_server_confined_to_its_own() -> None:
-    from autotune.cli import _slots
+    from autotune.search.slots import slots_for as _slots
 
     slots = _slots(None, "2,0")
     assert [(s.name, s.gpu_indices, s.cuda_visible_devices) for s in slots] == [("2", (2,), "2"), ("0", (0,), "0")]
