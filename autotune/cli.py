@@ -307,43 +307,12 @@ def export(study: str | None, storage: str | None, fmt: str, max_vram: float | N
       autotune export --format flags
       autotune export --study tiny-cpu --format yaml > best.yaml && vllm serve --config best.yaml
     """
-    from autotune.engine.flags import serve_command
-    from autotune.errors import AutotuneError
-    from autotune.search.record import view
-    from autotune.search.remeasure import best_trial
-    from autotune.show.export import to_json, to_yaml
+    from autotune.show.export import export_winner
 
-    s = _load_study(study, storage)
-    if max_vram is not None and not any(v.memory_source == "nvml" for v in map(view, s.trials)):
-        raise SpecError("--max-vram", None, "this study's peaks are host memory (RSS of the server's processes, the "
-                        "CPU build), not GPU memory: nothing to filter on")
-
-    def keep(t) -> bool:
-        v = view(t)
-        vram = v.peak_memory_gib if v.memory_source == "nvml" and v.peak_memory_gib is not None else float("inf")
-        ttft = v.ttft_p95_ms if v.figures_recorded and v.ttft_p95_ms is not None else float("inf")
-        return (max_vram is None or vram <= max_vram) and (max_p95_ttft_ms is None or ttft <= max_p95_ttft_ms)
-
-    best = best_trial(s, keep)
-    if best is None:
-        raise AutotuneError(f"study {s.study_name}: no feasible trial" + (" within the filters" if
-                            max_vram is not None or max_p95_ttft_ms is not None else ""))
-    winner = view(best.trial)
-    model, flags, env = winner.model, winner.flags, winner.env
-    assert model is not None and flags is not None, "a measured trial records its model and flags (config_attrs)"
+    text, best = export_winner(_load_study(study, storage), fmt, max_vram, max_p95_ttft_ms)
     if fmt == "flags":
-        click.echo(f"# best: {best.text}", err=True)  # stdout stays a command to paste or capture
-        click.echo(serve_command(model, flags, env))
-    elif fmt == "yaml":
-        click.echo(f"# best: {best.text}\n" + to_yaml(flags, model=model, env=env), nl=False)
-    else:
-        # The first measurement's figures (latencies, memory, ...), with the throughput every reader gives.
-        metrics: dict[str, object] = dict(winner.figures)
-        metrics["output_tok_s"] = round(best.figure, 1)
-        metrics["best"] = f"best: {best.text}"
-        metrics["measurements"] = [{"trial": m.trial, "output_tok_s": m.output_tok_s,
-                                    "met_limits": m.output_tok_s is not None} for m in best.measurements]
-        click.echo(to_json(model, flags, {"trial": winner.number, **metrics}, env))
+        click.echo(f"# {best}", err=True)  # stdout stays a command to paste or capture
+    click.echo(text, nl=False)
 
 
 @main.command()
@@ -364,28 +333,18 @@ def estimate(study_file: Path | None, model: str | None, hardware: str | None, s
     from autotune.config.study_file import load_study
     from autotune.engine.flags import Build, detect_build
     from autotune.fit import feasibility
-    from autotune.measure.trial import configured
-    from autotune.search.study import preview_configs
+    from autotune.search.study import preview_estimates
     from autotune.show.tables import breakdown_table, estimates_table
 
     if (study_file is None) == (model is None):
         raise SpecError("estimate", None, "give either a study file or --model")
-    cpu_build = detect_build() is Build.CPU
     if study_file is not None:
         spec = load_study(study_file)
-        profile = feasibility.resolve_profile(hardware or spec.hardware, cpu_build)
-        if spec.memory_cap is not None:
-            from autotune.fit import memcap
-
-            profile = memcap.capped_profile(profile, spec.memory_cap)
-        rows = []
-        for label, config in preview_configs(spec, samples):
-            path, flags = configured(config.model, config.flags)
-            rows.append((label, config.model, flags, feasibility.judge(path, profile, flags, spec.env)))
+        profile, rows = preview_estimates(spec, hardware, samples)
         console.print(estimates_table(rows, title=f"{spec.name} on {profile.name}: predicted before any boot"))
     else:
         assert model is not None  # exactly one of study_file and model, checked above
-        profile = feasibility.resolve_profile(hardware or "auto", cpu_build)
+        profile = feasibility.resolve_profile(hardware or "auto", detect_build() is Build.CPU)
         path, flags = _configured_model_option(model, sets)
         verdict = feasibility.judge(path, profile, flags, {})
         console.print(breakdown_table(verdict.estimate, title=f"{model} on {profile.name}"))

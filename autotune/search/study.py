@@ -280,6 +280,19 @@ def preview_configs(spec: StudySpec, n: int, seed: int = 0) -> list[tuple[str, E
     return out
 
 
+def preview_estimates(spec: StudySpec, hardware: str | None, samples: int) -> tuple[GpuProfile, list[tuple]]:
+    """`autotune estimate STUDY`: the card the study plans with (capped when it has a memory cap) and, for the
+    baselines and `samples` sampled configurations, (label, model, flags, memory verdict)."""
+    profile = feasibility.resolve_profile(hardware or spec.hardware, detect_build() is Build.CPU)
+    if spec.memory_cap is not None:
+        profile = memcap.capped_profile(profile, spec.memory_cap)
+    rows = []
+    for label, config in preview_configs(spec, samples):
+        path, flags = configured(config.model, config.flags)
+        rows.append((label, config.model, flags, feasibility.judge(path, profile, flags, spec.env)))
+    return profile, rows
+
+
 def _one_trial(run: _Run, slot: Slot) -> TrialResult | None:
     """Ask, judge before boot, boot and measure, tell. None when the configuration was refused before boot."""
     spec, study = run.spec, run.study

@@ -43,12 +43,21 @@ def marked_environment():
         yield
 
 
+GROUPS: set[int] = set()  # process groups of this suite's API servers, remembered after they are gone
+
+
 def ours() -> list[psutil.Process]:
-    """The vLLM processes this suite started, alive or orphaned."""
-    found = []
-    for p in vllm_processes():
+    """The vLLM processes this suite started, alive or orphaned. An API server carries the suite's mark in its
+    environment; its engine core does not show it (vLLM's setproctitle overwrites the environment block that
+    /proc/PID/environ reads), so a core is ours by its process group, which autotune gives each server."""
+    candidates, found = vllm_processes(), []
+    for p in candidates:
         with contextlib.suppress(psutil.Error):
             if p.environ().get(RUN_MARK[0]) == RUN_MARK[1]:
+                GROUPS.add(os.getpgid(p.pid))
+    for p in candidates:
+        with contextlib.suppress(psutil.Error, ProcessLookupError):
+            if os.getpgid(p.pid) in GROUPS:
                 found.append(p)
     return found
 
