@@ -99,12 +99,10 @@ def open_study(spec: StudySpec, storage_url: str | None = None,
         study.set_user_attr("hardware", spec.hardware)
         study.set_user_attr("study_file", str(spec.path))
         study.set_user_attr("files", files)  # so that `autotune worker` on another host needs only the storage URL
-        for baseline in spec.baselines:
-            enqueue_baseline(study, baseline, spec.space)
     else:
         resume(spec, study, files, say)
     optuna.storages.fail_stale_trials(study)
-    _queue_unmeasured_baselines(study, spec)
+    _queue_unmeasured_baselines(study, spec)  # a new study's baselines too: none is measured yet
     return study
 
 
