@@ -110,6 +110,9 @@ class Estimate:
     blocks_per_request: int = 0
     max_model_len: int = 0
     max_model_len_fit: int = 0  # the longest max_model_len whose one request fits (vLLM's own estimate)
+    # What this configuration asks for that the model does not cover (a checkpoint format, a cache dtype): such a
+    # configuration is booted to learn, never refused on a guess.
+    not_modelled: tuple[str, ...] = ()
 
 
 def estimate(
