@@ -82,6 +82,20 @@ def classify_line(line: str) -> FailureKind | None:
     return None
 
 
+def watch_line(known: FailureKind | None, line: str) -> FailureKind | None:
+    """The failure kind a log line newly proves, given the one already known (None: nothing new), as the
+    server's log reader keeps it. The first specific cause wins; the generic engine-died wrapper is only
+    provisional: vLLM logs "EngineCore encountered a fatal error" (v1/engine/core.py, logger.exception) before
+    the traceback whose last line names the cause, e.g. "torch.OutOfMemoryError: CUDA out of memory" under load,
+    which then replaces it."""
+    if known is not None and known is not FailureKind.CRASH:
+        return None
+    kind = classify_line(line)
+    if kind is None and known is None and _ENGINE_DIED.search(line):
+        return FailureKind.CRASH
+    return kind
+
+
 @overload
 def classify_log(lines: list[str], *, exited: Literal[True] = True) -> Failure: ...
 @overload

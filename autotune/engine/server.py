@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
 
+from autotune.engine.compile_cache import cache_env
 from autotune.engine.flags import CACHE_DIR, Build, detect_build, to_argv
 from autotune.engine.logs import (
     _ENGINE_DIED,
@@ -33,9 +34,9 @@ from autotune.engine.logs import (
     FailureKind,
     _excerpt,
     _reason,
-    classify_line,
     classify_log,
     parse_boot_info,
+    watch_line,
 )
 from autotune.errors import EngineError
 
@@ -63,9 +64,11 @@ class BootFailed(Exception):
 
 
 def server_env(spec: EngineSpec, base: Mapping[str, str]) -> dict[str, str]:
-    """The server's environment. A slot's GPUs are named by NVML index (what autotune samples and nvidia-smi
-    shows); CUDA numbers devices fastest first unless told PCI bus order, so it is told."""
-    env = {**base, **spec.env, "PYTHONUNBUFFERED": "1"}
+    """The server's environment. vLLM's caches go to the one autotune cache (compile_cache.cache_env: a boot that
+    finds its compiled graphs there is warm) unless the shell or [engine.env] names its own. A slot's GPUs are
+    named by NVML index (what autotune samples and nvidia-smi shows); CUDA numbers devices fastest first unless
+    told PCI bus order, so it is told."""
+    env = {**cache_env(), **base, **spec.env, "PYTHONUNBUFFERED": "1"}
     if spec.cuda_visible_devices is not None:
         env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
         env["CUDA_VISIBLE_DEVICES"] = spec.cuda_visible_devices
@@ -167,6 +170,12 @@ class Server:
 
     def died(self) -> Failure | None:
         """After boot: a failure seen in the log, or the process gone (e.g. killed or out of memory under load)."""
+        if self.failure is not None and self.failure.kind is FailureKind.CRASH and self._proc is not None:
+            # "engine died" comes before the traceback that names its cause: let the server finish writing it.
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self._proc.wait(timeout=10)
+            if self._reader is not None:
+                self._reader.join(timeout=5)
         if self.failure is not None:
             return self.failure
         if self._proc is not None and self._proc.poll() is not None:
@@ -225,14 +234,14 @@ class Server:
                         self.log_error = f"server log incomplete: {e.strerror or e}"
                 line = line.rstrip("\n")
                 self.lines.append(line)
-                if self.failure is None:
-                    # The engine dying under load is a failure too, even while the API process lives on.
-                    kind = classify_line(line) or (FailureKind.CRASH if _ENGINE_DIED.search(line) else None)
-                    if kind is not None:
-                        self.failure = Failure(kind, _reason(kind, line),
-                                               _excerpt(list(self.lines), len(self.lines) - 1))
+                # The engine dying under load is a failure too, even while the API process lives on; its
+                # traceback's cause (out of memory, ...) replaces the generic "engine died" line before it.
+                kind = watch_line(self.failure.kind if self.failure else None, line)
+                if kind is not None:
+                    self.failure = Failure(kind, _reason(kind, line), _excerpt(list(self.lines), len(self.lines) - 1))
+                    if self.failure_seen_at is None:
                         self.failure_seen_at = time.monotonic()
-                        self._failure_event.set()
+                    self._failure_event.set()
 
 
 @contextlib.contextmanager

@@ -11,6 +11,7 @@ from autotune.engine.logs import (
     classify_line,
     classify_log,
     parse_boot_info,
+    watch_line,
 )
 
 LOGS = Path(__file__).parents[2] / "data" / "logs"
@@ -71,3 +72,39 @@ def test_an_exit_without_a_known_cause_is_a_crash_with_the_last_lines() -> None:
     failure = classify_log(["starting", "Segmentation fault (core dumped)"])
     assert failure is not None and failure.kind is FailureKind.CRASH
     assert "Segmentation fault" in failure.excerpt
+
+
+# A vLLM v1 engine that ran out of memory under load, as a 24 GiB card printed it: lines of the log posted in
+# https://github.com/noonghunna/club-3090/issues/58 (the API server's EngineDeadError first, then the engine
+# core's traceback, whose last line is the issue's title) and the logger.exception line
+# "EngineCore encountered a fatal error." that vllm/v1/engine/core.py (0.25.0: line 1233) writes before it.
+RUNTIME_OOM = [
+    "(APIServer pid=1) INFO 05-05 12:36:41 [loggers.py:259] Engine 000: Avg prompt throughput: 0.0 tokens/s",
+    "(EngineCore pid=104) ERROR 05-05 12:36:59 [core.py:1138] EngineCore encountered a fatal error.",
+    "(APIServer pid=1) ERROR 05-05 12:36:59 [serving.py:1173] vllm.v1.engine.exceptions.EngineDeadError: "
+    "EngineCore encountered an issue. See stack trace (above) for the root cause.",
+    "(EngineCore pid=104) Process EngineCore:",
+    "(EngineCore pid=104) Traceback (most recent call last):",
+    '(EngineCore pid=104)   File "/usr/local/lib/python3.12/dist-packages/vllm/v1/engine/core.py", line 1170, '
+    "in run_busy_loop",
+    "(EngineCore pid=104)     self._process_engine_step()",
+    "(EngineCore pid=104) torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 50.00 MiB. GPU 0 has a "
+    "total capacity of 23.56 GiB of which 56.88 MiB is free.",
+]
+
+
+def test_an_engine_that_dies_of_out_of_memory_under_load_is_a_memory_failure() -> None:
+    # As the server's log reader keeps it, line by line: the "engine died" line first, then its cause.
+    known = None
+    for line in RUNTIME_OOM:
+        known = watch_line(known, line) or known
+    assert known is FailureKind.OUT_OF_MEMORY and known.is_memory
+    assert classify_log(RUNTIME_OOM).kind is FailureKind.OUT_OF_MEMORY
+
+
+def test_an_engine_death_without_a_known_cause_stays_a_crash_and_the_first_cause_wins() -> None:
+    known = None
+    for line in RUNTIME_OOM[:-1]:
+        known = watch_line(known, line) or known
+    assert known is FailureKind.CRASH
+    assert watch_line(FailureKind.KV_CACHE_TOO_SMALL, RUNTIME_OOM[-1]) is None

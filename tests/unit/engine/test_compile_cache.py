@@ -1,0 +1,113 @@
+"""vLLM's compile cache across trials, against the real CUDA boots of tests/data/gpu-boots (vLLM 0.25.0) and the
+installed vLLM's source."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from autotune.engine.compile_cache import (
+    COMPILE_CACHE_DIR,
+    boot_again_warm,
+    compile_cache_state,
+    max_num_seqs_in_compile_key,
+    pin_keeps_compile_key,
+    pinned_capture_size,
+    scheduler_hash_has_max_num_seqs,
+    with_capture_size,
+)
+from autotune.engine.flags import CACHE_DIR, Build, detect_build
+from autotune.engine.logs import FailureKind, classify_log
+from autotune.engine.server import EngineSpec, server_env
+
+DATA = Path(__file__).parents[2] / "data"
+BOOTS = json.loads((DATA / "gpu-boots" / "boots.json").read_text())["boots"]
+
+
+def lines(path: Path) -> list[str]:
+    return path.read_text().splitlines()
+
+
+@pytest.mark.parametrize("boot", BOOTS, ids=[b["name"] for b in BOOTS])
+def test_cold_and_warm_are_read_from_every_real_cuda_boot(boot: dict) -> None:
+    assert compile_cache_state(lines(DATA / "gpu-boots" / boot["log"])) == boot["cache"]["state"]
+
+
+def test_an_eager_boot_says_neither() -> None:
+    for log in sorted((DATA / "logs").glob("*.log")):  # the CPU build runs the tiny models eager
+        assert compile_cache_state(lines(log)) is None, log.name
+
+
+def test_the_cold_recipe_failure_is_booted_again_and_warm_failures_are_not() -> None:
+    cold = lines(DATA / "gpu-boots" / "a-s48-b8192-l8192-cold.log")
+    failure = classify_log(cold)
+    assert failure.kind is FailureKind.TOO_MANY_SEQS_FOR_STATE and "(34)" in failure.reason
+    assert boot_again_warm(failure, cold)
+    # The same flags warm at a lower utilization, and 128 seqs warm: memory failures that stand.
+    for name in ("a-s48-b8192-l8192-util090.log", "a-s128-b8192-l8192-cg96.log"):
+        warm = lines(DATA / "gpu-boots" / name)
+        assert classify_log(warm).kind.is_memory
+        assert not boot_again_warm(classify_log(warm), warm), name
+
+
+def test_a_cold_failure_that_is_not_memory_is_not_booted_again() -> None:
+    cold = lines(DATA / "gpu-boots" / "a-s48-b8192-l8192-cold.log")
+    port = classify_log(["ERROR [api_server.py] OSError: [Errno 98] Address already in use"])
+    assert port.kind is FailureKind.PORT_IN_USE
+    assert not boot_again_warm(port, cold)
+
+
+def test_every_server_shares_the_autotune_cache_unless_the_user_names_one() -> None:
+    env = server_env(EngineSpec("m"), {"PATH": "/usr/bin"})
+    assert env["VLLM_CACHE_ROOT"] == str(COMPILE_CACHE_DIR)
+    assert Path(env["TRITON_CACHE_DIR"]).parent == COMPILE_CACHE_DIR
+    assert COMPILE_CACHE_DIR.parent == CACHE_DIR
+    assert server_env(EngineSpec("m", env={"VLLM_CACHE_ROOT": "/mine"}), {})["VLLM_CACHE_ROOT"] == "/mine"
+    assert server_env(EngineSpec("m"), {"VLLM_CACHE_ROOT": "/shell"})["VLLM_CACHE_ROOT"] == "/shell"
+
+
+# vllm/config/scheduler.py:SchedulerConfig.compute_hash of vLLM 0.25.0 (CUDA wheel), comments left out.
+SCHEDULER_HASH_0_25 = '''
+    def compute_hash(self) -> str:
+        factors: list[Any] = []
+        factors.append(self.max_num_batched_tokens)
+        hash_str = safe_hash(str(factors).encode(), usedforsecurity=False).hexdigest()
+        return hash_str
+
+    @field_validator("scheduler_cls", "async_scheduling", mode="wrap")
+    @classmethod
+    def _skip_none_validation(cls, value: Any, handler: Callable) -> Any:
+        return None if value is None else handler(value)
+'''
+
+
+def test_max_num_seqs_in_the_key_is_read_from_vllm_source() -> None:
+    assert not scheduler_hash_has_max_num_seqs(SCHEDULER_HASH_0_25)
+    assert scheduler_hash_has_max_num_seqs(SCHEDULER_HASH_0_25.replace(
+        "factors.append(self.max_num_batched_tokens)",
+        "factors.append(self.max_num_batched_tokens)\n        factors.append(self.max_num_seqs)"))
+    # The installed vLLM 0.32.0 (CPU build) hashes max_num_seqs itself: a pinned capture size keeps nothing.
+    assert max_num_seqs_in_compile_key()
+    assert not pin_keeps_compile_key()
+
+
+def test_the_pin_is_vllms_default_for_the_largest_max_num_seqs() -> None:
+    # config/vllm.py:_set_cudagraph_sizes: min(max_num_seqs x (1 + speculative tokens) x 2, 512)
+    assert pinned_capture_size(48) == 96
+    assert pinned_capture_size(64) == 128
+    assert pinned_capture_size(64, num_speculative_tokens=1) == 256
+    assert pinned_capture_size(1024) == 512
+    assert with_capture_size({"max_num_seqs": 8}, 96) == {"max_num_seqs": 8, "max_cudagraph_capture_size": 96}
+    for own in ({"max_cudagraph_capture_size": 32}, {"enforce_eager": True}, {"cudagraph_capture_sizes": [1, 2]},
+                {"compilation_config": {"cudagraph_mode": "FULL"}}):
+        assert with_capture_size({"max_num_seqs": 8, **own}, 96) == {"max_num_seqs": 8, **own}
+    assert with_capture_size({"enforce_eager": False}, 96)["max_cudagraph_capture_size"] == 96
+
+
+def test_the_cpu_build_gets_no_pin() -> None:
+    from autotune.engine.compile_cache import capture_pin
+
+    assert detect_build() is Build.CPU
+    assert capture_pin({"max_num_seqs": 8}, 64) == {"max_num_seqs": 8}
