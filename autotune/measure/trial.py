@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
+from autotune.engine.compile_cache import CompileCache, boot_again_warm, compile_cache_state
 from autotune.engine.flags import (
     Build,
     detect_build,
@@ -86,6 +87,15 @@ def plan_trial(model_path: str, flags: Mapping[str, object], objective: Objectiv
 
 
 @dataclass(frozen=True)
+class ColdBoot:
+    """A first boot that compiled cold and failed for memory; the trial booted again (warm) after it."""
+
+    failure: Failure
+    boot_s: float
+    log_path: Path
+
+
+@dataclass(frozen=True)
 class TrialResult:
     """ok: some level met every limit. infeasible: it ran out of memory or no level met the limits (a
     configuration's verdict the sampler learns from). failed: anything else (crash, bad flag, timeout).
@@ -103,6 +113,8 @@ class TrialResult:
     log_path: Path | None = None
     stop_reason: str = ""
     log_error: str | None = None
+    compile_cache: CompileCache | None = None  # the (last) boot's: "cold" compiled, "warm" loaded, None eager
+    cold_boot: ColdBoot | None = None  # a cold boot's memory failure that was booted again warm
 
     @property
     def best(self) -> LevelOutcome | None:
@@ -145,19 +157,22 @@ def run_trial(
     sampler: MemorySampler | None = None
     memory: MemoryPeak | None = None
     levels: list[tuple[float, LevelOutcome]] = []
+    cold: ColdBoot | None = None
 
     def done(status: Status, **kw) -> TrialResult:
         nonlocal memory
         if sampler is not None and memory is None:
             memory = sampler.stop()
         return TrialResult(status, levels=tuple(levels), duration_s=time.monotonic() - t0,
-                           log_path=plan.log_path, memory=memory, log_error=server.log_error, **kw)
+                           log_path=plan.log_path, memory=memory, log_error=server.log_error,
+                           compile_cache=compile_cache_state(list(server.lines)), cold_boot=cold, **kw)
 
     hung = False
     watch = _memory_watch(plan)
     stage("booting")
+    port_retried = False
     try:
-        for attempt in (1, 2):
+        while True:
             server.start()
             sampler = MemorySampler(root_pid=server.pid, gpu_indices=watch.gpu_indices or None,
                                     source=watch.source).start()
@@ -165,15 +180,23 @@ def run_trial(
                 boot = server.wait_ready(cancel)
                 break
             except BootFailed as e:
-                if e.failure.kind is FailureKind.PORT_IN_USE and attempt == 1:
+                if e.failure.kind is FailureKind.PORT_IN_USE and not port_retried:
                     # Another program took the free port between our check and the server's bind: once more.
-                    sampler.stop()
-                    server.stop()
-                    server = Server(plan.engine, plan.log_path)
-                    stage("booting (the port was taken; on another one)")
-                    continue
-                status: Status = "infeasible" if e.failure.kind.is_memory else "failed"
-                return done(status, failure=e.failure)
+                    port_retried = True
+                    why = "booting (the port was taken; on another one)"
+                elif cold is None and boot_again_warm(e.failure, list(server.lines)):
+                    # A cold compile's memory failure is no verdict: the cache is warm now (compile_cache.py).
+                    cold = ColdBoot(e.failure, e.boot_s, plan.log_path.with_suffix(".cold.log"))
+                    why = "booting again: the cold boot (compiling) ran out of memory; the cache is warm now"
+                else:
+                    status: Status = "infeasible" if e.failure.kind.is_memory else "failed"
+                    return done(status, failure=e.failure)
+                sampler.stop()
+                server.stop()
+                if cold is not None and cold.failure is e.failure:
+                    plan.log_path.replace(cold.log_path)  # kept beside the trial's log
+                server = Server(plan.engine, plan.log_path)
+                stage(why)
 
         def measure(value: float) -> LevelOutcome:
             k = len(levels)
@@ -197,8 +220,11 @@ def run_trial(
             sla = find_sustainable(measure, lambda o: o.verdict.passed, plan.objective.load)
         except ServerDied as e:
             hung = e.failure.kind is FailureKind.UNRESPONSIVE
-            status = "infeasible" if e.failure.kind.is_memory else "failed"
-            return done(status, boot=boot, failure=e.failure)
+            # Requests that all failed can be seen before the log's cause: an out-of-memory line, once there, wins.
+            seen = server.died()
+            failure = seen if seen is not None and seen.kind.is_memory else e.failure
+            status = "infeasible" if failure.kind.is_memory else "failed"
+            return done(status, boot=boot, failure=failure)
         except _Stop as e:
             return done("stopped", boot=boot, stop_reason=str(e))
         if sla.best is None:

@@ -113,7 +113,11 @@ def print_trial(console: Console, result: TrialResult, objective: Objective) -> 
     if result.boot is not None:
         b = result.boot
         kv = f"{b.kv_cache_tokens:,} KV-cache tokens" if b.kv_cache_tokens else "KV-cache size not reported"
-        console.print(f"boot {b.boot_s:.0f} s, {kv}")
+        cache = f" ({result.compile_cache} compile cache)" if result.compile_cache else ""
+        console.print(f"boot {b.boot_s:.0f} s{cache}, {kv}")
+    if result.cold_boot is not None:
+        c = result.cold_boot
+        console.print(f"booted again after a cold boot ({c.boot_s:.0f} s) failed: {c.failure.reason}", markup=False)
     if result.memory is not None:
         m = result.memory
         what = "GPU memory (NVML)" if m.source == "nvml" else "resident memory of the server's processes (RSS)"

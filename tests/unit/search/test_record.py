@@ -1,0 +1,41 @@
+"""What a booted trial records about its boot: the compile cache it found and a cold boot booted again warm."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import optuna
+from optuna.trial import TrialState
+
+from autotune.engine.logs import BootInfo, Failure, FailureKind, classify_log
+from autotune.measure.trial import ColdBoot, TrialResult
+from autotune.search import tell
+from autotune.search.record import result_attrs
+
+GPU_BOOTS = Path(__file__).parents[2] / "data" / "gpu-boots"
+
+
+def test_a_warm_boot_after_a_cold_memory_failure_records_both() -> None:
+    cold = classify_log((GPU_BOOTS / "a-s48-b8192-l8192-cold.log").read_text().splitlines())
+    result = TrialResult("infeasible", boot=BootInfo(84.0, 33_353), compile_cache="warm",
+                         cold_boot=ColdBoot(cold, 275.4, Path("runs/trial-0003.cold.log")))
+    attrs = result_attrs(result)
+    assert attrs["compile_cache"] == "warm" and attrs["boot_s"] == 84.0
+    assert attrs["cold_boot_s"] == 275.4 and "Mamba cache blocks (34)" in str(attrs["cold_boot_failure"])
+    assert attrs["cold_boot_log_path"] == "runs/trial-0003.cold.log"
+
+
+def test_an_eager_boot_records_no_compile_cache() -> None:
+    attrs = result_attrs(TrialResult("infeasible", boot=BootInfo(30.0, 524_288)))
+    assert "compile_cache" not in attrs and "cold_boot_s" not in attrs and attrs["boot_s"] == 30.0
+
+
+def test_out_of_memory_under_load_is_told_as_a_memory_failure() -> None:
+    study = optuna.create_study(storage=optuna.storages.InMemoryStorage())
+    trial = study.ask()
+    oom = Failure(FailureKind.OUT_OF_MEMORY, "out of memory: torch.OutOfMemoryError: CUDA out of memory.")
+    state = tell.tell_result(study, trial, TrialResult("infeasible", boot=BootInfo(70.0), failure=oom,
+                                                       compile_cache="warm"))
+    frozen = study.trials[0]
+    assert state is TrialState.COMPLETE and frozen.constraints == {"memory": 1.0, "latency": 0.0, "boots": 0.0}
+    assert frozen.user_attrs["failure_kind"] == "out_of_memory" and frozen.user_attrs["compile_cache"] == "warm"
