@@ -17,6 +17,7 @@ if TYPE_CHECKING:
 
     from autotune.config.study_file import StudySpec
 from autotune.config.params import Baseline, Param, same_value
+from autotune.engine.compile_cache import capture_pin
 from autotune.engine.flags import MODEL, SPEC_METHOD, SPEC_TOKENS, _merged
 from autotune.search.record import BASELINE_ATTR
 
@@ -63,10 +64,25 @@ def suggest(trial: optuna.Trial, params: Sequence[Param]) -> dict[str, object]:
 def engine_config(
     study: StudySpec, params: Mapping[str, object], *, baseline: Mapping[str, object] | None = None
 ) -> EngineConfig:
-    """The one call a trial makes: model (a `model` param, else the study's model) and all flags."""
+    """The one call a trial makes: model (a `model` param, else the study's model) and all flags. A sampled
+    trial of a space that varies max_num_seqs gets the study's one CUDA-graph capture size (compile_cache.py: so
+    that its boot finds the compiled graphs of the others); a baseline boots exactly its own flags."""
     flags = _merged(params, study.fixed_flags(), baseline)
     model = flags.pop(MODEL, study.model.path)
+    if baseline is None:
+        flags = capture_pin(flags, _largest(study.space, "max_num_seqs"), _largest(study.space, SPEC_TOKENS) or 0)
     return EngineConfig(model=str(model), flags=flags)
+
+
+def _largest(space: Sequence[Param], name: str) -> int | None:
+    """The largest value a searched int parameter can take; None when the space does not vary it."""
+    for p in space:
+        if p.name == name and p.type == "int" and p.high is not None:
+            return int(p.high)
+        if p.name == name and p.type == "categorical" and len(p.choices) > 1:
+            numbers = [int(c) for c in p.choices if isinstance(c, int | float) and not isinstance(c, bool)]
+            return max(numbers, default=None)
+    return None
 
 
 def baseline_params(baseline: Baseline, params: Sequence[Param]) -> dict[str, object]:
