@@ -119,6 +119,21 @@ def test_auto_round_is_predicted_not_refused():
         .quantization.method == "auto-round"
 
 
+@pytest.mark.parametrize("bits,card_gb", [(4, 21), (8, 32)])
+def test_gptq_group_32_checkpoints_against_their_cards(bits, card_gb):
+    """btbtyler09/Qwen3.6-27B-GPTQ-{4,8}bit (tests/data/checkpoints/README.md): group 32, so a scale and a packed
+    zero per 32 weights; with the bf16 vision tower and MTP module the whole checkpoint is predicted at 20.97 GB
+    (card: 21 GB) and 33.52 GB = 31.2 GiB (card: 32 GB, the unit not said: 5% over in GB, 2.5% under in GiB)."""
+    qc = json.loads((CHECKPOINTS / f"qwen3.6-27b-gptq-{bits}bit-g32.quantization_config.json").read_text())
+    per_weight = bits / 8 + (2 + bits / 8) / 32
+    est = estimate(ModelShape.from_config(qwen35(qc)), RTX3090, {"max_model_len": 4096, "max_num_seqs": 16,
+                                                                "speculative_config": {"method": "mtp",
+                                                                                       "num_speculative_tokens": 1}})
+    everything = QUANTIZED * per_weight + (BF16_REST + 460_730_096 + 372_244_480 + 52_454_912) * 2
+    assert est.weights_bytes == int(everything)
+    assert round(everything / 1e9, 2) == {4: 20.97, 8: 33.52}[bits]
+
+
 def test_auto_round_extra_config_exact_names_and_lm_head():
     ar = json.loads((CHECKPOINTS / "qwen3.6-27b-int4-autoround.quantization_config.json").read_text())
     base = weights(qwen35(ar))
