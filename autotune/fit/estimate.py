@@ -38,8 +38,8 @@ from autotune.fit.model_shape import (
     _QUANT_ALIASES,
     DTYPE_BYTES,
     ModelShape,
-    Quantization,
 )
+from autotune.fit.quantization import Quantization, online_fp8
 from autotune.fit.settings import Settings, settings
 from autotune.units import GiB, MiB, format_gib
 
@@ -74,9 +74,11 @@ CUDA_COMPILE_FLOOR_BYTES_PER_LAYER = 44 * MiB
 
 # 4-bit AWQ on compute capability 9.x runs through Machete, which stores the zero points as 16-bit values
 # pre-multiplied by the scales; vLLM 0.25 reported 17.21 GiB of weights for the Qwen3.5-27B AWQ shape where packed
-# 4-bit weights + 16-bit scales + 4-bit zeros come to 16.52 GiB. 16-bit zeros explain 0.27 GiB of the 0.69; the rest
-# is unexplained and fitted: 6.5 bytes per group of 128 give 17.24 GiB.
-MACHETE_BYTES_PER_GROUP = 6.5
+# 4-bit weights + 16-bit scales + 4-bit zeros come to 16.56 GiB (linear_attn.in_proj_a/b, which the AWQ config leaves
+# in bf16, counted so). 16-bit zeros explain 0.27 GiB of the 0.65; the rest is unexplained and fitted: 6.4 bytes per
+# group of 128 give 17.25 GiB (6.25 would give 17.22; the 0.03 GiB more keeps the eager boots' predicted KV blocks
+# at or under the printed ones, because the non-weight terms were fitted beside the old 17.24).
+MACHETE_BYTES_PER_GROUP = 6.4
 
 
 @dataclass(frozen=True)
@@ -199,6 +201,7 @@ def estimate(
         fits=not reasons, reasons=tuple(reasons), excess_bytes=int(excess), num_blocks=num_blocks,
         bytes_per_block=bpb, blocks_per_request=blocks_req, max_model_len=s.max_len,
         max_model_len_fit=min(len_fit, shape.max_position_embeddings),
+        not_modelled=_quantization_not_modelled(quant) + s.not_modelled,
     )
 
 
@@ -207,25 +210,34 @@ def estimate(
 
 def _weights(shape: ModelShape, quant: Quantization, dtype_b: int, mtp: bool, vision: bool,
              machete: bool = False) -> int:
-    per_param = quant.bits / 8 + MACHETE_BYTES_PER_GROUP / quant.group_size if machete else quant.bytes_per_param
+    """Every weight matrix at its own width (quantization.py: the scheme vLLM resolves for its checkpoint name,
+    with its scales and zero points), the rest (norms, conv1d, routers, biases, the vision patch embedding) in
+    the model dtype. The MTP layer's embedding and lm_head are the target model's (vLLM shares them)."""
+    text, mtp_b, vision_b = _weights_by_part(shape, quant, dtype_b, machete)
+    return int(text + (mtp_b if mtp else 0) + (vision_b if vision else 0))
 
-    def part(params: int, module: str) -> float:
-        q = quant.method != "none" and not quant.excludes(module)
-        return params * (per_param if q else dtype_b)
 
-    quantized = (
-        part(shape.num_full_attention_layers * shape.attention_params_per_layer, "model.layers.3.self_attn.q_proj")
-        + part(shape.num_linear_attention_layers * shape.linear_attention_params_per_layer,
-               "model.layers.0.linear_attn.in_proj_qkvz")
-        + part(shape.num_dense_mlp_layers * shape.mlp_params_per_layer, "model.layers.0.mlp.gate_proj")
-        + part(shape.num_moe_layers * shape.moe_params_per_layer, "model.layers.0.mlp.experts.0.gate_proj")
-        + (part(shape.mtp_params, "mtp.layers.0.self_attn.q_proj") if mtp else 0)
-        + (part(shape.lm_head_params, "lm_head") if quant.lm_head else shape.lm_head_params * dtype_b)
-    )
-    plain = (shape.embedding_params + shape.norm_params + shape.num_moe_layers * shape.moe_router_params_per_layer
-             + shape.num_linear_attention_layers * shape.linear_attention_small_params_per_layer
-             + (shape.vision_params if vision else 0) + (shape.mtp_small_params if mtp else 0))
-    return int(quantized + plain * dtype_b)
+@functools.lru_cache(maxsize=256)
+def _weights_by_part(shape: ModelShape, quant: Quantization, dtype_b: int, machete: bool) -> tuple[float, ...]:
+    parts = {"text": 0.0, "mtp": 0.0, "vision": 0.0}
+    listed = dict.fromkeys(parts, 0)
+    for m in shape.modules:
+        scheme = quant.scheme(m.name, m.kind)
+        if scheme is None:
+            per = float(dtype_b)
+        elif machete and scheme.bits == 4 and scheme.group_size > 0:
+            per = 0.5 + MACHETE_BYTES_PER_GROUP / scheme.group_size
+        else:
+            per = scheme.bytes_per_param(m.in_features)
+        parts[m.part] += m.params * per
+        listed[m.part] += m.params
+    if shape.modules:  # what no module lists stays in the model dtype
+        parts["text"] += (shape.total_params - shape.vision_params - listed["text"]) * dtype_b
+        parts["mtp"] += (shape.mtp_params + shape.mtp_small_params - listed["mtp"]) * dtype_b
+        parts["vision"] += (shape.vision_params - listed["vision"]) * dtype_b
+    else:
+        parts["text"] = (shape.total_params - shape.vision_params) * dtype_b
+    return parts["text"], parts["mtp"], parts["vision"]
 
 
 def _capture_sizes(max_num_seqs: int, batched: int, query_len: int) -> tuple[int, int]:
@@ -240,21 +252,31 @@ def _capture_sizes(max_num_seqs: int, batched: int, query_len: int) -> tuple[int
 
 
 def _quantization(shape: ModelShape, profile: GpuProfile, asked: str) -> tuple[Quantization, list[str]]:
-    """The checkpoint's quantization, an online one (FP8 of an unquantized checkpoint), or why vLLM refuses."""
+    """The checkpoint's quantization, an online one (FP8 of an unquantized checkpoint), or why vLLM refuses.
+    A checkpoint format this model does not know is counted at the bits its config names and said in
+    quant.name (estimate reports it as not modelled), never refused."""
     quant, reasons = shape.quantization, []
     if asked and asked != "auto":
         want = _QUANT_ALIASES.get(asked)
-        have = {"gptq": "gptq", "awq": "awq", "fp8": "fp8", "none": None}.get(quant.method, "ct")
+        have = {"gptq": "gptq", "awq": "awq", "fp8": "fp8", "auto-round": "auto-round", "none": None,
+                "compressed-tensors": "ct"}.get(quant.method, quant.name)
         if want is None:
             reasons.append(f"quantization {asked!r} is not modelled (vLLM 0.33 no longer ships GGUF or bitsandbytes)")
         elif have is None and want == "fp8":
-            quant = Quantization("fp8", 8, 0, ("visual",))
+            quant = online_fp8()
         elif have != want:
-            reasons.append(f"quantization {asked!r} does not match the checkpoint's ({quant.method})")
+            reasons.append(f"quantization {asked!r} does not match the checkpoint's ({quant.name or quant.method})")
     if quant.method == "fp8" and profile.kind == "cuda" and profile.compute_capability < (8, 0):
         reasons.append(f"FP8 weights need compute capability >= 8.0 (Marlin); {profile.name} has "
                        f"{profile.compute_capability[0]}.{profile.compute_capability[1]}")
     return quant, reasons
+
+
+def _quantization_not_modelled(quant: Quantization) -> tuple[str, ...]:
+    if quant.method != "unknown":
+        return ()
+    width = f"{quant.bits}-bit weights as its config names" if quant.bits < 16 else "weights in the model dtype"
+    return (f"not modelled: booted to learn: how quant_method {quant.name!r} stores its weights (counted as {width})",)
 
 
 @dataclass(frozen=True)
@@ -271,17 +293,20 @@ class _Layout:
 
 def _layout(shape: ModelShape, s: Settings, cpu: bool, ssm_asked: str) -> _Layout:
     """Block size, block bytes and groups as _align_hybrid_block_size and get_kv_cache_groups derive them."""
-    dtype_b = DTYPE_BYTES.get(shape.dtype, 2)
     n_attn = shape.num_full_attention_layers + (shape.num_mtp_layers if s.mtp else 0)
-    attn_1tok = 2 * shape.num_kv_heads * shape.head_dim * s.kv_b
+    attn_1tok = s.kv_token_bytes  # settings.kv_bytes_per_token: the KV dtype's layout, scales included
     block = s.user_block if s.user_block is not None else (128 if cpu else 16)
     n_mamba, state_seq, per_state = shape.num_linear_attention_layers, 0, 0
     if shape.is_hybrid:
+        # mamba_utils.py _mamba_state_dtype: the conv state takes --mamba-cache-dtype (auto: the model dtype), the
+        # recurrent state --mamba-ssm-cache-dtype, whose "auto" is the checkpoint's mamba_ssm_dtype for Qwen3.5
+        # (models/config.py) and the conv state's dtype otherwise.
+        conv = shape.dtype if s.mamba_dtype == "auto" else s.mamba_dtype
         ssm = shape.mamba_ssm_dtype if ssm_asked == "auto" and shape.mamba_ssm_dtype else ssm_asked
         if cpu and host_has_avx512_bf16() and ssm not in ("float16", "bfloat16", "float32"):
             ssm = "float32"  # platforms/cpu.py: the accelerated GDN path resets "auto" to float32
         conv_e, rec_e = shape.gdn_state_elems(s.num_spec)
-        mamba_page = conv_e * dtype_b + rec_e * DTYPE_BYTES.get(ssm if ssm != "auto" else shape.dtype, 2)
+        mamba_page = conv_e * DTYPE_BYTES.get(conv, 2) + rec_e * DTYPE_BYTES.get(ssm if ssm != "auto" else conv, 2)
         state_seq = n_mamba * mamba_page
         align = max(32 if cpu else 16, block)  # the attention backend's smallest kernel block, or the user's
         block = max(block, align * math.ceil(mamba_page / (align * attn_1tok)))
@@ -293,7 +318,11 @@ def _layout(shape: ModelShape, s: Settings, cpu: bool, ssm_asked: str) -> _Layou
         g_attn, g_mamba = math.ceil(n_attn / size), math.ceil(n_mamba / size)
         bytes_per_block = max(math.ceil(n_attn / g_attn), math.ceil(n_mamba / g_mamba)) * page
     else:
-        g_attn, g_mamba, bytes_per_block = 1, 0, max(n_attn, 1) * page
+        # a packed KV dtype's full-width boundary layers have pages of their own size in the same block
+        # (kv_cache_utils.py UniformTypeKVCacheSpecs)
+        wide = s.kv_full_width_layers
+        full_page = block * 2 * shape.num_kv_heads * shape.head_dim * DTYPE_BYTES.get(shape.dtype, 2)
+        g_attn, g_mamba, bytes_per_block = 1, 0, max(n_attn - wide, 1) * page + wide * full_page
     return _Layout(block, bytes_per_block, g_attn, g_mamba, per_state, n_attn, attn_1tok, state_seq)
 
 

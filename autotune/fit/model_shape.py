@@ -3,69 +3,27 @@
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
 
 from autotune.errors import SpecError
+from autotune.fit.quantization import ModuleKind, Quantization, parse_quantization
 
 DTYPE_BYTES = {"float32": 4, "float": 4, "float16": 2, "half": 2, "bfloat16": 2, "fp8": 1, "fp8_e4m3": 1,
                "fp8_e5m2": 1, "fp8_ds_mla": 1, "int8": 1}
 
 
-QuantMethod = Literal["none", "gptq", "awq", "fp8", "int8", "int4"]
-
-
 @dataclass(frozen=True)
-class Quantization:
-    method: QuantMethod = "none"
-    bits: int = 16
-    group_size: int = 0  # -1: per channel; 0: not grouped
-    modules_to_not_convert: tuple[str, ...] = ()  # substrings, or "re:<regex>"
-    lm_head: bool = False  # GPTQ "lm_head": true quantizes the output layer too
+class WeightModule:
+    """One weight matrix (or one stack of like matrices) as the checkpoint names it: what a quantization_config
+    rule is matched against. part: "text", "mtp" or "vision", which decide whether vLLM loads it."""
 
-    def excludes(self, module: str) -> bool:
-        for entry in self.modules_to_not_convert:
-            if entry.startswith("re:"):
-                if re.search(entry[3:], module):
-                    return True
-            elif entry and entry in module:
-                return True
-        return False
-
-    @property
-    def bytes_per_param(self) -> float:
-        if self.method == "none":
-            return self.bits / 8
-        if self.method in ("gptq", "awq", "int4") and self.group_size > 0:
-            return self.bits / 8 + (2 + self.bits / 8) / self.group_size  # fp16 scale + packed zero per group
-        return self.bits / 8
-
-
-def _parse_quantization(q: Mapping | None) -> Quantization:
-    if not q:
-        return Quantization()
-    method = str(q.get("quant_method", "")).lower()
-    skip = [str(m) for m in q.get("modules_to_not_convert") or q.get("ignored_layers") or q.get("ignore") or []]
-    skip += ["re:" + k[2:] for k in (q.get("dynamic") or {}) if str(k).startswith("-:")]
-    if method == "gptq":
-        return Quantization("gptq", int(q.get("bits", 4)), int(q.get("group_size", 128)), tuple(skip),
-                            bool(q.get("lm_head", False)))
-    if method == "awq":
-        bits = int(q.get("bits", q.get("w_bit", 4)))
-        return Quantization("awq", bits, int(q.get("group_size", q.get("q_group_size", 128))), tuple(skip))
-    if method == "fp8":
-        return Quantization("fp8", 8, 0, tuple(skip))
-    if method == "compressed-tensors":
-        groups = list((q.get("config_groups") or {}).values())
-        weights = (groups[0].get("weights") or {}) if groups else {}
-        bits, kind = int(weights.get("num_bits", 8)), str(weights.get("type", "int"))
-        group = int(weights.get("group_size") or 0)
-        method_ct: QuantMethod = "fp8" if kind == "float" else ("int8" if bits == 8 else "int4")
-        return Quantization(method_ct, bits, group, tuple(skip))
-    raise SpecError("config.json", "quantization_config.quant_method", f"unsupported quantization {method!r}")
+    name: str
+    params: int
+    in_features: int
+    part: str = "text"
+    kind: ModuleKind = "linear"
 
 
 @dataclass(frozen=True)
@@ -118,6 +76,7 @@ class ModelShape:
     vision_hidden_size: int = 0
     vision_intermediate_size: int = 0
     vision_merge: int = 1
+    modules: tuple[WeightModule, ...] = ()  # every quantizable matrix by its checkpoint name (embedding, lm_head too)
 
     @property
     def is_hybrid(self) -> bool:
@@ -226,8 +185,9 @@ class ModelShape:
             mamba_ssm_dtype=ssm_dtype,
             conv_state_bytes_per_seq=n_linear * conv_elems * DTYPE_BYTES.get(dtype, 2),
             recurrent_state_bytes_per_seq=n_linear * rec_elems * DTYPE_BYTES.get(ssm_dtype or dtype, 2),
-            quantization=_parse_quantization(config.get("quantization_config") or text.get("quantization_config")),
+            quantization=parse_quantization(config.get("quantization_config") or text.get("quantization_config")),
             vision_hidden_size=vh, vision_intermediate_size=vi, vision_merge=merge,
+            modules=_modules(config, text, layer_types, n_mtp, moe_layers, qwen_next and gate),
         )
 
 
@@ -247,5 +207,81 @@ def _vision_params(vc: Mapping | None, text_hidden: int) -> tuple[int, int, int,
     return embed + depth * block + merger + deepstack, vh, vi, merge
 
 
+def _modules(config: Mapping, text: Mapping, layer_types: list[str], n_mtp: int, moe_layers: list[int],
+             gate: bool) -> tuple[WeightModule, ...]:
+    """The weight matrices a quantization_config can name, under the checkpoint's names: Qwen3.5/3.6 VL
+    checkpoints nest the language model under model.language_model, put the MTP stack under mtp. and the vision
+    tower under model.visual."""
+    h, heads = text["hidden_size"], text["num_attention_heads"]
+    kv_heads = int(text.get("num_key_value_heads") or heads)
+    head_dim = int(text.get("head_dim") or h // heads)
+    vl = bool(config.get("vision_config")) or "text_config" in config
+    root = "model.language_model" if vl else "model"
+    q_out, kv_out = heads * head_dim, kv_heads * head_dim
+    nk, nv = int(text.get("linear_num_key_heads", 0)), int(text.get("linear_num_value_heads", 0))
+    kd, vd = nk * int(text.get("linear_key_head_dim", 0)), nv * int(text.get("linear_value_head_dim", 0))
+    inter = int(text.get("intermediate_size") or 0)
+    experts = int(text.get("num_experts") or text.get("num_local_experts") or 0)
+    moe_inter = int(text.get("moe_intermediate_size") or 0)
+    shared_inter = int(text.get("shared_expert_intermediate_size") or 0)
+
+    def attention(prefix: str) -> list[WeightModule]:
+        return [WeightModule(f"{prefix}.self_attn.q_proj", h * q_out * (2 if gate else 1), h),
+                WeightModule(f"{prefix}.self_attn.k_proj", h * kv_out, h),
+                WeightModule(f"{prefix}.self_attn.v_proj", h * kv_out, h),
+                WeightModule(f"{prefix}.self_attn.o_proj", q_out * h, q_out)]
+
+    def mlp(prefix: str, moe: bool) -> list[WeightModule]:
+        if not moe:
+            return [WeightModule(f"{prefix}.mlp.{p}", h * inter, inter if p == "down_proj" else h)
+                    for p in ("gate_proj", "up_proj", "down_proj")]
+        out = [WeightModule(f"{prefix}.mlp.experts.0.{p}", experts * h * moe_inter,  # all experts: one scheme
+                            moe_inter if p == "down_proj" else h) for p in ("gate_proj", "up_proj", "down_proj")]
+        if shared_inter:
+            out += [WeightModule(f"{prefix}.mlp.shared_expert.{p}", h * shared_inter,
+                                 shared_inter if p == "down_proj" else h)
+                    for p in ("gate_proj", "up_proj", "down_proj")]
+        return out
+
+    mods = [WeightModule(f"{root}.embed_tokens", text["vocab_size"] * h, h, kind="embedding")]
+    if not bool(config.get("tie_word_embeddings", text.get("tie_word_embeddings", False))):
+        mods.append(WeightModule("lm_head", text["vocab_size"] * h, h, kind="lm_head"))
+    for i, layer_type in enumerate(layer_types):
+        prefix = f"{root}.layers.{i}"
+        if layer_type == "linear_attention":
+            mods += [WeightModule(f"{prefix}.linear_attn.in_proj_qkv", h * (2 * kd + vd), h),
+                     WeightModule(f"{prefix}.linear_attn.in_proj_z", h * vd, h),
+                     WeightModule(f"{prefix}.linear_attn.in_proj_b", h * nv, h),
+                     WeightModule(f"{prefix}.linear_attn.in_proj_a", h * nv, h),
+                     WeightModule(f"{prefix}.linear_attn.out_proj", vd * h, vd)]
+        else:
+            mods += attention(prefix)
+        mods += mlp(prefix, i in moe_layers)
+    for j in range(n_mtp):
+        mods += [WeightModule(m.name, m.params, m.in_features, "mtp")
+                 for m in attention(f"mtp.layers.{j}") + mlp(f"mtp.layers.{j}", bool(moe_layers))]
+    if n_mtp:
+        mods.append(WeightModule("mtp.fc", 2 * h * h, 2 * h, "mtp"))
+    vc = config.get("vision_config")
+    if vc:
+        vh, vi = int(vc.get("hidden_size", 1152)), int(vc.get("intermediate_size", 4304))
+        depth = int(vc.get("depth", 27))
+        merge, out_h = int(vc.get("spatial_merge_size", 2)), int(vc.get("out_hidden_size", h))
+        hs = vh * merge * merge
+        for k in range(depth):
+            b = f"model.visual.blocks.{k}"
+            mods += [WeightModule(f"{b}.attn.qkv", 3 * vh * vh, vh, "vision"),
+                     WeightModule(f"{b}.attn.proj", vh * vh, vh, "vision"),
+                     WeightModule(f"{b}.mlp.linear_fc1", vh * vi, vh, "vision"),
+                     WeightModule(f"{b}.mlp.linear_fc2", vi * vh, vi, "vision")]
+        mergers = ["model.visual.merger"] + [f"model.visual.deepstack_merger_list.{d}"
+                                            for d in range(len(vc.get("deepstack_visual_indexes") or []))]
+        for m in mergers:
+            mods += [WeightModule(f"{m}.linear_fc1", hs * hs, hs, "vision"),
+                     WeightModule(f"{m}.linear_fc2", hs * out_h, hs, "vision")]
+    return tuple(mods)
+
+
 _QUANT_ALIASES = {"gptq": "gptq", "gptq_marlin": "gptq", "awq": "awq", "awq_marlin": "awq", "fp8": "fp8",
-                  "compressed-tensors": "ct", "compressed_tensors": "ct"}
+                  "compressed-tensors": "ct", "compressed_tensors": "ct", "inc": "auto-round",
+                  "auto-round": "auto-round", "auto_round": "auto-round"}

@@ -119,6 +119,9 @@ def test_qwen_study_values() -> None:
     order = [p.name for p in s.space]
     assert order.index("speculative_method") < order.index("num_speculative_tokens")
     assert space["max_model_len"].choices == (4096, 8192, 16384, 32768)
+    # 16-bit recurrent state halves the Gated DeltaNet state per sequence; vLLM's default "auto" (float32 here)
+    assert space["mamba_ssm_cache_dtype"].choices == ("auto", "float16", "bfloat16")
+    assert space["mamba_ssm_cache_dtype"].default == "auto"
     assert s.boot_timeout_s == 900 and s.time_budget_s == 4 * 3600
     recipe = next(b for b in s.baselines if b.name == "recipe")
     assert recipe.flags == {"max_num_seqs": 48, "max_num_batched_tokens": 8192, "enable_chunked_prefill": True,
