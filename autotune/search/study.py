@@ -131,12 +131,18 @@ def check_inputs(spec: StudySpec) -> None:
             raise SpecError(str(spec.path), key, f"cannot resolve {model!r}: {e}") from None
 
 
+PREDICTED_NOT_TO_FIT = "predicted not to fit"  # the reason's head of a trial refused on the memory estimate
+
+
 def _queue_unmeasured_baselines(study: optuna.Study, spec: StudySpec) -> None:
     """Queue every baseline that has no measured trial (COMPLETE or PRUNED) and none queued or running: one
     interrupted, killed or otherwise failed through no fault of its own is measured when the study resumes."""
     settled = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.WAITING, TrialState.RUNNING)
+    # One refused before boot on a memory estimate is not settled: calibration may have moved since, and it is judged
+    # again under today's corrections (issue 13).
     have = {(t.user_attrs.get(BASELINE_ATTR) or {}).get("name")
-            for t in study.get_trials(deepcopy=False, states=settled)}
+            for t in study.get_trials(deepcopy=False, states=settled)
+            if not str(t.user_attrs.get("reason", "")).startswith(PREDICTED_NOT_TO_FIT)}
     for baseline in spec.baselines:
         if baseline.name not in have:
             enqueue_baseline(study, baseline, spec.space)
@@ -313,10 +319,10 @@ def _one_trial(run: _Run, slot: Slot) -> TrialResult | None:
         return None
 
     verdict = feasibility.judge(model_path, run.profile, flags, spec.env, feasibility.observations(study.trials))
-    for key, value in feasibility.prediction_attrs(verdict.estimate).items():
+    for key, value in feasibility.prediction_attrs(verdict.estimate, verdict.predicted_on).items():
         trial.set_user_attr(key, value)
     if not verdict.fits:
-        tell.tell_rejected(study, trial, f"predicted not to fit: {verdict.reason}", memory_excess=verdict.excess_gib)
+        tell.tell_rejected(study, trial, f"{PREDICTED_NOT_TO_FIT}: {verdict.reason}", memory_excess=verdict.excess_gib)
         run.ended(trial, TrialState.COMPLETE, f"pruned before boot: {verdict.reason}")
         return None
     if run.profile.kind == "cuda":
