@@ -22,7 +22,7 @@ from optuna.trial import TrialState
 from autotune.config.study_file import StudySpec
 from autotune.engine.flags import Build, detect_build, invalid_reason, value_text
 from autotune.engine.server import reap_leftover_servers
-from autotune.errors import EngineError, SpecError
+from autotune.errors import EngineError, SpecError, StorageError
 from autotune.fit import feasibility, memcap
 from autotune.fit.hardware import GpuProfile, detect_gpus
 from autotune.measure.trial import LevelOutcome, TrialResult, configured, plan_trial, run_trial
@@ -37,6 +37,7 @@ from autotune.search.storage import (
     attach_log,
     default_storage,
     heartbeat,
+    load_existing_study,
     open_artifact_store,
     open_storage,
     resume,
@@ -284,17 +285,31 @@ def preview_configs(spec: StudySpec, n: int, seed: int = 0) -> list[tuple[str, E
     return out
 
 
-def preview_estimates(spec: StudySpec, hardware: str | None, samples: int) -> tuple[GpuProfile, list[tuple]]:
+def preview_estimates(spec: StudySpec, hardware: str | None, samples: int,
+                      storage_url: str | None = None) -> tuple[GpuProfile, list[tuple]]:
     """`autotune estimate STUDY`: the card the study plans with (capped when it has a memory cap) and, for the
-    baselines and `samples` sampled configurations, (label, model, flags, memory verdict)."""
+    baselines and `samples` sampled configurations, (label, model, flags, memory verdict), calibrated by the study's
+    stored warm boots when its storage exists."""
     profile = feasibility.resolve_profile(hardware or spec.hardware, detect_build() is Build.CPU)
     if spec.memory_cap is not None:
         profile = memcap.capped_profile(profile, spec.memory_cap)
+    seen = stored_observations(spec, storage_url)
     rows = []
     for label, config in preview_configs(spec, samples):
         path, flags = configured(config.model, config.flags)
-        rows.append((label, config.model, flags, feasibility.judge(path, profile, flags, spec.env)))
+        rows.append((label, config.model, flags, feasibility.judge(path, profile, flags, spec.env, seen)))
     return profile, rows
+
+
+def stored_observations(spec: StudySpec, storage_url: str | None) -> list[feasibility.Observation]:
+    """The booted trials of the study's storage, read-only; none when it has not run yet (nothing is created)."""
+    url = storage_url or spec.storage or default_storage(spec)
+    if url.startswith("sqlite:///") and not Path(url.removeprefix("sqlite:///")).exists():
+        return []
+    try:
+        return feasibility.observations(load_existing_study(spec.name, url).trials)
+    except StorageError:
+        return []
 
 
 def _one_trial(run: _Run, slot: Slot) -> TrialResult | None:
