@@ -321,8 +321,11 @@ def export(study: str | None, storage: str | None, fmt: str, max_vram: float | N
 @click.option("--gpu", "hardware", default=None, help="Hardware profile (rtx3090, h100-80gb, cpu, ...).")
 @click.option("--set", "sets", multiple=True, metavar="KEY=VALUE", help="A vLLM flag by its dest name; repeatable.")
 @click.option("-n", "samples", default=10, show_default=True, help="Sampled configurations to show (study mode).")
+@storage_option
+@click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table", show_default=True,
+              help="json: one JSON document (for scripts).")
 def estimate(study_file: Path | None, model: str | None, hardware: str | None, sets: tuple[str, ...],
-             samples: int) -> None:
+             samples: int, storage: str | None, fmt: str) -> None:
     """Predict, without a GPU, whether configurations fit in memory and how many KV-cache tokens they leave.
 
     \b
@@ -334,20 +337,27 @@ def estimate(study_file: Path | None, model: str | None, hardware: str | None, s
     from autotune.engine.flags import Build, detect_build
     from autotune.fit import feasibility
     from autotune.search.study import preview_estimates
-    from autotune.show.tables import breakdown_table, estimates_table
+    from autotune.show.tables import breakdown_table, calibration_text, estimates_json, estimates_table
 
     if (study_file is None) == (model is None):
         raise SpecError("estimate", None, "give either a study file or --model")
     if study_file is not None:
         spec = load_study(study_file)
-        profile, rows = preview_estimates(spec, hardware, samples)
-        console.print(estimates_table(rows, title=f"{spec.name} on {profile.name}: predicted before any boot"))
+        profile, rows = preview_estimates(spec, hardware, samples, storage)
+        title = f"{spec.name} on {profile.name}: predicted before any boot"
     else:
         assert model is not None  # exactly one of study_file and model, checked above
         profile = feasibility.resolve_profile(hardware or "auto", detect_build() is Build.CPU)
         path, flags = _configured_model_option(model, sets)
-        verdict = feasibility.judge(path, profile, flags, {})
-        console.print(breakdown_table(verdict.estimate, title=f"{model} on {profile.name}"))
+        rows = [(model, model, flags, feasibility.judge(path, profile, flags, {}))]
+        title = f"{model} on {profile.name}"
+    if fmt == "json":
+        click.echo(estimates_json(rows, profile_name=profile.name))
+    elif study_file is not None:
+        console.print(estimates_table(rows, title=title))
+    else:
+        verdict = rows[0][3]
+        console.print(breakdown_table(verdict.estimate, title=f"{title} ({calibration_text(verdict)})"))
 
 
 @main.command()

@@ -41,12 +41,11 @@ from autotune.fit.model_shape import (
 )
 from autotune.fit.quantization import Quantization, online_fp8
 from autotune.fit.settings import Settings, settings
+from autotune.fit.vllm_memory import ACTIVATION_UNCERTAINTY, cuda_terms, forward_peak, sampler_peak
 from autotune.units import GiB, MiB, format_gib
 
-# Runtime figures that are not derivable from the config; Corrections fitted from real boots adjust them.
-CUDA_NON_TORCH_BYTES = 256 * MiB  # cuBLAS workspaces etc. allocated during the profile run
-
-
+# Runtime figures that are not derivable from the config; Corrections fitted from real boots adjust them. The CUDA
+# terms (profile-run peak, CUDA-graph estimate, non-torch memory) are in fit/vllm_memory.py.
 CUDA_CONTEXT_BYTES = 512 * MiB  # held before vLLM's budget is measured; only limits gpu_memory_utilization
 
 
@@ -56,20 +55,13 @@ CPU_RUNTIME_RSS_BYTES = 1 * GiB  # worker RSS without weights (python + torch + 
 CPU_COMPILE_RSS_BYTES = 512 * MiB  # torch.compile / inductor in the worker when not --enforce-eager
 
 
-ACTIVATION_FUDGE = 1.3  # allocator slack over the sum of live intermediates
+ACTIVATION_FUDGE = 1.3  # CPU build: allocator slack over the sum of live intermediates
 
 
-SAMPLER_BYTES_PER_LOGIT = 20  # fp32 logits, probs, sorted values + int64 indices in the top-k/p warm-up
-
-
-CUDAGRAPH_BYTES_PER_LAYER = 64 * 1024  # per captured graph and decoder layer, plus 1 MiB per graph
-
-
-# Measured on the H200 with vLLM 0.25.0 (benchmarks/data/results-h200.json), Qwen3.5-27B shape (64 layers): with
-# torch.compile and CUDA graphs, what the profile run took beside the weights was ~2.9-3.1 GiB whether
-# max_num_batched_tokens was 2048 or 8192 (eager: 0.67 and 1.52 GiB). So a compiled boot's activation peak has a
-# floor; charged per decoder layer, fitted so that both boots are met or over-predicted.
-CUDA_COMPILE_FLOOR_BYTES_PER_LAYER = 44 * MiB
+# Uncertainty of what is not measured by a term above: the weights vLLM loads (fitted kernels' extra storage,
+# e.g. Machete's; gpu-boots: 17.21 predicted, 17.21 and 17.24 GiB printed) and the CPU build's RSS terms.
+WEIGHTS_UNCERTAINTY = 0.02
+CPU_RSS_UNCERTAINTY_BYTES = 256 * MiB
 
 
 # 4-bit AWQ on compute capability 9.x runs through Machete, which stores the zero points as 16-bit values
@@ -83,11 +75,14 @@ MACHETE_BYTES_PER_GROUP = 6.4
 
 @dataclass(frozen=True)
 class Corrections:
-    """Fitted later from observed boots: extra bytes vLLM used beyond the model, and a safety margin
-    (a fraction of the reserved memory withheld from the KV cache)."""
+    """Fitted from this study's warm boots: bytes vLLM used beyond the model (negative when it printed more KV than
+    predicted), a safety margin (a fraction of the reserved memory withheld from the KV cache), and, once boots
+    calibrate it, the residual spread that replaces the model's own uncertainty."""
 
     overhead_bytes: int = 0
     margin: float = 0.0
+    calibrated_by: int = 0  # warm boots this was fitted on (0: uncalibrated)
+    uncertainty_bytes: int | None = None  # the calibrated band; None: the model's
 
 
 @dataclass(frozen=True)
@@ -104,7 +99,7 @@ class Estimate:
     kv_tokens: int  # as vLLM prints "KV cache size: N tokens"
     max_concurrency_at_max_len: float  # as vLLM prints "Maximum concurrency for max_model_len"
     max_seqs_by_state: int  # sequences whose state (and a first attention block) fit in the pool at once
-    fits: bool
+    fits: bool  # the central prediction fits and every startup rule holds
     reasons: tuple[str, ...]
     excess_bytes: int  # memory short of fitting; 0 when the memory fits
     num_blocks: int = 0
@@ -115,6 +110,14 @@ class Estimate:
     # What this configuration asks for that the model does not cover (a checkpoint format, a cache dtype): such a
     # configuration is booted to learn, never refused on a guess.
     not_modelled: tuple[str, ...] = ()
+    # The range: the non-KV memory is known to +-uncertainty_bytes; kv_tokens_low/high are the KV tokens at its
+    # pessimistic and optimistic ends.
+    uncertainty_bytes: int = 0
+    kv_tokens_low: int = 0
+    kv_tokens_high: int = 0
+    # Refused before boot: a startup rule fails, or the memory misses even at the optimistic end. A configuration
+    # that misses only inside the band is booted to learn.
+    refused: bool = False
 
 
 def estimate(
@@ -127,29 +130,39 @@ def estimate(
     default_gpu_memory_utilization: float = DEFAULT_UTILIZATION,
     vllm_version: str | None = None,
 ) -> Estimate:
-    """Predict vLLM's startup memory for one configuration (keys are vLLM flag dest names; absent ones take
-    vLLM's defaults). cpu_kvcache_bytes is VLLM_CPU_KVCACHE_SPACE in bytes, for the CPU build. The formulas are
-    in the module docstring; every rule vLLM enforces at startup that fails becomes a reason."""
+    """Predict vLLM's startup memory for one configuration, as a warm boot (compile cache hit) takes it (keys are
+    vLLM flag dest names; absent ones take vLLM's defaults). cpu_kvcache_bytes is VLLM_CPU_KVCACHE_SPACE in bytes,
+    for the CPU build. The formulas are in the module docstring and fit/vllm_memory.py; every rule vLLM enforces
+    at startup that fails becomes a reason."""
     cpu = profile.kind == "cpu"
     prefix_default = not shape.is_hybrid or hybrid_prefix_caching_default(vllm_version)
     s = settings(shape, profile, config, default_gpu_memory_utilization, cpu_kvcache_bytes, prefix_default)
-    quant, reasons = _quantization(shape, profile, str(config.get("quantization") or "").lower())
+    quant, rules = _quantization(shape, profile, str(config.get("quantization") or "").lower())
+    # what the model does not cover: booted to learn, never refused for memory
+    not_modelled = [*_quantization_not_modelled(quant), *s.not_modelled]
     if s.mtp and shape.num_mtp_layers == 0:
-        reasons.append("speculative_config asks for MTP but the model has no MTP layers")
+        rules.append("speculative_config asks for MTP but the model has no MTP layers")
     machete = (not cpu and (9, 0) <= profile.compute_capability < (10, 0) and quant.method == "awq"
                and quant.bits == 4 and quant.group_size > 0)
     weights = _weights(shape, quant, DTYPE_BYTES.get(shape.dtype, 2), s.mtp and shape.num_mtp_layers > 0, s.vision,
                        machete)
     lay = _layout(shape, s, cpu, str(config.get("mamba_ssm_cache_dtype") or "auto"))
     if shape.is_hybrid and s.prefix and not s.chunked:
-        reasons.append("hybrid models need chunked prefill when prefix caching is on (mamba cache mode 'align')")
+        rules.append("hybrid models need chunked prefill when prefix caching is on (mamba cache mode 'align')")
     blocks_req = lay.g_attn * math.ceil(s.max_len / lay.block) + lay.g_mamba * lay.per_state
-    activation, cudagraph = _activation(shape, s, cuda_graphs=not cpu and not s.eager)
-    if cpu and s.eager:
-        activation = 0  # no warm-up pass without compilation, so nothing of it lingers in the RSS
-    overhead = (CPU_RUNTIME_RSS_BYTES + (0 if s.eager else CPU_COMPILE_RSS_BYTES) if cpu else CUDA_NON_TORCH_BYTES)
+    if cpu:
+        activation, cudagraph = (0 if s.eager else _cpu_activation(shape, s)), 0  # eager: no warm-up pass lingers
+        overhead = CPU_RUNTIME_RSS_BYTES + (0 if s.eager else CPU_COMPILE_RSS_BYTES)
+        spread = math.hypot(CPU_RSS_UNCERTAINTY_BYTES, ACTIVATION_UNCERTAINTY * activation)
+    else:
+        terms = cuda_terms(shape, s, config, vllm_version, blackwell=profile.compute_capability[0] == 10)
+        activation, cudagraph, overhead, spread = (terms.activation_bytes, terms.cudagraph_bytes,
+                                                   terms.non_torch_bytes, terms.uncertainty_bytes)
     overhead += corrections.overhead_bytes
     non_kv = weights + activation + cudagraph + overhead
+    uncertainty = int(math.hypot(spread, WEIGHTS_UNCERTAINTY * weights))
+    if corrections.uncertainty_bytes is not None:  # calibrated: the boots' spread, never wider than the model's
+        uncertainty = min(uncertainty, corrections.uncertainty_bytes)
 
     gib = functools.partial(format_gib, digits=1)
     total = profile.memory_bytes if cpu else profile.cuda_total_bytes
@@ -157,41 +170,59 @@ def estimate(
     reserved = 0
     if s.explicit_kv is not None:
         kv_bytes = s.explicit_kv
-        if non_kv + kv_bytes > free:
-            reasons.append(f"weights {gib(weights)} + activations, graphs and overhead {gib(non_kv - weights)} + "
-                           f"KV cache {gib(kv_bytes)} exceed the {gib(free)} free on {profile.name}")
+        room = free - non_kv - kv_bytes  # what is left over; negative: it does not fit
+        if room < 0:
+            budget_reason = (f"weights {gib(weights)} + activations, graphs and overhead {gib(non_kv - weights)} + "
+                             f"KV cache {gib(kv_bytes)} exceed the {gib(free)} free on {profile.name}")
     else:
         reserved = math.ceil(total * s.util)
         kv_bytes = int(reserved * (1 - corrections.margin)) - non_kv
+        room = kv_bytes
         budget = f"the {gib(reserved)} vLLM reserves ({gib(total)} x {s.util:g})"
         if reserved > free:
-            reasons.append(f"gpu_memory_utilization {s.util:g} asks for more than is free beside the CUDA context")
-        if weights > reserved:
-            reasons.append(f"weights {gib(weights)} exceed {budget}")
-        elif kv_bytes <= 0:
-            reasons.append(f"weights {gib(weights)} + activations {gib(activation)} + CUDA graphs {gib(cudagraph)}"
-                           f" + overhead {gib(overhead)} leave no KV cache in {budget}")
+            rules.append(f"gpu_memory_utilization {s.util:g} asks for more than is free beside the CUDA context")
+        budget_reason = (f"weights {gib(weights)} exceed {budget}" if weights > reserved else
+                         f"weights {gib(weights)} + activations {gib(activation)} + CUDA graphs {gib(cudagraph)}"
+                         f" + overhead {gib(overhead)} leave no KV cache in {budget}")
     bpb = lay.bytes_per_block
-    num_blocks = max(kv_bytes, 0) // bpb
-    if kv_bytes > 0 and num_blocks < blocks_req + 1:  # one block is the pool's null block
-        reasons.append(f"one request of max_model_len {s.max_len:,} needs {gib(blocks_req * bpb)} of KV cache; "
-                       f"{gib(max(kv_bytes - bpb, 0))} is available")
-    excess = max(0, (blocks_req + 1) * bpb - kv_bytes)
-    if shape.is_hybrid and not cpu and not s.eager and s.seqs > num_blocks > 0:  # config/compilation.py
-        reasons.append(f"max_num_seqs {s.seqs} exceeds the {num_blocks} Mamba cache blocks (CUDA graphs need one "
-                       f"per decoding sequence)")
-        excess = max(excess, (s.seqs - num_blocks) * bpb)
-    if s.batched < s.seqs:
-        reasons.append(f"max_num_batched_tokens {s.batched} must be >= max_num_seqs {s.seqs}")
-    if not s.chunked and s.batched < s.max_len:
-        reasons.append(f"without chunked prefill max_num_batched_tokens {s.batched} must be >= max_model_len "
-                       f"{s.max_len}")
-    if s.max_len > shape.max_position_embeddings:
-        reasons.append(f"max_model_len {s.max_len:,} exceeds the model's {shape.max_position_embeddings:,} positions")
+    graphs_need_blocks = shape.is_hybrid and not cpu and not s.eager  # config/compilation.py: a Mamba block each
 
+    def memory_misses(kv: int, spare: int) -> tuple[list[str], int]:
+        """Why KV memory `kv` (and `spare` left beside an explicit size) is too little, and by how many bytes."""
+        if spare < 0 or (s.explicit_kv is None and kv <= 0):
+            return [budget_reason], max(-spare, (blocks_req + 1) * bpb - kv)
+        out, blocks = [], max(kv, 0) // bpb
+        if blocks < blocks_req + 1:  # one block is the pool's null block
+            out.append(f"one request of max_model_len {s.max_len:,} needs {gib(blocks_req * bpb)} of KV cache; "
+                       f"{gib(max(kv - bpb, 0))} is available")
+        excess = max(0, (blocks_req + 1) * bpb - kv)
+        if graphs_need_blocks and s.seqs > blocks > 0:
+            out.append(f"max_num_seqs {s.seqs} exceeds the {blocks} Mamba cache blocks (CUDA graphs need one "
+                       f"per decoding sequence)")
+            excess = max(excess, (s.seqs - blocks) * bpb)
+        return out, excess
+
+    memory, excess = memory_misses(kv_bytes, room)
+    # an explicit KV size is exact; only what is left beside it is uncertain
+    optimistic, _ = memory_misses(kv_bytes + (0 if s.explicit_kv is not None else uncertainty), room + uncertainty)
+    if s.batched < s.seqs:
+        rules.append(f"max_num_batched_tokens {s.batched} must be >= max_num_seqs {s.seqs}")
+    if not s.chunked and s.batched < s.max_len:
+        rules.append(f"without chunked prefill max_num_batched_tokens {s.batched} must be >= max_model_len "
+                     f"{s.max_len}")
+    if s.max_len > shape.max_position_embeddings:
+        rules.append(f"max_model_len {s.max_len:,} exceeds the model's {shape.max_position_embeddings:,} positions")
+
+    def tokens(kv: int) -> int:
+        if s.explicit_kv is not None:  # the pool is the size asked for; only what is left beside it is uncertain
+            kv = kv_bytes
+        return int(max(kv, 0) // bpb / blocks_req * s.max_len) if blocks_req else 0
+
+    num_blocks = max(kv_bytes, 0) // bpb
     usable = max(num_blocks - 1, 0)
     len_fit = max(0, (usable - lay.g_mamba * lay.per_state) // lay.g_attn * lay.block) if lay.n_attn else 0
     concurrency = num_blocks / blocks_req if blocks_req else 0.0
+    reasons = rules + memory
     return Estimate(
         weights_bytes=weights, kv_bytes_per_token=lay.n_attn * lay.attn_1tok, state_bytes_per_seq=lay.state_seq,
         block_size=lay.block, activation_peak_bytes=activation, cudagraph_bytes=cudagraph, overhead_bytes=overhead,
@@ -201,11 +232,11 @@ def estimate(
         fits=not reasons, reasons=tuple(reasons), excess_bytes=int(excess), num_blocks=num_blocks,
         bytes_per_block=bpb, blocks_per_request=blocks_req, max_model_len=s.max_len,
         max_model_len_fit=min(len_fit, shape.max_position_embeddings),
-        not_modelled=_quantization_not_modelled(quant) + s.not_modelled,
+        uncertainty_bytes=uncertainty, kv_tokens_low=tokens(kv_bytes - uncertainty),
+        kv_tokens_high=tokens(kv_bytes + uncertainty),
+        not_modelled=tuple(not_modelled),
+        refused=bool(rules) or (bool(optimistic) and not not_modelled),
     )
-
-
-
 
 
 def _weights(shape: ModelShape, quant: Quantization, dtype_b: int, mtp: bool, vision: bool,
@@ -238,17 +269,6 @@ def _weights_by_part(shape: ModelShape, quant: Quantization, dtype_b: int, mache
     else:
         parts["text"] = (shape.total_params - shape.vision_params) * dtype_b
     return parts["text"], parts["mtp"], parts["vision"]
-
-
-def _capture_sizes(max_num_seqs: int, batched: int, query_len: int) -> tuple[int, int]:
-    """(piecewise graphs, full decode graphs) as VllmConfig._set_cudagraph_sizes picks them by default."""
-    top = min(max_num_seqs * query_len * 2, 512, batched)
-    sizes = {s for s in (1, 2, 4) if s <= top} | set(range(8, min(top + 1, 256), 8)) | set(range(256, top + 1, 16))
-    if batched <= top:
-        sizes.add(batched)
-    if max_num_seqs * query_len <= top:
-        sizes.add(max_num_seqs * query_len)
-    return len(sizes), sum(1 for s in sizes if s <= max_num_seqs * query_len)
 
 
 def _quantization(shape: ModelShape, profile: GpuProfile, asked: str) -> tuple[Quantization, list[str]]:
@@ -326,35 +346,10 @@ def _layout(shape: ModelShape, s: Settings, cpu: bool, ssm_asked: str) -> _Layou
     return _Layout(block, bytes_per_block, g_attn, g_mamba, per_state, n_attn, attn_1tok, state_seq)
 
 
-def _activation(shape: ModelShape, s: Settings, cuda_graphs: bool) -> tuple[int, int]:
-    """(activation peak, CUDA-graph memory): the largest live intermediates of a forward pass over
-    max_num_batched_tokens (MLP / attention / GDN, whichever is widest), the vision encoder's profile run, or the
-    sampler's top-k/p warm-up over max_num_seqs rows; graphs: a fixed cost per captured graph and layer."""
-    b, h = DTYPE_BYTES.get(shape.dtype, 2), shape.hidden_size
-    kd = shape.linear_num_key_heads * shape.linear_key_head_dim
-    vd = shape.linear_num_value_heads * shape.linear_value_head_dim
-    gdn = (2 * (2 * kd + vd) * b + vd * (2 * b + shape.linear_key_head_dim * 4 / 64)) if shape.is_hybrid else 0
-    dense = shape.intermediate_size if shape.num_dense_mlp_layers else 0
-    moe = (shape.moe_intermediate_size * max(shape.num_experts_per_tok, 1) + shape.shared_expert_intermediate_size
-           if shape.num_moe_layers else 0)
-    attn = (shape.num_attention_heads * shape.head_dim * 3 + 2 * shape.num_kv_heads * shape.head_dim) * b
-    per_token = int(4 * h * b + max(3 * max(dense, moe) * b, attn, gdn))
-    forward = s.batched * per_token
-    if s.vision:  # the encoder profile: max_num_batched_tokens of image tokens, merge^2 patches each
-        patches = s.batched * shape.vision_merge ** 2
-        forward = max(forward + s.batched * h * b,
-                      patches * (6 * shape.vision_hidden_size + 2 * shape.vision_intermediate_size) * b)
-    sampler = min(s.seqs, s.batched) * shape.vocab_size * SAMPLER_BYTES_PER_LOGIT
-    activation = int(ACTIVATION_FUDGE * max(forward, sampler))
-    if not cuda_graphs:
-        return activation, 0
-    query = 1 + s.num_spec
-    piecewise, full = _capture_sizes(s.seqs, s.batched, query)
-    layers = shape.num_layers + (shape.num_mtp_layers if s.mtp else 0)
-    per_graph = CUDAGRAPH_BYTES_PER_LAYER * layers + MiB
-    compiled = max(0, CUDA_COMPILE_FLOOR_BYTES_PER_LAYER * layers - activation)  # the floor's part over the peak
-    graphs = (piecewise + full) * per_graph + min(s.seqs * query * 2, 512, s.batched) * per_token
-    return activation, int(graphs + compiled)
+def _cpu_activation(shape: ModelShape, s: Settings) -> int:
+    """The CPU build's warm-up peak left in the worker's RSS: the forward pass over max_num_batched_tokens or the
+    sampler's top-k/p warm-up over max_num_seqs rows, with allocator slack."""
+    return int(ACTIVATION_FUDGE * max(forward_peak(shape, s), sampler_peak(shape, s)))
 
 
 __all__ = ["Corrections", "Estimate", "estimate"]

@@ -1,15 +1,19 @@
 """Will this configuration fit? The estimator, corrected by what this study has already seen.
 
-Every boot that succeeds tells the KV-cache size vLLM really computed; every out-of-memory is a fact. From those
-the study fits an overhead term (the bytes vLLM used that the model did not predict) and refuses any
-configuration at least as demanding as one that already ran out of memory, so a failure is paid for once.
+Every warm boot that succeeds tells the KV-cache size vLLM really computed; every warm out-of-memory is a fact. From
+those the study fits an overhead term both ways (the bytes vLLM used beyond, or short of, the model) and refuses any
+configuration at least as demanding as one that already ran out of memory, so a failure is paid for once. A cold
+boot (its compile cache missed: torch.compile ran inside vLLM's memory profiling, 1-2 GiB more peak) teaches
+nothing: the configuration boots warm. Every proposal is judged under the corrections of that moment, so one
+refused under an estimate calibration has since moved is judged again when it comes back.
 """
 
 from __future__ import annotations
 
 import functools
 import json
-from collections.abc import Mapping, Sequence
+import statistics
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from optuna.trial import FrozenTrial, TrialState
@@ -29,13 +33,18 @@ from autotune.fit.hardware import (
     profile_for,
 )
 from autotune.fit.model_shape import ModelShape
-from autotune.units import GiB
+from autotune.units import GiB, MiB
 
 # Flags where a larger value needs more memory, and where a smaller one does.
 _MORE_IS_HEAVIER = ("max_num_seqs", "max_num_batched_tokens", "max_model_len", "kv_cache_memory_bytes")
 
 
 _LESS_IS_HEAVIER = ("gpu_memory_utilization",)
+
+
+# The narrowest band a calibrated estimate keeps: the boot-to-boot spread of one configuration's non-KV memory
+# (gpu-boots: the same flags warm printed 2.74-2.76 GiB of KV; CUDA-graph capture varied by 0.07 GiB).
+CALIBRATED_FLOOR_BYTES = 128 * MiB
 
 
 @dataclass(frozen=True)
@@ -48,14 +57,17 @@ class Observation:
     observed_kv_tokens: int | None
     kv_bytes_per_token: float | None
     memory_failed: bool
+    predicted_on: str | None = None  # the card and vLLM version it was predicted for (absent on old trials)
 
 
 @dataclass(frozen=True)
 class Verdict:
     estimate: Estimate
     fits: bool
-    reason: str  # why not, when it does not fit
+    reason: str  # why not, when it does not fit; why it is booted anyway, when it is inside the band
     excess_gib: float  # how far from fitting (the constraint value Optuna learns from)
+    calibrated_by: int = 0  # warm boots of this study, on this card and vLLM version, the estimate is fitted on
+    predicted_on: str | None = None  # where(): recorded on the trial, so only boots here calibrate later ones
 
 
 @functools.cache
@@ -73,28 +85,59 @@ def resolve_profile(hardware: str, cpu_build: bool) -> GpuProfile:
     return profile_for(gpus[0]) if gpus else cpu_profile()
 
 
+COLD = "cold"  # the trial user attr compile_cache: "cold" | "warm" (absent on old trials and eager boots: usable)
+
+
 def observations(trials: Sequence[FrozenTrial]) -> list[Observation]:
+    """Booted trials that teach the estimator: never a cold-cache boot (its figures and failures are the compile's)."""
     out = []
     for t in trials:
         a = t.user_attrs
-        if t.state != TrialState.COMPLETE or not a.get("booted", True) or "flags" not in a:
+        if (t.state != TrialState.COMPLETE or not a.get("booted", True) or "flags" not in a
+                or a.get("compile_cache") == COLD):
             continue
         memory_failed = a.get("failure_kind") in MEMORY_FAILURE_KINDS
         if "kv_cache_tokens" not in a and not memory_failed:
             continue
         out.append(Observation(t.number, json.loads(a["flags"]), a.get("predicted_kv_tokens"),
-                               a.get("kv_cache_tokens"), a.get("predicted_kv_bytes_per_token"), memory_failed))
+                               a.get("kv_cache_tokens"), a.get("predicted_kv_bytes_per_token"), memory_failed,
+                               a.get("predicted_on")))
     return out
 
 
-def corrections(obs: Sequence[Observation]) -> Corrections:
-    """The largest over-prediction of KV memory seen so far becomes an overhead term (a safe, simple fit)."""
-    over = [
-        (o.predicted_kv_tokens - o.observed_kv_tokens) * o.kv_bytes_per_token
-        for o in obs
-        if o.predicted_kv_tokens is not None and o.observed_kv_tokens is not None and o.kv_bytes_per_token
-    ]
-    return Corrections(overhead_bytes=int(max(0.0, *over)) if over else 0)
+def where(profile: GpuProfile, version: str | None) -> str:
+    """The card and vLLM version a prediction is for: boots elsewhere do not calibrate it."""
+    return f"{profile.name}, vLLM {version or 'unknown'}"
+
+
+def corrections(obs: Sequence[Observation], predict: Callable[[Mapping[str, object]], Estimate] | None = None,
+                here: str | None = None) -> Corrections:
+    """The median residual of the warm boots (predicted minus printed KV memory, in bytes), so more KV printed than
+    predicted lowers the overhead and less raises it; its band is the residuals' spread around it plus one block.
+
+    `predict` is the uncorrected estimator: each boot's residual is taken against today's model, not the one
+    (perhaps older, perhaps already corrected) that predicted it when it ran. Without it, the recorded prediction
+    and its bytes per token are used."""
+    residuals: list[float] = []
+    blocks: list[int] = []
+    for o in obs:
+        if o.observed_kv_tokens is None or (here is not None and o.predicted_on not in (None, here)):
+            continue
+        if predict is not None:
+            est = predict(o.flags)
+            if not (est.max_model_len and est.blocks_per_request and est.bytes_per_block):
+                continue
+            seen_blocks = o.observed_kv_tokens / est.max_model_len * est.blocks_per_request + 0.5
+            residuals.append(est.kv_cache_bytes - seen_blocks * est.bytes_per_block)
+            blocks.append(est.bytes_per_block)
+        elif o.predicted_kv_tokens is not None and o.kv_bytes_per_token:
+            residuals.append((o.predicted_kv_tokens - o.observed_kv_tokens) * o.kv_bytes_per_token)
+    if not residuals:
+        return Corrections()
+    mid = statistics.median(residuals)
+    spread = max(abs(r - mid) for r in residuals) + max(blocks, default=0)
+    return Corrections(overhead_bytes=int(mid), calibrated_by=len(residuals),
+                       uncertainty_bytes=int(max(spread, CALIBRATED_FLOOR_BYTES)))
 
 
 def dominated_by_failure(flags: Mapping[str, object], obs: Sequence[Observation]) -> Observation | None:
@@ -113,20 +156,34 @@ def dominated_by_failure(flags: Mapping[str, object], obs: Sequence[Observation]
 
 def judge(model: str, profile: GpuProfile, flags: Mapping[str, object], env: Mapping[str, str],
           obs: Sequence[Observation] = ()) -> Verdict:
+    """Boot it, or refuse it before boot: refused only when a startup rule fails, it is at least as demanding as a
+    warm boot that ran out of memory, or it misses by more than the estimate's uncertainty (and is modelled)."""
     cpu_kv = env.get("VLLM_CPU_KVCACHE_SPACE")
     version = installed_vllm_version()
-    est = estimate(model_shape(model), profile, flags, corrections=corrections(obs),
-                   cpu_kvcache_bytes=int(float(cpu_kv) * GiB) if cpu_kv else None,
-                   default_gpu_memory_utilization=default_gpu_memory_utilization(version), vllm_version=version)
+    run = functools.partial(estimate, model_shape(model), profile,
+                            cpu_kvcache_bytes=int(float(cpu_kv) * GiB) if cpu_kv else None,
+                            default_gpu_memory_utilization=default_gpu_memory_utilization(version),
+                            vllm_version=version)
+    here = where(profile, version)
+    fitted = corrections(obs, lambda f: run(f), here)
+    est = run(flags, corrections=fitted)
+    calibrated = fitted.calibrated_by
     if (failed := dominated_by_failure(flags, obs)) is not None:
-        return Verdict(est, False, f"at least as demanding as trial {failed.trial}, which ran out of memory", 1.0)
-    if not est.fits:
+        return Verdict(est, False, f"at least as demanding as trial {failed.trial}, which ran out of memory", 1.0,
+                       calibrated, here)
+    if est.refused:
         excess = est.excess_bytes / GiB if est.excess_bytes > 0 else 1.0
-        return Verdict(est, False, "; ".join(est.reasons) or "does not fit", excess)
-    return Verdict(est, True, "", 0.0)
+        return Verdict(est, False, "; ".join(est.reasons) or "does not fit", excess, calibrated, here)
+    if est.not_modelled:
+        return Verdict(est, True, "not modelled: booted to learn: " + "; ".join(est.not_modelled), 0.0, calibrated,
+                       here)
+    if not est.fits:
+        return Verdict(est, True, "inside the estimate's uncertainty: booted to learn: " + "; ".join(est.reasons),
+                       0.0, calibrated, here)
+    return Verdict(est, True, "", 0.0, calibrated, here)
 
 
-def prediction_attrs(est: Estimate) -> dict[str, object]:
+def prediction_attrs(est: Estimate, predicted_on: str | None = None) -> dict[str, object]:
     """What the estimator predicted, recorded on every trial so it can be read against what vLLM printed."""
     # Bytes a request of max_model_len tokens takes per token: attention blocks and, for hybrid models, the
     # state blocks too (what a token more or less in vLLM's figure means in memory).
@@ -134,12 +191,16 @@ def prediction_attrs(est: Estimate) -> dict[str, object]:
         per_token = est.blocks_per_request * est.bytes_per_block / est.max_model_len
     else:
         per_token = est.bytes_per_block / est.block_size if est.block_size else 0
+    where_attr = {"predicted_on": predicted_on} if predicted_on else {}
     return {
+        **where_attr,
         "predicted_fits": est.fits,
         "predicted_kv_tokens": est.kv_tokens,
         "predicted_weights_gib": round(est.weights_bytes / GiB, 3),
         "predicted_kv_cache_gib": round(est.kv_cache_bytes / GiB, 3),
         "predicted_kv_bytes_per_token": per_token,
+        "predicted_kv_tokens_low": est.kv_tokens_low,
+        "predicted_kv_tokens_high": est.kv_tokens_high,
     }
 
 

@@ -22,7 +22,7 @@ from optuna.trial import TrialState
 from autotune.config.study_file import StudySpec
 from autotune.engine.flags import Build, detect_build, invalid_reason, value_text
 from autotune.engine.server import reap_leftover_servers
-from autotune.errors import EngineError, SpecError
+from autotune.errors import EngineError, SpecError, StorageError
 from autotune.fit import feasibility, memcap
 from autotune.fit.hardware import GpuProfile, detect_gpus
 from autotune.measure.trial import LevelOutcome, TrialResult, configured, plan_trial, run_trial
@@ -37,6 +37,7 @@ from autotune.search.storage import (
     attach_log,
     default_storage,
     heartbeat,
+    load_existing_study,
     open_artifact_store,
     open_storage,
     resume,
@@ -131,12 +132,18 @@ def check_inputs(spec: StudySpec) -> None:
             raise SpecError(str(spec.path), key, f"cannot resolve {model!r}: {e}") from None
 
 
+PREDICTED_NOT_TO_FIT = "predicted not to fit"  # the reason's head of a trial refused on the memory estimate
+
+
 def _queue_unmeasured_baselines(study: optuna.Study, spec: StudySpec) -> None:
     """Queue every baseline that has no measured trial (COMPLETE or PRUNED) and none queued or running: one
     interrupted, killed or otherwise failed through no fault of its own is measured when the study resumes."""
     settled = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.WAITING, TrialState.RUNNING)
+    # One refused before boot on a memory estimate is not settled: calibration may have moved since, and it is judged
+    # again under today's corrections (issue 13).
     have = {(t.user_attrs.get(BASELINE_ATTR) or {}).get("name")
-            for t in study.get_trials(deepcopy=False, states=settled)}
+            for t in study.get_trials(deepcopy=False, states=settled)
+            if not str(t.user_attrs.get("reason", "")).startswith(PREDICTED_NOT_TO_FIT)}
     for baseline in spec.baselines:
         if baseline.name not in have:
             enqueue_baseline(study, baseline, spec.space)
@@ -278,17 +285,31 @@ def preview_configs(spec: StudySpec, n: int, seed: int = 0) -> list[tuple[str, E
     return out
 
 
-def preview_estimates(spec: StudySpec, hardware: str | None, samples: int) -> tuple[GpuProfile, list[tuple]]:
+def preview_estimates(spec: StudySpec, hardware: str | None, samples: int,
+                      storage_url: str | None = None) -> tuple[GpuProfile, list[tuple]]:
     """`autotune estimate STUDY`: the card the study plans with (capped when it has a memory cap) and, for the
-    baselines and `samples` sampled configurations, (label, model, flags, memory verdict)."""
+    baselines and `samples` sampled configurations, (label, model, flags, memory verdict), calibrated by the study's
+    stored warm boots when its storage exists."""
     profile = feasibility.resolve_profile(hardware or spec.hardware, detect_build() is Build.CPU)
     if spec.memory_cap is not None:
         profile = memcap.capped_profile(profile, spec.memory_cap)
+    seen = stored_observations(spec, storage_url)
     rows = []
     for label, config in preview_configs(spec, samples):
         path, flags = configured(config.model, config.flags)
-        rows.append((label, config.model, flags, feasibility.judge(path, profile, flags, spec.env)))
+        rows.append((label, config.model, flags, feasibility.judge(path, profile, flags, spec.env, seen)))
     return profile, rows
+
+
+def stored_observations(spec: StudySpec, storage_url: str | None) -> list[feasibility.Observation]:
+    """The booted trials of the study's storage, read-only; none when it has not run yet (nothing is created)."""
+    url = storage_url or spec.storage or default_storage(spec)
+    if url.startswith("sqlite:///") and not Path(url.removeprefix("sqlite:///")).exists():
+        return []
+    try:
+        return feasibility.observations(load_existing_study(spec.name, url).trials)
+    except StorageError:
+        return []
 
 
 def _one_trial(run: _Run, slot: Slot) -> TrialResult | None:
@@ -313,10 +334,10 @@ def _one_trial(run: _Run, slot: Slot) -> TrialResult | None:
         return None
 
     verdict = feasibility.judge(model_path, run.profile, flags, spec.env, feasibility.observations(study.trials))
-    for key, value in feasibility.prediction_attrs(verdict.estimate).items():
+    for key, value in feasibility.prediction_attrs(verdict.estimate, verdict.predicted_on).items():
         trial.set_user_attr(key, value)
     if not verdict.fits:
-        tell.tell_rejected(study, trial, f"predicted not to fit: {verdict.reason}", memory_excess=verdict.excess_gib)
+        tell.tell_rejected(study, trial, f"{PREDICTED_NOT_TO_FIT}: {verdict.reason}", memory_excess=verdict.excess_gib)
         run.ended(trial, TrialState.COMPLETE, f"pruned before boot: {verdict.reason}")
         return None
     if run.profile.kind == "cuda":

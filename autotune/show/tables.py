@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 from optuna.trial import TrialState
 from rich.console import Console, Group, RenderableType
 from rich.live import Live
@@ -173,18 +175,52 @@ def study_table(trials, *, limit: int = 15, title: str = "trials, best feasible 
     return table
 
 
+def calibration_text(v) -> str:
+    """Whether the estimate is fitted on this study's warm boots on this card and vLLM version."""
+    if v.calibrated_by:
+        return f"calibrated on {v.calibrated_by} warm boot{'s' if v.calibrated_by > 1 else ''} ({v.predicted_on})"
+    return f"uncalibrated ({v.predicted_on})" if v.predicted_on else "uncalibrated"
+
+
+def verdict_text(v) -> str:
+    """fits / booted to learn (inside the band, or not modelled) / refused, and why."""
+    if not v.fits:
+        return f"refused: {v.reason}"
+    return f"boot: {v.reason}" if v.reason else "fits"
+
+
 def estimates_table(rows, *, title: str) -> Table:
     """rows: (label, model, flags, feasibility.Verdict)."""
-    t = Table(title=escape(title), title_justify="left")
-    for col in ("configuration", "weights", "KV cache", "KV tokens", "conc. at max len", "fits / why not"):
-        t.add_column(col, justify="left" if col in ("configuration", "fits / why not") else "right", overflow="fold")
+    t = Table(title=escape(title), title_justify="left", caption=escape(calibration_text(rows[0][3])) if rows else None)
+    for col in ("configuration", "weights", "KV cache", "KV tokens (range)", "conc. at max len", "verdict"):
+        t.add_column(col, justify="left" if col in ("configuration", "verdict") else "right", overflow="fold")
     for label, model, _flags, v in rows:
         e = v.estimate
+        verdict = verdict_text(v)
+        shown = ("[green]fits[/]" if verdict == "fits" else f"[red]refused[/]: {escape(v.reason)}" if not v.fits
+                 else f"[yellow]boot[/]: {escape(v.reason)}")
         t.add_row(f"{escape(label)}\n[dim]{escape(model)}[/]", format_gib(e.weights_bytes, 1),
-                  format_gib(e.kv_cache_bytes),
-                  f"{e.kv_tokens:,}", f"{e.max_concurrency_at_max_len:.1f}x",
-                  "[green]fits[/]" if v.fits else f"[red]no[/]: {escape(v.reason)}")
+                  f"{format_gib(e.kv_cache_bytes)} ± {format_gib(e.uncertainty_bytes)}",
+                  f"{e.kv_tokens:,}\n[dim]{e.kv_tokens_low:,}-{e.kv_tokens_high:,}[/]",
+                  f"{e.max_concurrency_at_max_len:.1f}x", shown)
     return t
+
+
+def estimates_json(rows, *, profile_name: str) -> str:
+    """`autotune estimate --format json`: one document, for scripts."""
+    out = []
+    for label, model, flags, v in rows:
+        e = v.estimate
+        out.append({"configuration": label, "model": model, "flags": flags, "verdict": verdict_text(v),
+                    "boot": v.fits, "refused": not v.fits, "reason": v.reason, "fits_at_centre": e.fits,
+                    "kv_tokens": e.kv_tokens, "kv_tokens_low": e.kv_tokens_low, "kv_tokens_high": e.kv_tokens_high,
+                    "kv_cache_bytes": e.kv_cache_bytes, "uncertainty_bytes": e.uncertainty_bytes,
+                    "weights_bytes": e.weights_bytes, "activation_peak_bytes": e.activation_peak_bytes,
+                    "cudagraph_bytes": e.cudagraph_bytes, "overhead_bytes": e.overhead_bytes,
+                    "max_concurrency_at_max_len": e.max_concurrency_at_max_len,
+                    "not_modelled": list(e.not_modelled), "calibrated_by": v.calibrated_by,
+                    "calibration": calibration_text(v)})
+    return json.dumps({"hardware": profile_name, "configurations": out}, indent=1, default=str)
 
 
 def breakdown_rows(est: Estimate) -> list[tuple[str, str]]:
@@ -198,10 +234,11 @@ def breakdown_rows(est: Estimate) -> list[tuple[str, str]]:
         rows.append(("state per sequence", f"{est.state_bytes_per_seq / MiB:.1f} MiB"))
     rows += [("block size", f"{est.block_size} tokens"),
              ("blocks", f"{est.num_blocks} x {est.bytes_per_block / MiB:.2f} MiB"),
-             ("KV tokens", f"{est.kv_tokens:,}"),
+             ("KV tokens", f"{est.kv_tokens:,} (range {est.kv_tokens_low:,}-{est.kv_tokens_high:,})"),
+             ("uncertainty of the non-KV memory", g(est.uncertainty_bytes)),
              (f"max concurrency at {est.max_model_len:,} tokens", f"{est.max_concurrency_at_max_len:.2f}x"),
              ("sequences whose state fits", str(est.max_seqs_by_state)),
-             ("fits", "yes" if est.fits else "no")]
+             ("fits", "yes" if est.fits else "refused" if est.refused else "inside the band: booted to learn")]
     rows += [("reason", r) for r in est.reasons]
     return rows
 

@@ -350,7 +350,8 @@ def test_the_breakdown_autotune_estimate_prints_reads_the_estimate():
 
     est = estimate(ModelShape.from_config(DENSE), CPU, {"max_model_len": 2048}, cpu_kvcache_bytes=1 * GiB)
     rows = dict(breakdown_rows(est))
-    assert rows["KV tokens"] == "524,288" and rows["max concurrency at 2,048 tokens"] == "256.00x"
+    assert rows["KV tokens"] == "524,288 (range 524,288-524,288)"  # an explicit KV size: no band
+    assert rows["max concurrency at 2,048 tokens"] == "256.00x"
     assert rows["block size"] == "128 tokens" and rows["KV per token"] == "2.0 KiB" and rows["fits"] == "yes"
     assert "state per sequence" not in rows  # a dense model has none
     refused = estimate(ModelShape.from_config(DENSE), CPU, {"max_model_len": 10**9}, cpu_kvcache_bytes=1 * GiB)

@@ -59,8 +59,8 @@ def booted(model: str, flags: dict[str, object], result: TrialResult, env: dict[
 
 
 def obs(trial: int, flags: dict, *, predicted: int | None = None, observed: int | None = None,
-        per_token: float | None = None, failed: bool = False) -> Observation:
-    return Observation(trial, flags, predicted, observed, per_token, failed)
+        per_token: float | None = None, failed: bool = False, on: str | None = None) -> Observation:
+    return Observation(trial, flags, predicted, observed, per_token, failed, on)
 
 
 # ---- observations() from stored trials -----------------------------------------------------------------------
@@ -101,33 +101,47 @@ def test_observations_read_what_the_run_loop_records(study, dense, tmp_path) -> 
 # ---- corrections() ---------------------------------------------------------------------------------------------
 
 
-def test_corrections_take_the_largest_over_prediction_in_bytes() -> None:
+def test_corrections_move_both_ways_by_the_median_residual() -> None:
     seen = [
         obs(0, {}, predicted=524_288, observed=500_000, per_token=2048),  # 24,288 tokens x 2 KiB = 49,741,824 B
-        obs(1, {}, predicted=100_000, observed=90_000, per_token=8192),  # 10,000 x 8 KiB = 81,920,000 B (largest)
+        obs(1, {}, predicted=100_000, observed=90_000, per_token=8192),  # 10,000 x 8 KiB = 81,920,000 B
         obs(2, {}, predicted=10_000, observed=12_000, per_token=2048),  # under-predicted: -4,096,000 B
         obs(3, {}, failed=True),  # a failure carries no figure
         obs(4, {}, predicted=10_000, observed=1, per_token=None),  # no per-token size recorded: unusable
     ]
-    assert corrections(seen) == Corrections(overhead_bytes=81_920_000, margin=0.0)
-    assert corrections(seen[:1]) == Corrections(overhead_bytes=49_741_824)
-
-
-def test_corrections_never_add_memory() -> None:
-    # Only under-predictions (vLLM found more than predicted): the estimator stays as it is, not more optimistic.
-    assert corrections([obs(0, {}, predicted=1000, observed=5000, per_token=2048)]) == Corrections()
+    fitted = corrections(seen)
+    assert (fitted.overhead_bytes, fitted.calibrated_by) == (49_741_824, 3)  # the median, not the largest
+    # the spread around it (81.9 MB - 49.7 MB + 4.1 MB; no block size known), but never under the calibrated floor
+    assert fitted.uncertainty_bytes == max(81_920_000 - 49_741_824 + 4_096_000, 128 * MiB)
+    wide = corrections([*seen, obs(5, {}, predicted=100_000, observed=10_000, per_token=8192)])
+    assert wide.uncertainty_bytes == 90_000 * 8192 - (49_741_824 + 81_920_000) // 2  # median of four: the middle two
+    # more KV printed than predicted lowers the overhead: the estimate becomes more optimistic
+    under = corrections([obs(0, {}, predicted=1000, observed=5000, per_token=2048)])
+    assert under.overhead_bytes == -4000 * 2048 and under.calibrated_by == 1
+    assert under.uncertainty_bytes == 128 * MiB  # one boot: the calibrated floor
     assert corrections([]) == Corrections()
-    assert corrections([obs(0, {}, predicted=1000, observed=1000, per_token=2048)]) == Corrections()
 
 
-def test_judge_applies_the_fitted_overhead(dense) -> None:
+def test_corrections_only_from_boots_on_this_card_and_version() -> None:
+    here, there = "RTX 3090, vLLM 0.25.0", "H100, vLLM 0.25.0"
+    seen = [obs(0, {}, predicted=2000, observed=1000, per_token=2048, on=there),
+            obs(1, {}, predicted=1500, observed=1000, per_token=2048, on=here),
+            obs(2, {}, predicted=1200, observed=1000, per_token=2048)]  # an old trial: where is unknown, usable
+    assert corrections(seen, here=here).overhead_bytes == 350 * 2048  # median of 500 and 200 tokens
+
+
+def test_judge_corrections_move_both_ways(dense) -> None:
     flags = {"max_model_len": 4096, "max_num_seqs": 16}
     plain = judge(dense, RTX3090, flags, {})
-    seen = [obs(0, flags, predicted=50_000, observed=40_000, per_token=2048)]  # 20,480,000 B over-predicted
-    fitted = judge(dense, RTX3090, flags, {}, seen)
-    assert fitted.estimate.overhead_bytes == plain.estimate.overhead_bytes + 20_480_000
-    assert fitted.estimate.kv_cache_bytes == plain.estimate.kv_cache_bytes - 20_480_000
-    assert fitted.fits and plain.fits
+    assert plain.calibrated_by == 0 and plain.predicted_on == f"{RTX3090.name}, vLLM 0.32.0"
+    per_block = plain.estimate.bytes_per_block
+    for blocks, sign in ((-40, 1), (40, -1)):  # vLLM printed 40 blocks fewer, then 40 more, than predicted
+        tokens = int((plain.estimate.num_blocks + blocks) / plain.estimate.blocks_per_request * 4096)
+        fitted = judge(dense, RTX3090, flags, {}, [obs(0, flags, observed=tokens)])
+        moved = fitted.estimate.kv_cache_bytes - plain.estimate.kv_cache_bytes
+        assert fitted.calibrated_by == 1 and fitted.fits
+        assert abs(moved + sign * 40 * per_block) <= per_block  # the correction follows the residual's sign
+        assert fitted.estimate.uncertainty_bytes <= plain.estimate.uncertainty_bytes  # never a wider band
 
 
 # ---- dominated_by_failure() ------------------------------------------------------------------------------------
@@ -211,6 +225,8 @@ def test_prediction_attrs_keys_and_values(dense) -> None:
         "predicted_weights_gib": round(3_410_688 * 2 / GiB, 3),  # 3,410,688 bf16 parameters (test_estimate.py)
         "predicted_kv_cache_gib": 1.0,
         "predicted_kv_bytes_per_token": 2048.0,
+        "predicted_kv_tokens_low": 524_288,  # an explicit KV size is exact: no band on the pool
+        "predicted_kv_tokens_high": 524_288,
     }
     json.dumps(attrs)  # storable as Optuna user attributes
     miss = prediction_attrs(estimate(ModelShape.from_dir(dense), CPU, {"max_model_len": 4096,
@@ -230,3 +246,18 @@ def test_a_models_config_is_read_in_one_place_for_its_shape_and_its_vocabulary(t
     assert model_vocab_size(hub_id) == model_shape(hub_id).vocab_size == vocab
     with pytest.raises(SpecError, match="cannot read model config"):
         model_config(str(tmp_path))
+
+
+def test_a_cold_boot_teaches_nothing(study, dense, tmp_path) -> None:
+    """compile_cache "cold": torch.compile ran inside vLLM's memory profiling (1-2 GiB more peak); neither its KV
+    figure nor its memory failure is the configuration's. Absent (old trials, eager boots) is usable."""
+    flags = {"load_format": "dummy", "max_model_len": 2048, "max_num_seqs": 8}
+    kv_fail = Failure(FailureKind.TOO_MANY_SEQS_FOR_STATE, "max_num_seqs exceeds the Mamba cache blocks", "")
+    add(study, {**booted(dense, flags, TrialResult("infeasible", failure=kv_fail)), "compile_cache": "cold"})
+    add(study, {**booted(dense, flags, TrialResult("ok", 1.0, boot=BootInfo(9.0, 1000))), "compile_cache": "cold"})
+    add(study, {**booted(dense, flags, TrialResult("ok", 1.0, boot=BootInfo(9.0, 2000))), "compile_cache": "warm"})
+    add(study, booted(dense, flags, TrialResult("ok", 1.0, boot=BootInfo(9.0, 3000))))
+    stored = optuna.load_study(study_name="feasibility", storage=f"sqlite:///{tmp_path / 'study.db'}")
+    seen = observations(stored.trials)
+    assert [(o.trial, o.observed_kv_tokens) for o in seen] == [(2, 2000), (3, 3000)]
+    assert dominated_by_failure(flags, seen) is None  # the cold failure is no 'does not fit' fact

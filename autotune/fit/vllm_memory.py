@@ -1,0 +1,146 @@
+"""What a CUDA vLLM worker takes beside weights and KV cache before it sizes the pool, term by term, per version.
+
+vLLM 0.25.0 (tests/data/gpu-boots/VLLM-MEMORY-0.25.md, read in its CUDA wheel) and the installed 0.32.0 source
+(vllm/v1/worker/gpu_worker.py determine_available_memory 634-740, vllm/utils/mem_utils.py memory_profiling
+286-321) agree on the terms:
+
+    available_kv = requested - (weights + torch_peak_increase + non_torch_increase) - cudagraph_estimate
+
+- torch_peak_increase: allocated_bytes.all.peak over profile_run(), one _dummy_run of max_num_batched_tokens and
+  a sampler run over min(max_num_seqs, tokens) rows (0.25 gpu_model_runner.py profile_run 6290-6363; 0.32
+  profile_run 6133). 0.32 charges total_consumed + (peak - allocated after profiling), the same sum.
+- A cold compile cache runs torch.compile and the first Triton JIT inside that profile run: its peak is 1-2 GiB
+  higher (gpu-boots cold vs warm). That is not the configuration's need; the warm boot is what is predicted.
+- cudagraph_estimate: profile_cudagraph_memory (0.25 6498-6645, 0.32 6333), subtracted while
+  VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS is on (default "1": 0.25 envs.py 280, 0.32 envs.py 328). Per runtime mode
+  it captures the two largest graphs: first + (n - 1) x per-graph; modes share one pool, so the total is the largest
+  first capture plus every mode's per-graph terms.
+- Capture sizes: VllmConfig._set_cudagraph_sizes (0.25 config/vllm.py 1719-1768, 0.32 2292-2525); FULL decode
+  graphs only up to max_num_seqs x query length (0.25 cudagraph_dispatcher.py initialize_cudagraph_keys 205-222).
+
+Constants below are fitted where vLLM measures at boot; each names its logs and its uncertainty (one sigma-ish,
+added in quadrature by the caller).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from autotune.engine.defaults import _version
+from autotune.fit.model_shape import DTYPE_BYTES, ModelShape
+from autotune.fit.settings import Settings
+from autotune.units import MiB
+
+# "non-torch forward increase memory" (cuBLAS/NCCL workspaces): 0.25-0.26 GiB in all eleven gpu-boots logs.
+CUDA_NON_TORCH_BYTES = 256 * MiB
+NON_TORCH_UNCERTAINTY_BYTES = 64 * MiB
+
+# Warm torch peak of the profile run = FORWARD_FUDGE x (sum of the widest live intermediates per token x tokens)
+# + FORWARD_BASE_BYTES. Fitted on gpu-boots warm logs: 1.50 GiB at 8192 tokens (8, 16, 48, 128 seqs), 0.40 GiB at
+# 2048 (8, 32, 64 seqs); the two points fix both constants. Uncertainty: the per-token sum is a formula of the
+# shape, fitted on one model: 15 %.
+FORWARD_FUDGE = 1.235
+FORWARD_BASE_BYTES = 34 * MiB
+ACTIVATION_UNCERTAINTY = 0.15
+
+# Sampler warm-up (_dummy_sampler_run): fp32 logits, probs, sorted values and int64 indices per logit.
+# gpu-boots b-s128: 0.59 GiB = 128 rows x 248,320 vocab x 19.9 B, no allocator slack over it.
+SAMPLER_BYTES_PER_LOGIT = 20
+
+# CUDA-graph estimate ("Estimated PIECEWISE|FULL CUDA graph memory: X MiB first-capture + (n-1) x Y MiB per-graph",
+# all gpu-boots logs, 64 decoder layers): per-graph 12 MiB (PIECEWISE) and 4 MiB (FULL) whatever the size;
+# PIECEWISE first capture 88 MiB at 96 tokens, 104 at 128 (124 once, b-s128) = 40 MiB + 8 KiB x layers x tokens.
+# The estimate itself matched the printed "Estimated CUDA graph memory" within 20 MiB; per layer for other models is
+# a guess: 25 %.
+PIECEWISE_GRAPH_BYTES_PER_LAYER = 12 * MiB // 64
+FULL_GRAPH_BYTES_PER_LAYER = 4 * MiB // 64
+FIRST_CAPTURE_BASE_BYTES = 40 * MiB
+FIRST_CAPTURE_BYTES_PER_LAYER_TOKEN = 8 * 1024
+CUDAGRAPH_UNCERTAINTY = 0.25
+
+
+@dataclass(frozen=True)
+class CudaTerms:
+    """The non-KV terms determine_available_memory subtracts, with their uncertainties."""
+
+    activation_bytes: int
+    cudagraph_bytes: int
+    non_torch_bytes: int
+    uncertainty_bytes: int  # of the three together (quadrature)
+
+
+def capture_sizes(s: Settings, config: Mapping[str, object], vllm_version: str | None,
+                  blackwell: bool = False) -> tuple[list[int], list[int]]:
+    """(PIECEWISE sizes, FULL decode sizes) as _set_cudagraph_sizes and the dispatcher pick them."""
+    query = 1 + s.num_spec
+    asked = config.get("max_cudagraph_capture_size")
+    default_max = 1024 if blackwell else 512  # 0.32 config/vllm.py 2297: data-centre Blackwell
+    top = int(str(asked)) if asked is not None else min(s.seqs * query * 2, default_max)
+    top = min(top, s.batched)
+    explicit = config.get("cudagraph_capture_sizes")
+    if isinstance(explicit, (list, tuple)):
+        sizes = sorted({int(x) for x in explicit if int(x) <= s.batched})
+    else:
+        sizes = [n for n in (1, 2, 4) if n <= top] + list(range(8, min(top + 1, 256), 8))
+        sizes += list(range(256, top + 1, 16))
+        if vllm_version is None or _version(vllm_version) >= (0, 27):  # 0.32 config/vllm.py 2470-2480
+            if s.batched <= top:
+                sizes.append(s.batched)
+            if asked is None and s.seqs * query <= top:
+                sizes.append(s.seqs * query)
+        sizes = sorted(set(sizes))
+    return sizes, [n for n in sizes if n <= s.seqs * query]
+
+
+def cudagraph_estimate(layers: int, piecewise: list[int], full: list[int]) -> int:
+    """profile_cudagraph_memory's total: the largest first capture + (n - 1) per-graph costs of each mode."""
+    if not piecewise:
+        return 0
+    first = FIRST_CAPTURE_BASE_BYTES + FIRST_CAPTURE_BYTES_PER_LAYER_TOKEN * layers * max(piecewise)
+    rest = ((len(piecewise) - 1) * PIECEWISE_GRAPH_BYTES_PER_LAYER * layers
+            + max(len(full) - 1, 0) * FULL_GRAPH_BYTES_PER_LAYER * layers)
+    return int(first + rest)
+
+
+def forward_bytes_per_token(shape: ModelShape) -> int:
+    """The widest live intermediates of one token's forward pass (MLP, attention or GDN) plus the residual
+    stream: what the profile run's _dummy_run holds per token at its peak, before allocator slack."""
+    b, h = DTYPE_BYTES.get(shape.dtype, 2), shape.hidden_size
+    kd = shape.linear_num_key_heads * shape.linear_key_head_dim
+    vd = shape.linear_num_value_heads * shape.linear_value_head_dim
+    gdn = (2 * (2 * kd + vd) * b + vd * (2 * b + shape.linear_key_head_dim * 4 / 64)) if shape.is_hybrid else 0
+    dense = shape.intermediate_size if shape.num_dense_mlp_layers else 0
+    moe = (shape.moe_intermediate_size * max(shape.num_experts_per_tok, 1) + shape.shared_expert_intermediate_size
+           if shape.num_moe_layers else 0)
+    attn = (shape.num_attention_heads * shape.head_dim * 3 + 2 * shape.num_kv_heads * shape.head_dim) * b
+    return int(4 * h * b + max(3 * max(dense, moe) * b, attn, gdn))
+
+
+def forward_peak(shape: ModelShape, s: Settings) -> int:
+    """The forward part of the profile run over max_num_batched_tokens (and the vision encoder's, if profiled)."""
+    b, h = DTYPE_BYTES.get(shape.dtype, 2), shape.hidden_size
+    forward = s.batched * forward_bytes_per_token(shape)
+    if s.vision:  # the encoder profile: max_num_batched_tokens of image tokens, merge^2 patches each
+        patches = s.batched * shape.vision_merge ** 2
+        forward = max(forward + s.batched * h * b,
+                      patches * (6 * shape.vision_hidden_size + 2 * shape.vision_intermediate_size) * b)
+    return forward
+
+
+def sampler_peak(shape: ModelShape, s: Settings) -> int:
+    return min(s.seqs, s.batched) * shape.vocab_size * SAMPLER_BYTES_PER_LOGIT
+
+
+def cuda_terms(shape: ModelShape, s: Settings, config: Mapping[str, object], vllm_version: str | None,
+               blackwell: bool = False) -> CudaTerms:
+    """A warm boot's (compile cache hit) non-KV terms on a CUDA card."""
+    activation = max(int(FORWARD_FUDGE * forward_peak(shape, s) + FORWARD_BASE_BYTES), sampler_peak(shape, s))
+    graphs = 0
+    if not s.eager:
+        piecewise, full = capture_sizes(s, config, vllm_version, blackwell)
+        graphs = cudagraph_estimate(shape.num_layers, piecewise, full)
+    spread = math.hypot(ACTIVATION_UNCERTAINTY * activation, CUDAGRAPH_UNCERTAINTY * graphs,
+                        NON_TORCH_UNCERTAINTY_BYTES)
+    return CudaTerms(activation, graphs, CUDA_NON_TORCH_BYTES, int(spread))

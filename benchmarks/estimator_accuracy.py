@@ -1,0 +1,232 @@
+"""The memory estimator against every real vLLM boot log kept under tests/data (issue 13): predicted KV-token range
+against what vLLM printed, and the fit verdict against what the boot did, for the estimator of this tree and the
+old one (commit 02e0249) side by side.
+
+    python -m benchmarks.estimator_accuracy            # the table and the medians
+    python -m benchmarks.estimator_accuracy --json     # one JSON document
+
+Boots: tests/data/gpu-boots/boots.json (every entry, cold and warm: new boots added there are covered), the earlier
+CUDA logs in tests/data/gpu/ and the CPU-build logs in tests/data/logs/ that printed a KV-cache size. A warm boot
+is the target (a cold one compiled inside vLLM's memory profiling and is shown, never a verdict).
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib.util
+import json
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
+
+from autotune.fit.estimate import Estimate, estimate
+from autotune.fit.hardware import GpuInfo, GpuProfile, cpu_profile, profile_for
+from autotune.fit.model_shape import ModelShape
+
+ROOT = Path(__file__).resolve().parents[1]
+DATA = ROOT / "tests" / "data"
+CONFIG = ROOT / "autotune" / "engine" / "known_models" / "qwen3.5-27b-awq.json"  # the model the device served
+OLD_COMMIT = "02e0249"
+ARGS = re.compile(r"non-default args: (\{.*\})")
+KV_TOKENS = re.compile(r"(?:GPU|CPU) KV cache size: ([0-9,]+) tokens")
+VERSION = re.compile(r"Initializing a V1 LLM engine \(v([0-9.]+)\)")
+_SERVER_ONLY = {"model", "model_tag", "host", "port", "served_model_name"}
+
+
+@dataclass(frozen=True)
+class Boot:
+    """One real boot: what was asked, where, and what vLLM did."""
+
+    name: str
+    source: str  # "gpu-boots", "gpu", "cpu"
+    flags: dict[str, object]
+    model: str  # the folder whose config.json shapes the model
+    profile: GpuProfile
+    vllm: str
+    cache: str  # "cold", "warm", "eager" (no compile), "n/a" (CPU)
+    ready: bool  # the server came up
+    printed_tokens: int | None  # "KV cache size: N tokens" (printed before a Mamba-block failure too)
+    env: Mapping[str, str] = ()  # type: ignore[assignment]
+
+
+@dataclass(frozen=True)
+class Row:
+    boot: Boot
+    new: Estimate
+    old: Estimate | None
+
+    @property
+    def error(self) -> float | None:
+        p = self.boot.printed_tokens
+        return (self.new.kv_tokens - p) / p if p else None
+
+    @property
+    def old_error(self) -> float | None:
+        p = self.boot.printed_tokens
+        return (self.old.kv_tokens - p) / p if p and self.old is not None else None
+
+    @property
+    def inside(self) -> bool:
+        p = self.boot.printed_tokens
+        return p is not None and self.new.kv_tokens_low <= p <= self.new.kv_tokens_high
+
+
+def h200() -> GpuProfile:
+    info = json.loads((DATA / "gpu" / "h200-idle.json").read_text())["nvml"][0]
+    return profile_for(GpuInfo(**{**info, "compute_capability": tuple(info["compute_capability"])}))
+
+
+def _engine_flags(flags: Mapping[str, object]) -> dict[str, object]:
+    return {k: v for k, v in flags.items() if k not in _SERVER_ONLY}
+
+
+def gpu_boots(folder: Path = DATA / "gpu-boots") -> list[Boot]:
+    data = json.loads((folder / "boots.json").read_text())
+    profile = h200()
+    out = []
+    for b in data["boots"]:
+        f = b.get("figures", {})
+        out.append(Boot(b["name"], "gpu-boots", _engine_flags(b["flags"]), str(CONFIG), profile,
+                        str(data.get("vllm", "0.25.0")), b.get("cache", {}).get("state", "warm"),
+                        b.get("outcome") == "ready", f.get("kv_cache_tokens"), b.get("env", {})))
+    return out
+
+
+def _log_boot(path: Path, source: str, model: str, profile: GpuProfile) -> Boot | None:
+    text = path.read_text(errors="replace")
+    args, tokens = ARGS.search(text), KV_TOKENS.search(text)
+    if args is None or tokens is None:
+        return None
+    flags = _engine_flags(ast.literal_eval(args.group(1)))
+    version = VERSION.search(text)
+    if source == "cpu":
+        cache = "n/a"
+    elif flags.get("enforce_eager"):
+        cache = "eager"
+    else:
+        cache = "cold" if "Compiling a graph for compile range" in text else "warm"
+    ready = "Application startup complete" in text
+    return Boot(path.stem, source, flags, model, profile, version.group(1) if version else "?", cache, ready,
+                int(tokens.group(1).replace(",", "")))
+
+
+def log_boots() -> list[Boot]:
+    out = [b for p in sorted((DATA / "gpu").glob("cuda-*.log")) if (b := _log_boot(p, "gpu", str(CONFIG), h200()))]
+    from autotune.engine.models import tiny_model_dir  # writes the tiny models' config (no weights)
+
+    for p in sorted((DATA / "logs").glob("cpu-*.log")):
+        m = ARGS.search(p.read_text(errors="replace"))
+        kind = m and ast.literal_eval(m.group(1)).get("model", "").rsplit("/", 1)[-1]
+        if kind in ("dense", "hybrid") and (b := _log_boot(p, "cpu", str(tiny_model_dir(kind)), cpu_profile())):
+            out.append(b)
+    return out
+
+
+def old_estimator() -> ModuleType | None:
+    """autotune/fit/estimate.py as of 02e0249 (before issue 13), imported from a temporary copy."""
+    try:
+        text = subprocess.run(["git", "show", f"{OLD_COMMIT}:autotune/fit/estimate.py"], cwd=ROOT, check=True,
+                              capture_output=True, text=True).stdout
+    except (OSError, subprocess.CalledProcessError):
+        return None
+    path = Path(tempfile.mkdtemp()) / "old_estimate.py"
+    path.write_text(text)
+    spec = importlib.util.spec_from_file_location("old_estimate", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["old_estimate"] = module  # dataclasses look their module up there
+    try:
+        spec.loader.exec_module(module)
+    except ImportError:  # what it imported has moved since
+        del sys.modules["old_estimate"]
+        return None
+    return module
+
+
+def _shape(model: str) -> ModelShape:
+    p = Path(model)
+    return ModelShape.from_config(json.loads((p if p.suffix == ".json" else p / "config.json").read_text()))
+
+
+def predict(boot: Boot, estimator: Callable[..., Estimate] = estimate) -> Estimate:
+    kv_space = boot.env.get("VLLM_CPU_KVCACHE_SPACE") if boot.env else None
+    return estimator(_shape(boot.model), boot.profile, boot.flags, vllm_version=boot.vllm,
+                     cpu_kvcache_bytes=int(float(kv_space) * 2**30) if kv_space else None)
+
+
+def rows(boots: list[Boot] | None = None, with_old: bool = True) -> list[Row]:
+    boots = gpu_boots() + log_boots() if boots is None else boots
+    old = old_estimator() if with_old else None
+    return [Row(b, predict(b), predict(b, old.estimate) if old is not None else None) for b in boots]
+
+
+def _pct(x: float | None) -> str:
+    return "-" if x is None else f"{100 * x:+.1f}%"
+
+
+def verdict(est: Estimate) -> str:
+    return "refused" if est.refused else "fits" if est.fits else "in band"
+
+
+def old_verdict(est: Estimate | None) -> str:
+    return "-" if est is None else "fits" if est.fits else "refused"
+
+
+def table(rs: list[Row]) -> str:
+    head = (f"{'boot':<36} {'vLLM':<6} {'cache':<5} {'outcome':<7} {'predicted range':>19} {'central':>8} "
+            f"{'printed':>8} {'error':>7} {'verdict':>8} | {'old':>8} {'old err':>8} {'old verdict':>11}")
+    lines = [head, "-" * len(head)]
+    for r in rs:
+        b, e = r.boot, r.new
+        rng = f"{e.kv_tokens_low:,}-{e.kv_tokens_high:,}"
+        lines.append(f"{b.name:<36} {b.vllm:<6} {b.cache:<5} {'ready' if b.ready else 'failed':<7} {rng:>19} "
+                     f"{e.kv_tokens:>8,} {b.printed_tokens or 0:>8,} {_pct(r.error):>7} {verdict(e):>8} | "
+                     f"{r.old.kv_tokens if r.old else 0:>8,} {_pct(r.old_error):>8} {old_verdict(r.old):>11}")
+    return "\n".join(lines)
+
+
+def summary(rs: list[Row]) -> dict[str, object]:
+    warm = [r for r in rs if r.boot.source != "cpu" and r.boot.cache == "warm" and r.error is not None]
+    booted = [r for r in rs if r.boot.ready and r.boot.cache != "cold"]
+    return {
+        "warm_gpu_boots": len(warm),
+        "median_abs_error_warm": statistics.median(abs(r.error) for r in warm) if warm else None,  # type: ignore[arg-type]
+        "max_abs_error_warm": max(abs(r.error) for r in warm) if warm else None,  # type: ignore[arg-type]
+        "old_median_abs_error_warm": (statistics.median(abs(r.old_error) for r in warm if r.old_error is not None)
+                                      if warm and all(r.old for r in warm) else None),
+        "warm_inside_range": sum(r.inside for r in warm),
+        "booted_refused": [r.boot.name for r in booted if r.new.refused],
+        "old_booted_refused": [r.boot.name for r in booted if r.old is not None and not r.old.fits],
+    }
+
+
+def main(argv: list[str]) -> int:
+    rs = rows()
+    s = summary(rs)
+    if "--json" in argv:
+        print(json.dumps({"rows": [{"boot": r.boot.name, "source": r.boot.source, "vllm": r.boot.vllm,
+                                    "cache": r.boot.cache, "ready": r.boot.ready, "printed": r.boot.printed_tokens,
+                                    "predicted": r.new.kv_tokens, "low": r.new.kv_tokens_low,
+                                    "high": r.new.kv_tokens_high, "verdict": verdict(r.new),
+                                    "old_predicted": r.old.kv_tokens if r.old else None} for r in rs],
+                          "summary": s}, indent=1))
+        return 0
+    print(table(rs))
+    print()
+    med, old_med = s["median_abs_error_warm"], s["old_median_abs_error_warm"]
+    print(f"warm GPU boots: {s['warm_gpu_boots']}; median |error| new {_pct(med)} "  # type: ignore[arg-type]
+          f"(max {_pct(s['max_abs_error_warm'])}), old {_pct(old_med)}; "  # type: ignore[arg-type]
+          f"printed inside the predicted range: {s['warm_inside_range']}/{s['warm_gpu_boots']}")
+    print(f"booted (not cold) but refused before boot: new {s['booted_refused'] or 'none'}; "
+          f"old {s['old_booted_refused'] or 'none'}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))

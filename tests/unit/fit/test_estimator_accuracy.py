@@ -1,0 +1,86 @@
+"""The estimator's verdicts pinned on every captured real boot (tests/data/gpu-boots/boots.json, every entry, so
+boots added there are covered; the earlier CUDA logs and the CPU-build logs), read by benchmarks/estimator_accuracy.py.
+
+Warm is the target: a warm boot's printed KV tokens lie inside the predicted range and within 10 % of its centre;
+a boot that became ready is never refused before boot; a cold boot (torch.compile inside vLLM's profiling) is no
+verdict: its flags are predicted as their warm boot and booted.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from autotune.fit import memcap
+from autotune.fit.estimate import estimate
+from autotune.fit.hardware import PROFILES
+from benchmarks import estimator_accuracy as acc
+
+ROWS = acc.rows(with_old=False)
+
+
+def _ids(rows: list[acc.Row]) -> list[str]:
+    return [r.boot.name for r in rows]
+
+
+WARM = [r for r in ROWS if r.boot.cache == "warm" and r.boot.source != "cpu"]
+READY = [r for r in ROWS if r.boot.ready]
+
+
+def test_every_boot_of_boots_json_is_read() -> None:
+    import json
+
+    names = {b["name"] for b in json.loads((acc.DATA / "gpu-boots" / "boots.json").read_text())["boots"]}
+    assert names and names <= {r.boot.name for r in ROWS}
+    assert len(WARM) >= 9
+
+
+@pytest.mark.parametrize("row", WARM, ids=_ids(WARM))
+def test_warm_boot_printed_tokens_inside_the_predicted_range(row: acc.Row) -> None:
+    est, printed = row.new, row.boot.printed_tokens
+    assert printed is not None
+    assert est.kv_tokens_low <= printed <= est.kv_tokens_high, (est.kv_tokens_low, printed, est.kv_tokens_high)
+    assert abs(est.kv_tokens - printed) <= 0.10 * printed
+
+
+@pytest.mark.parametrize("row", READY, ids=_ids(READY))
+def test_a_boot_that_became_ready_is_not_refused(row: acc.Row) -> None:
+    assert not row.new.refused, row.new.reasons
+
+
+@pytest.mark.parametrize("row", [r for r in ROWS if r.boot.cache == "cold"],
+                         ids=_ids([r for r in ROWS if r.boot.cache == "cold"]))
+def test_a_cold_boot_is_predicted_as_its_warm_boot_and_booted(row: acc.Row) -> None:
+    assert not row.new.refused
+    assert row.boot.printed_tokens is not None and row.new.kv_tokens > row.boot.printed_tokens
+
+
+def test_surely_too_many_sequences_is_refused_and_a_near_miss_is_booted() -> None:
+    by_name = {r.boot.name: r.new for r in ROWS}
+    assert by_name["a-s128-b8192-l8192-cg96"].refused  # 128 seqs, 56 blocks: far outside the band
+    near = by_name["a-s48-b8192-l8192-util090"]  # 48 seqs, 47 blocks printed: inside the band, booted to learn
+    assert not near.fits and not near.refused
+
+
+def test_the_old_estimator_refused_what_booted() -> None:
+    """The benchmark's baseline still is the pre-issue-13 estimator (commit 02e0249), which refused the recipe."""
+    old = acc.old_estimator()
+    assert old is not None
+    warm = next(r for r in ROWS if r.boot.name == "a-s48-b8192-l8192-warm")
+    assert not acc.predict(warm.boot, old.estimate).fits
+
+
+RTX3090_BOOT = {"max_num_seqs": 48, "max_num_batched_tokens": 8192, "max_model_len": 8192}
+FP8_64 = {"max_num_seqs": 64, "max_num_batched_tokens": 2048, "max_model_len": 32768, "kv_cache_dtype": "fp8",
+          "mamba_ssm_cache_dtype": "float16"}
+
+
+@pytest.mark.parametrize("flags", [RTX3090_BOOT, FP8_64], ids=["recipe-48", "64-seqs-fp8"])
+@pytest.mark.parametrize("card", ["rtx3090", "h200-as-3090"])
+def test_recipe_and_64_sequences_fit_on_a_3090(flags: dict, card: str) -> None:
+    profile = PROFILES["rtx3090"]
+    if card == "h200-as-3090":
+        profile = memcap.capped_profile(acc.h200(), memcap.parse_cap("rtx3090"))
+    shape = acc._shape(str(acc.CONFIG))
+    est = estimate(shape, profile, {"language_model_only": True, "gpu_memory_utilization": 0.92, **flags},
+                   vllm_version="0.25.0")
+    assert est.fits and not est.refused, est.reasons
