@@ -72,7 +72,8 @@ def load_objective(path: str | Path) -> Objective:
               ("warmup_requests", load.warmup_requests >= 0, "must be >= 0"),
               ("p95_margin", load.p95_margin >= 0, "must be >= 0 (0: a fixed count of min_requests)"),
               ("p95_confidence", 0 < load.p95_confidence < 1, "must lie between 0 and 1"),
-              ("max_requests", load.max_requests >= 1, "must be >= 1")]
+              ("max_requests", load.max_requests >= 1, "must be >= 1"),
+              ("verdict_error", 0 <= load.verdict_error < 0.5, "must lie in [0, 0.5) (0: no early verdicts)")]
     for key, ok, message in checks:
         if not ok:
             raise ld.error(key, f"{message}, got {getattr(load, key)}")

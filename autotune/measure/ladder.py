@@ -1,13 +1,48 @@
-"""The highest load level that meets the limits: a pure function of a measure(level) callable.
+"""The highest load level that meets the limits: a pure function of a measure(level, exact) callable.
 
-Levels rise geometrically from `start` until one fails (or `max` passes), then the gap between the last pass
-and the first fail is bisected. Measuring a level is the caller's business (boot nothing here), so the search
-is tested with a fake measure and reused for concurrency and request-rate modes alike.
+Where the search starts (`Prior`, `first_level`). A trial starts near its likely answer, not at 1: at the
+incumbent's best level when the study has one (the screening level, below), else at the median best level of
+similar configurations, else one geometric step below what the configuration can hold at once (`cap`: the
+smaller of max_num_seqs and the predicted KV tokens / tokens per request), else the geometric middle of
+[start, max]. From there levels go up by `factor` while they pass, or down by `factor` while they fail, and the
+gap between the last pass and the first fail is bisected. `start` is the lowest level ever measured.
+
+Screening (multi-fidelity): with `Prior.screen`, the first level is the incumbent's best level and a failure
+there ends the search (`SlaResult.screened_out`): a configuration that cannot sustain the incumbent's load
+costs one boot and one short level. This takes the incumbent's level as the bar, as the issue asks; it can
+screen out a configuration whose fewer, faster requests would beat the incumbent's throughput at a lower level.
+
+How long a level runs (`StopRule`). Two rules, whichever ends it first:
+  - a sequential verdict (Wald's SPRT) on the share p of requests over each limit, p95 <= limit being
+    p <= 5%: "inside" is p <= 2%, "outside" p >= 15%; after each request the log-likelihood ratio of the
+    exceedance count is compared with log((1 - e) / e) and log(e / (1 - e)), e = `verdict_error`. A level
+    clearly over a limit stops after a handful of requests; one clearly under after about 21 (+ one round
+    of a closed loop's start-up burst, which the test does not count). Error rates (independent requests):
+    a level with p >= 15% is passed, or one with p <= 2% failed, with probability at most e / (1 - e) ~ 5.3%
+    (Wald's bound, e = 0.05; computed exactly: 4.9% and 2.6%; tests/unit/measure/test_measurement.py counts
+    them on 20,000 simulated levels each). In between it may take either verdict (at p = 5%, the p95 at the
+    limit, 75% pass early), which is why the levels that decide the answer are exact (below);
+  - the exact rule (the former one): after `min_requests`, at min x 1.25^k requests, each limited p95's
+    order-statistics interval at `p95_confidence` is within +-`p95_margin` or clear of its limit.
+  Levels that decide the answer are measured exactly (`exact=True`: no sequential verdict): every bisection
+  level, and the best level once more if it was only passed by the sequential test, so that the figure a
+  trial reports is an exact p95 and a throughput over the full count of requests.
+
+Compared with the tools the issue names. GuideLLM's sweep measures a synchronous run (concurrency 1) and a
+throughput run (everything at once), then spreads its rates linearly between the two; vLLM 0.32's
+`vllm bench sweep serve_workload` (vllm/benchmarks/sweep/serve_workload.py, explore_comb_workloads) does the
+same for max_concurrency: concurrency 1 and concurrency = dataset size, estimating each end's sustained
+concurrency as request throughput x mean E2E latency (Little's law), then np.linspace between them. Both map
+the whole curve at fixed-size runs; neither searches for a limit. Taken from them: the bracket comes from the
+configuration's own capacity (their "batch" end, here predicted, not measured, since a run at full load is
+the most expensive one) and concurrency is an integer; not taken: the linear grid and fixed request counts,
+since only the boundary matters here and a geometric ladder plus bisection needs log2 of the range.
 """
 
 from __future__ import annotations
 
 import math
+import statistics
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
@@ -60,17 +95,40 @@ _SAMPLES = {
     "e2e_p95_ms": lambda rs: [r.end - r.start for r in rs],
 }
 
+# The sequential verdict's hypotheses on p = P(one request's latency > limit); p95 <= limit is p <= 5%.
+INSIDE_P = 0.02  # a level clearly inside: the limit is at its p98 or beyond
+OUTSIDE_P = 0.15  # a level clearly outside: the limit is at its p85 or below
+
+
+def sequential_verdict(exceed: int, n: int, error: float) -> Literal["passes", "fails"] | None:
+    """Wald's SPRT of p <= INSIDE_P against p >= OUTSIDE_P after `exceed` of `n` requests were over the limit:
+    "passes", "fails", or None (not certain yet). Each error rate is at most error / (1 - error)."""
+    llr = exceed * math.log(OUTSIDE_P / INSIDE_P) + (n - exceed) * math.log((1 - OUTSIDE_P) / (1 - INSIDE_P))
+    bound = math.log((1 - error) / error)
+    return "fails" if llr >= bound else "passes" if llr <= -bound else None
+
+
+def _exceedances(records: Sequence[RequestRecord], key: str, limit: float) -> tuple[int, int]:
+    """(requests over the limit, requests judged) for one limited p95. ITL is judged request by request on
+    the request's own p95 gap, as vLLM's goodput judges it, so that requests stay the independent unit."""
+    if key == "itl_p95_ms":
+        values = [float(np.percentile(r.itl, 95)) for r in records if r.itl]
+    else:
+        values = _SAMPLES[key](records)
+    return sum(v * 1000.0 > limit for v in values), len(values)
+
 
 @dataclass(frozen=True)
 class StopRule:
     """When a level has measured enough requests.
 
-    Not before `min_requests` have finished; then as soon as, for every limited p95, the `confidence` interval
-    from order statistics is within +-`margin` of the estimate (relative), or lies wholly on one side of the
-    limit (the verdict is known: more requests would not change it). A level that is known to fail one limit
-    stops at once. Never more than `max_requests`. margin None: exactly `min_requests` (a fixed count).
+    The sequential verdict (`verdict_error` > 0) may end it from `verdict_after` requests on, judging the
+    requests that started after the first `burst` (a closed loop's first round starts all at once). The exact
+    rule: not before `min_requests` have finished; then as soon as, for every limited p95, the `confidence`
+    interval from order statistics is within +-`margin` of the estimate (relative), or lies wholly on one side
+    of the limit. Never more than `max_requests`. margin None: exactly `min_requests` (a fixed count).
 
-    The rule looks only at min_requests x 1.25^k requests: every extra look at a growing sample is another
+    The exact rule looks only at min_requests x 1.25^k requests: every extra look at a growing sample is another
     chance for an interval to miss by luck, and a dozen looks keep that in bounds where hundreds would not.
     """
 
@@ -78,12 +136,17 @@ class StopRule:
     max_requests: int
     margin: float | None = 0.1
     confidence: float = 0.90
+    verdict_error: float = 0.0  # 0: no sequential verdict (an exact level)
+    burst: int = 0
 
     def reason(self, records: Sequence[RequestRecord], limits: Limits) -> str | None:
         """Why the level may stop now, or None to go on."""
         n = len(records)
         if n >= self.max_requests:
             return "max_requests"
+        if self.verdict_error > 0 and n > self.burst:
+            if (why := self._sequential(records, limits)) is not None:
+                return why
         if n < self.min_requests:
             return None
         if self.margin is None:
@@ -108,51 +171,113 @@ class StopRule:
             settled = settled and (narrow or hi <= limit)
         return "settled" if settled else None
 
+    def _sequential(self, records: Sequence[RequestRecord], limits: Limits) -> str | None:
+        starts = sorted(r.start for r in records)
+        after = starts[self.burst - 1] if self.burst else -math.inf
+        judged = [r for r in records if r.error is None and r.start > after]
+        verdicts = []
+        for key in _SAMPLES:
+            limit = getattr(limits, key)
+            if limit is None:
+                continue
+            exceed, n = _exceedances(judged, key, limit)
+            verdicts.append(sequential_verdict(exceed, n, self.verdict_error) if n else None)
+        if "fails" in verdicts:
+            return "clearly fails"
+        return "clearly passes" if verdicts and all(v == "passes" for v in verdicts) else None
+
 
 T = TypeVar("T")
 
 
 @dataclass(frozen=True)
 class LoadSearch:
-    """How load levels are chosen: double from `start` up to `max`, then bisect to `tolerance`."""
+    """How load levels are chosen: from a first level derived from the `Prior`, by `factor` up or down within
+    [start, max], then bisect to `tolerance`."""
 
     mode: Literal["concurrency", "rate"] = "concurrency"
-    start: float = 1
+    start: float = 1  # the lowest level measured
     max: float = 256
     factor: float = 2.0
     tolerance: float = 0.25  # stop bisecting when (fail - pass) <= tolerance * pass (and >= 1 for concurrency)
-    min_requests: int = 72  # requests per level at least (concurrency mode: at least 3 x concurrency too)
+    min_requests: int = 72  # requests per exact level at least (concurrency mode: at least 3 x concurrency too)
     warmup_requests: int = 4  # per level, not counted
-    # A level goes on until each limited p95 is known to +-p95_margin (relative, at p95_confidence, from order
-    # statistics) or is clearly on one side of its limit; 0 = exactly min_requests, as a fixed count.
+    # An exact level goes on until each limited p95 is known to +-p95_margin (relative, at p95_confidence, from
+    # order statistics) or is clearly on one side of its limit; 0 = exactly min_requests, as a fixed count.
     p95_margin: float = 0.1
     p95_confidence: float = 0.9
     max_requests: int = 400  # per level at most (raised to the level's minimum when that is more)
+    # Each error rate of the sequential verdict (a level clearly inside or outside its limits ends early);
+    # 0: none, every level is measured by the exact rule.
+    verdict_error: float = 0.05
 
-    def stop_rule(self, level: float) -> StopRule:
-        """How many requests the level at `level` measures (see metrics.StopRule)."""
+    def stop_rule(self, level: float, exact: bool = True) -> StopRule:
+        """How many requests the level at `level` measures (see StopRule); not `exact`: a sequential verdict
+        may end it first."""
         low = max(self.min_requests, int(3 * level)) if self.mode == "concurrency" else self.min_requests
+        error = 0.0 if exact else self.verdict_error
+        burst = int(level) if self.mode == "concurrency" else 0
         if self.p95_margin <= 0:
-            return StopRule(low, low, None, self.p95_confidence)
-        return StopRule(low, max(low, self.max_requests), self.p95_margin, self.p95_confidence)
+            return StopRule(low, low, None, self.p95_confidence, error, burst)
+        return StopRule(low, max(low, self.max_requests), self.p95_margin, self.p95_confidence, error, burst)
+
+
+@dataclass(frozen=True)
+class Prior:
+    """What is known before a trial's first level: from earlier trials of the study and from the configuration."""
+
+    incumbent: float | None = None  # the best level of the study's best configuration so far
+    similar: tuple[float, ...] = ()  # best levels of the most similar configurations measured
+    cap: float | None = None  # the most the configuration holds at once (max_num_seqs, KV tokens / request)
+    screen: bool = False  # measure at `incumbent` first and stop there if it fails
+
+
+NO_PRIOR = Prior()  # nothing known: start from the geometric middle of [start, max]
+
+
+def capacity(max_num_seqs: float | None, kv_tokens: float | None, tokens_per_request: float) -> float | None:
+    """Concurrent requests a configuration can hold at once: the smaller of its batch and its KV cache."""
+    caps = [c for c in (max_num_seqs, kv_tokens / tokens_per_request if kv_tokens and tokens_per_request else None)
+            if c]
+    return min(caps) if caps else None
+
+
+def first_level(search: LoadSearch, prior: Prior) -> float:
+    """Where the search starts (see the module docstring), within [start, max]."""
+    top = search.max if prior.cap is None else max(search.start, min(search.max, prior.cap))
+    if prior.screen and prior.incumbent is not None:
+        guess = prior.incumbent
+    elif prior.similar:
+        guess = statistics.median(prior.similar)
+    elif prior.incumbent is not None:
+        guess = prior.incumbent
+    elif prior.cap is not None:
+        guess = top / search.factor
+    else:
+        guess = math.sqrt(search.start * search.max)
+    guess = min(max(guess, search.start), top if not prior.screen else search.max)
+    return max(1, round(guess)) if search.mode == "concurrency" else guess
 
 
 @dataclass(frozen=True)
 class SlaStep(Generic[T]):
-    """One measured level: what `measure` returned and whether `passed` accepted it."""
+    """One measured level: what `measure` returned, whether `passed` accepted it, and whether it was exact."""
 
     level: float
     outcome: T
     passed: bool
+    exact: bool = True
 
 
 @dataclass(frozen=True)
 class SlaResult(Generic[T]):
     steps: tuple[SlaStep[T], ...]  # in the order measured
+    screened_out: bool = False  # failed at the incumbent's level: ended there (Prior.screen)
 
     @property
     def best_step(self) -> SlaStep[T] | None:
-        passes = [s for s in self.steps if s.passed]
+        latest = {s.level: s for s in self.steps}  # a level measured again counts as last measured
+        passes = [s for s in latest.values() if s.passed]
         return max(passes, key=lambda s: s.level) if passes else None
 
     @property
@@ -183,45 +308,70 @@ def _check(search: LoadSearch) -> None:
 
 
 def find_sustainable(
-    measure: Callable[[float], T], passed: Callable[[T], bool], search: LoadSearch
+    measure: Callable[[float, bool], T], passed: Callable[[T], bool], search: LoadSearch, prior: Prior = NO_PRIOR
 ) -> SlaResult[T]:
-    """Measure rising levels and bisect to the highest passing one; exceptions from `measure` propagate.
+    """Measure levels from the prior's first level up (or down) by `factor` and bisect to the highest passing
+    one; `measure(level, exact)`; exceptions from it propagate.
 
-    Concurrency levels are integers (start rounded up, each step at least one more than the last, max rounded
-    down). In a non-monotone response only measured levels count: the search never skips past a failure.
+    Concurrency levels are integers (each step at least one away from the last, within [ceil(start), floor(max)]).
+    In a non-monotone response only measured levels count: the search never skips past a failure.
     """
     _check(search)
     ints = search.mode == "concurrency"
+    bottom = max(1, math.ceil(search.start)) if ints else search.start
     top = math.floor(search.max) if ints else search.max
-    level: float = max(1, math.ceil(search.start)) if ints else search.start
-    if level > top:
+    if bottom > top:
         raise ValueError(f"no integer concurrency in [{search.start}, {search.max}]")
     steps: list[SlaStep[T]] = []
 
-    def step(x: float) -> bool:
-        outcome = measure(x)
+    def step(x: float, exact: bool) -> bool:
+        outcome = measure(x, exact)
         ok = bool(passed(outcome))
-        steps.append(SlaStep(x, outcome, ok))
+        steps.append(SlaStep(x, outcome, ok, exact))
         return ok
 
+    def up(x: float) -> float:
+        return min(top, max(x + 1, math.ceil(x * search.factor)) if ints else x * search.factor)
+
+    def down(x: float) -> float:
+        return max(bottom, min(x - 1, math.floor(x / search.factor)) if ints else x / search.factor)
+
+    def descend(fail: float) -> tuple[float | None, float]:
+        """Down from a failure until a level passes: (that level or None when `bottom` fails too, the lowest
+        failure)."""
+        while fail > bottom:
+            x = down(fail)
+            if step(x, False):
+                return x, fail
+            fail = x
+        return None, fail
+
+    level = min(max(first_level(search, prior), bottom), top)
     lo: float | None = None
     hi: float | None = None
-    while True:
-        if not step(level):
-            hi = level
-            break
+    if step(level, False):
         lo = level
-        if level >= top:
+        while lo < top:
+            nxt = up(lo)
+            if not step(nxt, False):
+                hi = nxt
+                break
+            lo = nxt
+    else:
+        if prior.screen:
+            return SlaResult(tuple(steps), screened_out=True)
+        lo, hi = descend(level)
+    while lo is not None:
+        while hi is not None and hi - lo > max(search.tolerance * lo, 1 if ints else 0):
+            mid = (lo + hi) // 2 if ints else (lo + hi) / 2
+            if step(mid, True):
+                lo = mid
+            else:
+                hi = mid
+        if next(s for s in reversed(steps) if s.level == lo).exact or step(lo, True):
             break
-        nxt = level * search.factor
-        level = min(top, max(level + 1, math.ceil(nxt)) if ints else nxt)
-
-    if lo is None or hi is None:  # nothing passed, or max passed
-        return SlaResult(tuple(steps))
-    while hi - lo > max(search.tolerance * lo, 1 if ints else 0):
-        mid = (lo + hi) // 2 if ints else (lo + hi) / 2
-        if step(mid):
-            lo = mid
-        else:
-            hi = mid
+        # The best level passed only by the sequential verdict failed when measured exactly: below it again.
+        latest = {s.level: s.passed for s in steps}
+        below = [x for x, ok in latest.items() if ok and x < lo]
+        lo, hi = (max(below), lo) if below else descend(lo)
     return SlaResult(tuple(steps))

@@ -26,7 +26,7 @@ from autotune.engine.server import BootFailed, EngineSpec, Server
 from autotune.fit import memcap
 from autotune.fit.hardware import GpuProfile, detect_gpus
 from autotune.measure.client import STALLED, LoadLevel, measure_level
-from autotune.measure.ladder import LoadSearch, find_sustainable
+from autotune.measure.ladder import NO_PRIOR, LoadSearch, Prior, find_sustainable
 from autotune.measure.memory import MemoryPeak, MemorySampler, MemoryWatch, memory_watch
 from autotune.measure.stats import LevelStats, Limits, Verdict, judge, level_stats
 from autotune.measure.workload import Workload, prompt_decoder
@@ -64,6 +64,7 @@ class TrialPlan:
     vocab_size: int
     log_path: Path
     gpu_indices: tuple[int, ...] = ()  # the slot's GPUs (NVML indices); empty: every GPU the server may use
+    prior: Prior = NO_PRIOR  # where the load search starts, and whether it screens at the incumbent's level
 
 
 def configured(model: str, flags: Mapping[str, object]) -> tuple[str, dict[str, object]]:
@@ -75,7 +76,8 @@ def configured(model: str, flags: Mapping[str, object]) -> tuple[str, dict[str, 
 
 def plan_trial(model_path: str, flags: Mapping[str, object], objective: Objective, log_path: Path, *,
                env: Mapping[str, str], boot_timeout_s: float, gpu_indices: tuple[int, ...] = (),
-               memory_cap: memcap.MemoryCap | None = None, real_gpu: GpuProfile | None = None) -> TrialPlan:
+               memory_cap: memcap.MemoryCap | None = None, real_gpu: GpuProfile | None = None,
+               prior: Prior = NO_PRIOR) -> TrialPlan:
     """The one assembly of a trial from a configured model and flags: under a memory cap the flags are translated
     for the card present (`real_gpu`), so that the server behaves as on the capped card."""
     if memory_cap is not None:
@@ -83,7 +85,7 @@ def plan_trial(model_path: str, flags: Mapping[str, object], objective: Objectiv
         flags = memcap.engine_flags(flags, memory_cap, real_gpu)
     engine = EngineSpec(model=model_path, flags=flags, env=env, boot_timeout_s=boot_timeout_s,
                         cuda_visible_devices=",".join(map(str, gpu_indices)) if gpu_indices else None)
-    return TrialPlan(engine, objective, model_vocab_size(model_path), log_path, gpu_indices)
+    return TrialPlan(engine, objective, model_vocab_size(model_path), log_path, gpu_indices, prior)
 
 
 @dataclass(frozen=True)
@@ -99,7 +101,8 @@ class ColdBoot:
 class TrialResult:
     """ok: some level met every limit. infeasible: it ran out of memory or no level met the limits (a
     configuration's verdict the sampler learns from). failed: anything else (crash, bad flag, timeout).
-    stopped: the caller's on_level hook stopped it (pruned, or the budget ran out); `reason` says which."""
+    stopped: the caller's on_level hook stopped it (pruned, or the budget ran out), or it was screened out (it
+    failed at the incumbent's level, SCREENED: not measured further, so no figure of its own); `reason` says which."""
 
     status: Status
     throughput_tok_s: float = 0.0
@@ -127,8 +130,11 @@ class TrialResult:
         if self.stop_reason:
             return self.stop_reason
         if self.status == "infeasible" and self.levels:
-            return "no load level met the limits: " + self.levels[0][1].verdict.reason
+            return "no load level met the limits: " + min(self.levels, key=lambda lv: lv[0])[1].verdict.reason
         return ""
+
+
+SCREENED = "screened out: did not sustain the incumbent's load level"
 
 
 CANCELLED = "cancelled"  # a level's stop reason once the caller's cancel is set: its requests in flight end it
@@ -198,10 +204,10 @@ def run_trial(
                 server = Server(plan.engine, plan.log_path)
                 stage(why)
 
-        def measure(value: float) -> LevelOutcome:
+        def measure(value: float, exact: bool) -> LevelOutcome:
             k = len(levels)
             stage(f"level {k + 1}: {plan.objective.load.mode} {value:g}")
-            outcome = _measure(server, plan, value, seed_offset=k, cancel=cancel)
+            outcome = _measure(server, plan, value, seed_offset=k, cancel=cancel, exact=exact)
             levels.append((value, outcome))
             if (failure := server.died()) is not None:
                 raise ServerDied(failure)
@@ -217,7 +223,7 @@ def run_trial(
             return outcome
 
         try:
-            sla = find_sustainable(measure, lambda o: o.verdict.passed, plan.objective.load)
+            sla = find_sustainable(measure, lambda o: o.verdict.passed, plan.objective.load, plan.prior)
         except ServerDied as e:
             hung = e.failure.kind is FailureKind.UNRESPONSIVE
             # Requests that all failed can be seen before the log's cause: an out-of-memory line, once there, wins.
@@ -227,9 +233,11 @@ def run_trial(
             return done(status, boot=boot, failure=failure)
         except _Stop as e:
             return done("stopped", boot=boot, stop_reason=str(e))
+        if sla.screened_out:
+            return done("stopped", boot=boot, stop_reason=SCREENED)
         if sla.best is None:
-            first = levels[0][1].verdict
-            return done("infeasible", boot=boot, miss_ratio=max(first.misses.values(), default=None))
+            lowest = min(levels, key=lambda lv: lv[0])[1].verdict  # the search may have come down to it
+            return done("infeasible", boot=boot, miss_ratio=max(lowest.misses.values(), default=None))
         return done("ok", boot=boot, throughput_tok_s=sla.best.stats.output_tok_s, best_level=sla.best_level)
     finally:
         stage("stopping")
@@ -247,12 +255,13 @@ def _memory_watch(plan: TrialPlan) -> MemoryWatch:
 
 
 def _measure(server: Server, plan: TrialPlan, value: float, seed_offset: int,
-             cancel: threading.Event | None = None) -> LevelOutcome:
+             cancel: threading.Event | None = None, exact: bool = True) -> LevelOutcome:
     search, limits = plan.objective.load, plan.objective.limits
     level = LoadLevel(search.mode, value)
-    # As many requests as it takes to know each limited p95 well enough (sla.LoadSearch.stop_rule), within
-    # [min, max]; a closed loop gets at least 3 rounds so that its steady window is not all ramp.
-    rule = search.stop_rule(value)
+    # As many requests as it takes to know each limited p95 well enough (ladder.LoadSearch.stop_rule), within
+    # [min, max]; a closed loop gets at least 3 rounds so that its steady window is not all ramp. A level that
+    # is not `exact` may end sooner, once a sequential verdict is certain.
+    rule = search.stop_rule(value, exact)
     w = search.warmup_requests
     workload = plan.objective.workload
     decode = prompt_decoder(plan.engine.model) if workload.prompt == "text" else None

@@ -25,10 +25,11 @@ from autotune.engine.server import reap_leftover_servers
 from autotune.errors import EngineError, SpecError, StorageError
 from autotune.fit import feasibility, memcap
 from autotune.fit.hardware import GpuProfile, detect_gpus
+from autotune.measure.ladder import Prior, capacity
 from autotune.measure.trial import LevelOutcome, TrialResult, configured, plan_trial, run_trial
 from autotune.search import record, remeasure, tell
 from autotune.search.budget import Budget
-from autotune.search.record import BASELINE_ATTR, save_trial_note, trial_baseline
+from autotune.search.record import BASELINE_ATTR, REMEASURE_ATTR, feasible, save_trial_note, trial_baseline, view
 from autotune.search.remeasure import best_trial
 from autotune.search.samplers import make_pruner, make_sampler
 from autotune.search.slots import Slot
@@ -344,9 +345,11 @@ def _one_trial(run: _Run, slot: Slot) -> TrialResult | None:
         _check_gpu_free(run, trial, slot)
 
     log_path = run.artifacts_dir / f"trial-{trial.number:04d}.log"
+    prior = load_prior(study, trial, flags, spec, verdict.estimate.kv_tokens)
     plan = plan_trial(model_path, flags, spec.objective, log_path, env=spec.env,
                       boot_timeout_s=max(1.0, min(spec.boot_timeout_s, run.budget.remaining())),
-                      gpu_indices=slot.gpu_indices, memory_cap=spec.memory_cap, real_gpu=run.real_profile)
+                      gpu_indices=slot.gpu_indices, memory_cap=spec.memory_cap, real_gpu=run.real_profile,
+                      prior=prior)
     if spec.memory_cap is not None:
         trial.set_user_attr("engine_flags", json.dumps(plan.engine.flags, sort_keys=True))
 
@@ -382,6 +385,34 @@ def _one_trial(run: _Run, slot: Slot) -> TrialResult | None:
     run.ended(trial, state, _summary(result))
     tell.abort_if_model_missing(result, config.model)
     return result
+
+
+def load_prior(study: optuna.Study, trial: optuna.Trial, flags: dict[str, object], spec: StudySpec,
+               kv_tokens: int | None) -> Prior:
+    """Where this trial's load search starts (ladder.Prior): the incumbent's best level, the best levels of the
+    measured configurations that differ from this one in the fewest parameters, and what this configuration
+    holds at once. A sampled configuration is screened at the incumbent's level; a baseline (a reference the
+    user reads) and a re-measurement (of the incumbent's figure) are searched in full, the latter from its own
+    first best level."""
+    trials = [t for t in study.get_trials(deepcopy=False)
+              if feasible(t) and t.number != trial.number and view(t).best_level is not None]
+    of = trial.user_attrs.get(REMEASURE_ATTR)
+    original = next((t for t in trials if t.number == of), None)
+    incumbent = best_trial(study)
+    anchor = original or (incumbent.trial if incumbent is not None else None)
+    level = view(anchor).best_level if anchor is not None else None
+    params = trial.params
+
+    def distance(t: optuna.trial.FrozenTrial) -> int:
+        return sum(t.params.get(k) != v for k, v in params.items()) + sum(k not in params for k in t.params)
+    nearest = min(map(distance, trials), default=None)
+    similar = tuple(float(view(t).best_level or 0) for t in trials if distance(t) == nearest)
+    w = spec.objective.workload
+    seqs = flags.get("max_num_seqs")
+    cap = capacity(float(seqs) if isinstance(seqs, int | float) else None, kv_tokens,
+                   w.input_len.mean + w.output_len.mean)
+    screen = level is not None and of is None and trial_baseline(trial) is None
+    return Prior(incumbent=level, similar=() if original else similar, cap=cap, screen=screen)
 
 
 def _check_gpu_free(run: _Run, trial: optuna.Trial, slot: Slot, wait_s: float = 30.0) -> None:

@@ -12,6 +12,8 @@ violated constraint (value > 0), never a bare FAIL. FAIL is kept for what says n
     failed to boot for its flags tell_result          COMPLETE   boots=1                    failed
     unresponsive (hung, timeout) tell_result          COMPLETE   boots=1                    failed
     pruned                       tell_result          PRUNED     latency=0 or 1             stopped
+    screened out (failed at the  tell_result          PRUNED     latency=0                  stopped
+      incumbent's level)
     stopped at the budget's end  tell_result          FAIL       -                          stopped
     interrupted (Ctrl-C)         tell_interrupted     FAIL       -                          failed
     GPU busy (before boot)       tell_gpu_busy        FAIL       -                          failed
@@ -31,7 +33,7 @@ from optuna.trial import TrialState
 
 from autotune.engine.logs import FailureKind
 from autotune.errors import EngineError
-from autotune.measure.trial import TrialResult
+from autotune.measure.trial import SCREENED, TrialResult
 from autotune.search.record import result_attrs
 
 # Constraint names (each <= 0 when satisfied), shown by the dashboard as the trial's constraints.
@@ -71,6 +73,12 @@ def tell_result(study: optuna.Study, trial: optuna.Trial, result: TrialResult) -
         study.tell(trial, state=TrialState.FAIL)
         return TrialState.FAIL
     if result.status == "stopped":
+        if result.stop_reason == SCREENED:
+            # Not beating the incumbent, not infeasible: TPE ranks a PRUNED trial below every COMPLETE one and
+            # above every one with a violated constraint, which is what is known. No throughput is claimed.
+            set_constraints(trial)
+            study.tell(trial, state=TrialState.PRUNED)
+            return TrialState.PRUNED
         if result.stop_reason == PRUNED:
             passed = any(o.verdict.passed for _, o in result.levels)
             set_constraints(trial, latency=0.0 if passed else 1.0)

@@ -10,11 +10,14 @@ import pytest
 
 from autotune.measure.client import LevelRun, LoadLevel, RequestRecord
 from autotune.measure.ladder import (
+    INSIDE_P,
+    OUTSIDE_P,
     LoadSearch,
     StopRule,
     _looks,
     order_stat_ranks,
     percentile_interval,
+    sequential_verdict,
 )
 from autotune.measure.stats import Limits, level_stats, steady_window
 
@@ -208,3 +211,56 @@ def test_the_client_stops_sending_once_enough_and_keeps_what_was_in_flight(mode)
     assert all(r.error is None for r in run.records)
     full = drive(Server(), specs[:6], LoadLevel("concurrency", 3))
     assert full.stop_reason == "" and len(full.records) == 6
+
+
+# --- the sequential verdict ---------------------------------------------------------------------------------
+
+
+def simulate_levels(rng, p_over: float, error: float, levels: int, most: int = 400) -> tuple[np.ndarray, np.ndarray]:
+    """Levels of lognormal latencies whose limit is exceeded with probability p_over, each judged request by
+    request by the sequential test: (verdict per level: 1 passes, -1 fails, 0 none; requests it took)."""
+    from scipy.stats import norm
+
+    limit = math.exp(0.5 * norm.ppf(1 - p_over))  # P(latency > limit) = p_over
+    over = np.cumsum(rng.lognormal(0.0, 0.5, (levels, most)) > limit, axis=1)
+    n = np.arange(1, most + 1)
+    llr = over * math.log(OUTSIDE_P / INSIDE_P) + (n - over) * math.log((1 - OUTSIDE_P) / (1 - INSIDE_P))
+    bound = math.log((1 - error) / error)
+    decided = (llr >= bound) | (llr <= -bound)
+    first = np.where(decided.any(axis=1), decided.argmax(axis=1), most - 1)
+    at = llr[np.arange(levels), first]
+    verdicts = np.where(at >= bound, -1, np.where(at <= -bound, 1, 0))
+    # the vectorised test is the module's: spot-check a few levels against sequential_verdict itself
+    for i in range(5):
+        v = sequential_verdict(int(over[i, first[i]]), int(first[i]) + 1, error)
+        assert {"passes": 1, "fails": -1, None: 0}[v] == verdicts[i]
+    return verdicts, first + 1
+
+
+@pytest.mark.parametrize(("p_over", "wrong"), [(INSIDE_P, -1), (OUTSIDE_P, 1)])
+def test_the_sequential_verdict_is_wrong_at_most_as_often_as_stated(p_over, wrong):
+    # Stated (ladder docstring): each error rate <= e / (1 - e) = 5.3% at e = 0.05, at the hypotheses' edges
+    # (2% and 15% of requests over the limit). 20,000 simulated levels each (one standard error: 0.15%).
+    verdicts, _ = simulate_levels(np.random.default_rng(11), p_over, 0.05, 20_000)
+    assert np.mean(verdicts == wrong) <= 0.05 / 0.95
+    assert np.mean(verdicts == 0) < 0.01  # it decides, within 400 requests
+
+
+def test_clear_levels_are_decided_by_a_few_requests():
+    rng = np.random.default_rng(12)
+    verdicts, n = simulate_levels(rng, 0.6, 0.05, 500)
+    assert np.all(verdicts == -1) and np.median(n) <= 3
+    verdicts, n = simulate_levels(rng, 0.001, 0.05, 500)
+    assert np.mean(verdicts == 1) >= 0.99 and np.median(n) == 21
+
+
+def test_a_level_judged_early_stops_long_before_min_requests_and_an_exact_one_does_not():
+    ttft = np.random.default_rng(1).exponential(0.05, 2000)  # p95 = 150 ms; limit 2 s: clearly inside
+    limits = Limits(ttft_p95_ms=2000)
+    early = LoadSearch(min_requests=72, max_requests=400).stop_rule(8, exact=False)
+    assert stop_count(early, ttft, limits) == (8 + 21, "clearly passes")  # the first round is not judged
+    exact = LoadSearch(min_requests=72, max_requests=400).stop_rule(8, exact=True)
+    assert stop_count(exact, ttft, limits) == (72, "settled")
+    slow = np.random.default_rng(2).exponential(0.5, 2000)  # p95 1.5 s against a 300 ms limit
+    n, why = stop_count(early, slow, Limits(ttft_p95_ms=300))
+    assert why == "clearly fails" and n <= 8 + 6

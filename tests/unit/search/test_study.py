@@ -18,14 +18,15 @@ from autotune.engine.logs import BootInfo, Failure, FailureKind
 from autotune.engine.server import EngineSpec, server_env
 from autotune.errors import EngineError
 from autotune.measure.client import LoadLevel
+from autotune.measure.ladder import Prior
 from autotune.measure.stats import LevelStats, Limits, Percentiles, Verdict
-from autotune.measure.trial import LevelOutcome, TrialResult
+from autotune.measure.trial import SCREENED, LevelOutcome, TrialResult
 from autotune.search import record, tell
 from autotune.search.budget import Budget
 from autotune.search.record import feasible, trial_baseline
 from autotune.search.remeasure import best_trial
 from autotune.search.space import suggest
-from autotune.search.study import open_study
+from autotune.search.study import load_prior, open_study
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -267,3 +268,29 @@ def test_gpus_give_one_slot_per_gpu_each_server_confined_to_its_own() -> None:
     assert (env["CUDA_VISIBLE_DEVICES"], env["CUDA_DEVICE_ORDER"], env["X"], env["PATH"]) == ("2", "PCI_BUS_ID", "1",
                                                                                               "/usr/bin")
     assert server_env(EngineSpec("m"), inherited)["CUDA_VISIBLE_DEVICES"] == "0,1,2,3"  # no slot GPU: as inherited
+
+
+def test_a_screened_out_trial_is_pruned_without_a_figure_and_never_the_winner(spec) -> None:
+    study = open_study(spec)
+    told(study, ok_result(400.0))
+    screened = TrialResult("stopped", levels=(level(2, 900, False),), stop_reason=SCREENED, boot=BootInfo(30.0))
+    assert told(study, screened) == TrialState.PRUNED
+    t = study.trials[-1]
+    # Not infeasible (TPE ranks it above every trial with a violated constraint), not a winner, no value.
+    assert t.constraints == {"memory": 0.0, "latency": 0.0, "boots": 0.0} and t.value is None
+    assert best_trial(study).figure == 400.0
+    assert record.view(t).kind == "pruned" and t.user_attrs["reason"] == SCREENED
+
+
+def test_a_sampled_configuration_is_screened_at_the_incumbents_level_and_a_baseline_is_not(spec) -> None:
+    study = open_study(spec)
+    told(study, ok_result(400.0))  # the first baseline: best level 2
+    baseline = study.ask()
+    assert trial_baseline(baseline) is not None
+    prior = load_prior(study, baseline, {"max_num_seqs": 16}, spec, kv_tokens=320 * 4)
+    assert prior == Prior(incumbent=2, similar=(2.0,), cap=4.0, screen=False)
+    study.tell(baseline, state=TrialState.FAIL)
+    sampled = study.ask()
+    suggest(sampled, spec.space)
+    prior = load_prior(study, sampled, {"max_num_seqs": 64}, spec, kv_tokens=None)
+    assert prior.screen and prior.incumbent == 2 and prior.cap == 64
