@@ -21,6 +21,9 @@ if TYPE_CHECKING:
 Clock = Callable[[], float]
 
 
+RESERVE_MAX_SHARE = 0.25  # of a time budget, at most, is held back from the search for re-measuring
+
+
 @dataclass
 class Budget:
     """`seconds` of wall clock from `start` (None: no time limit), and at most `trials` trials (None: no limit)."""
@@ -31,7 +34,8 @@ class Budget:
     start: float = field(default=0.0)
     durations: list[float] = field(default_factory=list)  # of the trials that booted, this run and before
     # Seconds kept at the end for re-measuring: the search sees its deadline this much earlier, and at least one
-    # typical trial earlier, or the re-measurement it was kept for would not fit.
+    # typical trial earlier, or the re-measurement it was kept for would not fit; but never more than
+    # RESERVE_MAX_SHARE of the budget, so that trials longer than a quarter of it do not leave no search at all.
     held_s: float = 0.0
 
     def __post_init__(self) -> None:
@@ -43,8 +47,13 @@ class Budget:
     def deadline(self) -> float | None:
         if self.seconds is None:
             return None
-        held = max(self.held_s, self.expected_trial_s() or 0.0) if self.held_s > 0 else 0.0
-        return self.start + self.seconds - held
+        return self.start + self.seconds - self.held()
+
+    def held(self) -> float:
+        """Seconds the search leaves for re-measuring: the reserve, at least one typical trial, at most a quarter."""
+        if self.held_s <= 0 or self.seconds is None:
+            return 0.0
+        return min(max(self.held_s, self.expected_trial_s() or 0.0), RESERVE_MAX_SHARE * self.seconds)
 
     def remaining(self) -> float:
         return float("inf") if self.deadline is None else max(0.0, self.deadline - self.clock())
