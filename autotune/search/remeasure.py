@@ -22,7 +22,7 @@ from optuna.trial import FrozenTrial, TrialState
 
 from autotune.config.study_file import DEFAULT_TOP
 from autotune.search import remeasure
-from autotune.search.budget import Budget
+from autotune.search.budget import LENGTH_MARGIN, Budget
 from autotune.search.record import (
     BASELINE_ATTR,
     REMEASURE_ATTR,
@@ -40,9 +40,6 @@ MAX_ROUNDS = 3  # re-measurements per configuration at most, whatever time is le
 
 
 NOISE = 0.05  # a figure's band reaches this share beyond its measured min-max: what one boot's noise can move
-
-
-LENGTH_MARGIN = 1.25  # boots and loads vary: a re-measurement starts only with a quarter of its length to spare
 
 
 @dataclass(frozen=True)

@@ -119,17 +119,18 @@ def test_the_top_configurations_are_re_measured_in_the_reserved_time():
     }
 
 
-def test_the_reserve_is_never_shorter_than_a_trial():
-    """15% of 490 s is 73.5 s, less than one 100 s trial: set aside as such, it would leave the re-measurement
-    90 s (the search stops at 400 s) and none would fit. The search keeps a whole trial's length back instead."""
+def test_the_reserve_is_never_shorter_than_a_re_measurement():
+    """15% of 600 s is 90 s, less than one 100 s trial with its quarter to spare: set aside as such, it would
+    leave the re-measurement 90 s (the search stops at 500 s) and none would fit. The search keeps one
+    re-measurement's length (125 s) back instead."""
     clock = Clock()
-    budget = Budget(seconds=490, clock=clock)
+    budget = Budget(seconds=600, clock=clock)
     lab = Lab({"a": [1000.0], "b": [900.0], "c": [800.0]}, clock)
     r = reserve(budget, top=3)
-    assert budget.remaining() == 490 - 73.5  # before any trial: 15%
-    assert lab.search(budget) == 3  # at t = 300 the search sees 490 - 100 - 300 = 90 s: a trial does not fit
+    assert budget.remaining() == 600 - 90  # before any trial: 15%
+    assert lab.search(budget) == 4  # at t = 400 the search sees 600 - 125 - 400 = 75 s: a trial does not fit
     assert remeasure_top(lab.study, budget, r, lab.run_one).done == (0,)
-    assert clock.t == 400.0
+    assert clock.t == 500.0
 
 
 def test_a_configuration_is_re_measured_only_when_its_own_trial_length_fits():
@@ -239,8 +240,11 @@ def test_the_reserve_never_takes_more_than_a_quarter_of_the_budget():
     budget = Budget(seconds=1000, clock=Clock())
     reserve(budget, top=3)
     assert budget.remaining() == 850.0  # 15% before any trial
+    budget.record(180.0)  # a re-measurement with a quarter to spare: 225 s, within the quarter (250 s)
+    assert budget.remaining() == 775.0 and budget.held() == 225.0
     budget.record(300.0)
-    assert budget.remaining() == 750.0 and budget.held() == 250.0
+    budget.record(300.0)  # 375 s with the quarter to spare: the reserve would buy nothing, so none is held
+    assert budget.remaining() == 1000.0 and budget.held() == 0.0
 
 
 def test_a_lone_clear_winner_is_confirmed_once_and_nothing_else_is_re_measured():
