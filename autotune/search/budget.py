@@ -21,6 +21,12 @@ if TYPE_CHECKING:
 Clock = Callable[[], float]
 
 
+RESERVE_MAX_SHARE = 0.25  # of a time budget, at most, is held back from the search for re-measuring
+
+
+LENGTH_MARGIN = 1.25  # boots and loads vary: a re-measurement starts only with a quarter of its length to spare
+
+
 @dataclass
 class Budget:
     """`seconds` of wall clock from `start` (None: no time limit), and at most `trials` trials (None: no limit)."""
@@ -30,8 +36,7 @@ class Budget:
     clock: Clock = time.monotonic
     start: float = field(default=0.0)
     durations: list[float] = field(default_factory=list)  # of the trials that booted, this run and before
-    # Seconds kept at the end for re-measuring: the search sees its deadline this much earlier, and at least one
-    # typical trial earlier, or the re-measurement it was kept for would not fit.
+    # Seconds kept at the end for re-measuring: the search sees its deadline earlier by what `held` says.
     held_s: float = 0.0
 
     def __post_init__(self) -> None:
@@ -43,8 +48,17 @@ class Budget:
     def deadline(self) -> float | None:
         if self.seconds is None:
             return None
-        held = max(self.held_s, self.expected_trial_s() or 0.0) if self.held_s > 0 else 0.0
-        return self.start + self.seconds - held
+        return self.start + self.seconds - self.held()
+
+    def held(self) -> float:
+        """Seconds the search leaves for re-measuring: the reserve, and at least one typical re-measurement (a
+        trial with LENGTH_MARGIN to spare), or the time kept would buy nothing; never more than RESERVE_MAX_SHARE
+        of the budget. Where one re-measurement needs more than that, nothing is held: the search keeps the whole
+        budget, and a re-measurement runs only if the search leaves time for one."""
+        if self.held_s <= 0 or self.seconds is None:
+            return 0.0
+        held = max(self.held_s, LENGTH_MARGIN * (self.expected_trial_s() or 0.0))
+        return held if held <= RESERVE_MAX_SHARE * self.seconds else 0.0
 
     def remaining(self) -> float:
         return float("inf") if self.deadline is None else max(0.0, self.deadline - self.clock())

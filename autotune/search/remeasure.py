@@ -2,16 +2,18 @@
 
 A search keeps the configuration whose one measurement came out highest, and among several close ones that is
 partly luck: its figure is biased upwards (the winner's curse) and may not hold when the user deploys it. So
-part of the budget is set aside (`reserve`) and spent at the end (`remeasure_top`) booting the top few
-configurations again, each as a new trial marked `remeasure_of`. The winner is then chosen among the re-measured
-configurations, on all of each one's measurements (`best`): every reader (the run's summary, status, the report,
-export) takes the winner and its figure from there, so that they cannot disagree.
+part of the budget is set aside (`reserve`, at most a quarter: see Budget.held) and spent at the end
+(`remeasure_top`) booting configurations again, each as a new trial marked `remeasure_of`, but only where a
+measurement can change the answer (`next_to_remeasure`). The winner is then chosen on all of each configuration's
+measurements (`best`): every reader (the run's summary, status, the report, export) takes the winner and its
+figure from there, so that they cannot disagree.
 """
 
 from __future__ import annotations
 
 import statistics
 import threading
+from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -20,7 +22,7 @@ from optuna.trial import FrozenTrial, TrialState
 
 from autotune.config.study_file import DEFAULT_TOP
 from autotune.search import remeasure
-from autotune.search.budget import Budget
+from autotune.search.budget import LENGTH_MARGIN, Budget
 from autotune.search.record import (
     BASELINE_ATTR,
     REMEASURE_ATTR,
@@ -37,7 +39,7 @@ RESERVE_FRACTION = 0.15  # of a time budget
 MAX_ROUNDS = 3  # re-measurements per configuration at most, whatever time is left
 
 
-LENGTH_MARGIN = 1.25  # boots and loads vary: a re-measurement starts only with a quarter of its length to spare
+NOISE = 0.05  # a figure's band reaches this share beyond its measured min-max: what one boot's noise can move
 
 
 @dataclass(frozen=True)
@@ -155,17 +157,46 @@ def best(trials: Sequence[FrozenTrial], keep: Callable[[FrozenTrial], bool] = la
     return max(pool, key=lambda b: b.figure, default=None)
 
 
-def top_configs(trials: Sequence[FrozenTrial], n: int) -> list[FrozenTrial]:
-    """The `n` best feasible trials with distinct configurations (vLLM flags), re-measurements excluded."""
-    out: list[FrozenTrial] = []
-    seen: set[str] = set()
+def ranked(trials: Sequence[FrozenTrial]) -> list[Best]:
+    """Each measured configuration (vLLM flags) once, by its original trial with the highest first figure, with
+    all its measurements: best figure (Best.figure) first."""
+    out: dict[str, FrozenTrial] = {}
     for t in sorted((t for t in trials if feasible(t) and view(t).remeasure_of is None),
                     key=lambda t: t.value or 0.0, reverse=True):
-        key = view(t).config_key
-        if key not in seen and len(out) < n:
-            seen.add(key)
-            out.append(t)
-    return out
+        out.setdefault(view(t).config_key, t)
+    return sorted((_best_of(t, trials) for t in out.values()), key=lambda b: b.figure, reverse=True)
+
+
+def band(b: Best) -> tuple[float, float]:
+    """What the configuration may deliver: the min-max of its measurements within the limits, widened by NOISE
+    (one measurement says nothing of its own spread, and a few rarely span the whole of it); (0, 0) when it
+    does not hold its limits."""
+    if not b.holds:
+        return 0.0, 0.0
+    return min(b.passing) * (1 - NOISE), max(b.passing) * (1 + NOISE)
+
+
+def next_to_remeasure(trials: Sequence[FrozenTrial], top: int = DEFAULT_TOP) -> FrozenTrial | None:
+    """The original trial whose configuration to boot again, or None when no measurement can change the answer.
+
+    The rule: the incumbent is `best`'s winner. It is re-measured once if it has only its first figure (a lone
+    clear winner gets this one confirmation, and no more). A runner-up (one of the `top` best configurations) can
+    change the answer when the top of its band reaches the bottom of the incumbent's; while one does, the one with
+    the fewest measurements among the incumbent and those runners-up is measured again (the better first on a
+    tie), each at most MAX_ROUNDS times. A runner-up clearly below the incumbent is never booted again: whatever
+    it measures, it does not win."""
+    incumbent = best(trials)
+    if incumbent is None:
+        return None
+    again = Counter(view(t).remeasure_of for t in trials if t.state.is_finished())  # pruned and refused ones too
+    if again[incumbent.trial.number] == 0:
+        return incumbent.trial
+    low = band(incumbent)[0]
+    close = [b for b in ranked(trials)[:top]
+             if b.trial.number != incumbent.trial.number and b.holds and band(b)[1] >= low]
+    open_ = [b for b in [incumbent, *close] if again[b.trial.number] < MAX_ROUNDS] if close else []
+    pick = min(open_, key=lambda b: len(b.measurements), default=None)
+    return pick.trial if pick is not None else None
 
 
 def summary(trials: Sequence[FrozenTrial]) -> dict[str, dict[str, object]]:
@@ -196,46 +227,40 @@ class RemeasureRun:
 
 def remeasure_top(study: optuna.Study, budget: Budget, reserved: Reserve, run_one: Callable[[], object | None],
                   stop: threading.Event | None = None) -> RemeasureRun:
-    """Give the reserve back to `budget` and spend it booting the top configurations again, in rounds (each
-    configuration once, best first, then again), while a trial still fits. `run_one` runs the next queued
-    trial (the study loop's own trial function) and returns its result, or None when it was rejected before
-    boot. The study's SUMMARY_ATTR holds the figures."""
+    """Give the reserve back to `budget` and spend it booting configurations again, as `next_to_remeasure`
+    says, while one still fits. `run_one` runs the next queued trial (the study loop's own trial function) and
+    returns its result, or None when it was rejected before boot. The study's SUMMARY_ATTR holds the figures."""
     _release(budget, reserved)
-    trials = study.get_trials(deepcopy=False)
     if reserved.top <= 0 or (stop is not None and stop.is_set()):
         return RemeasureRun()
-    if any(t.state == TrialState.WAITING for t in trials):  # queued trials would run first, unmarked
+    if any(t.state == TrialState.WAITING for t in study.get_trials(deepcopy=False)):  # they would run first, unmarked
         return RemeasureRun()
-    top = top_configs(trials, reserved.top)
     done: list[int] = []
     booted = 0
     why = ""
-    for _ in range(MAX_ROUNDS if top else 0):
-        for t in top:
-            if stop is not None and stop.is_set():
-                break
-            length = view(t).duration_s  # this configuration's own trial
-            needed = LENGTH_MARGIN * length if length is not None else None
-            fits, why = budget.claim(needed)
-            if not fits:
-                if needed is not None and "left" in why:
-                    why = (f"{budget.remaining():.0f} s left, less than one re-measurement of trial {t.number} "
-                           f"(~{needed:.0f} s with a quarter to spare)")
-                break
-            attrs: dict[str, object] = {REMEASURE_ATTR: t.number}
-            if BASELINE_ATTR in t.user_attrs:  # boot exactly what the baseline booted
-                attrs[BASELINE_ATTR] = t.user_attrs[BASELINE_ATTR]
-            study.enqueue_trial(t.params, user_attrs=attrs)
-            result = run_one()
-            if result is None:
-                budget.release()
-            else:
-                booted += 1
-                budget.record(float(getattr(result, "duration_s", 0.0)))
-            done.append(t.number)
+    while stop is None or not stop.is_set():
+        t = next_to_remeasure(study.get_trials(deepcopy=False), reserved.top)
+        if t is None:
+            break
+        length = view(t).duration_s  # this configuration's own trial
+        needed = LENGTH_MARGIN * length if length is not None else None
+        fits, why = budget.claim(needed)
+        if not fits:
+            if needed is not None and "left" in why:
+                why = (f"{budget.remaining():.0f} s left, less than one re-measurement of trial {t.number} "
+                       f"(~{needed:.0f} s with a quarter to spare)")
+            break
+        attrs: dict[str, object] = {REMEASURE_ATTR: t.number}
+        if BASELINE_ATTR in t.user_attrs:  # boot exactly what the baseline booted
+            attrs[BASELINE_ATTR] = t.user_attrs[BASELINE_ATTR]
+        study.enqueue_trial(t.params, user_attrs=attrs)
+        result = run_one()
+        if result is None:
+            budget.release()
         else:
-            continue
-        break
+            booted += 1
+            budget.record(float(getattr(result, "duration_s", 0.0)))
+        done.append(t.number)
     if done:
         study.set_user_attr(SUMMARY_ATTR, summary(study.get_trials(deepcopy=False)))
     return RemeasureRun(tuple(done), booted, why)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 import json
+import shlex
 import threading
 import tomllib
 from collections.abc import Callable
@@ -74,13 +75,23 @@ class RunSummary:
     remeasured: int  # re-measurements that booted
     stopped_because: str  # why the run ended ("" when the search and the re-measuring ran their course)
     best: remeasure.Best | None
+    export_command: str = ""  # what gives the winner's flags, for a person to run next
 
     def lines(self) -> list[str]:
         """The summary a person reads at the end of the run (without the best configuration's command)."""
         out = [f"this run: {self.booted} booted, {self.refused} refused before boot, {self.remeasured} re-measured; "
                f"stopped: {self.stopped_because or 'done'}"]
         out.append(f"best: {self.best.text}" if self.best is not None else "no feasible configuration yet")
+        if self.best is not None and self.export_command:
+            out.append(f"export it: {self.export_command}")
         return out
+
+
+def export_command(spec: StudySpec, storage_url: str | None) -> str:
+    """`autotune export` for this study as it was run: its file (which names it), and the storage if not the
+    default one beside the file."""
+    return shlex.join(["autotune", "export", "--study", str(spec.path), *(["--storage", storage_url] if storage_url
+                                                                           else []), "--format", "flags"])
 
 
 def open_study(spec: StudySpec, storage_url: str | None = None,
@@ -246,7 +257,8 @@ def run_study(
     # The last thing that stopped the run is why it ended: Ctrl-C, else the re-measuring's want of time, else the
     # search's.
     why = "interrupted" if interrupted else again.stopped_because or (reasons[0] if reasons else "")
-    return RunSummary(counts["booted"], counts["refused"] + refused_again, again.booted, why, best_trial(study))
+    return RunSummary(counts["booted"], counts["refused"] + refused_again, again.booted, why, best_trial(study),
+                      export_command(spec, storage_url))
 
 
 def _until_done(targets: list[tuple[str, Callable[[], None]]], stop: threading.Event) -> bool:

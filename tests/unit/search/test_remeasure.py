@@ -17,11 +17,12 @@ from autotune.search.remeasure import (
     Reserve,
     best,
     best_trial,
+    next_to_remeasure,
+    ranked,
     remeasure_top,
     remeasured,
     reserve,
     score,
-    top_configs,
 )
 
 
@@ -118,17 +119,18 @@ def test_the_top_configurations_are_re_measured_in_the_reserved_time():
     }
 
 
-def test_the_reserve_is_never_shorter_than_a_trial():
-    """15% of 490 s is 73.5 s, less than one 100 s trial: set aside as such, it would leave the re-measurement
-    90 s (the search stops at 400 s) and none would fit. The search keeps a whole trial's length back instead."""
+def test_the_reserve_is_never_shorter_than_a_re_measurement():
+    """15% of 600 s is 90 s, less than one 100 s trial with its quarter to spare: set aside as such, it would
+    leave the re-measurement 90 s (the search stops at 500 s) and none would fit. The search keeps one
+    re-measurement's length (125 s) back instead."""
     clock = Clock()
-    budget = Budget(seconds=490, clock=clock)
+    budget = Budget(seconds=600, clock=clock)
     lab = Lab({"a": [1000.0], "b": [900.0], "c": [800.0]}, clock)
     r = reserve(budget, top=3)
-    assert budget.remaining() == 490 - 73.5  # before any trial: 15%
-    assert lab.search(budget) == 3  # at t = 300 the search sees 490 - 100 - 300 = 90 s: a trial does not fit
+    assert budget.remaining() == 600 - 90  # before any trial: 15%
+    assert lab.search(budget) == 4  # at t = 400 the search sees 600 - 125 - 400 = 75 s: a trial does not fit
     assert remeasure_top(lab.study, budget, r, lab.run_one).done == (0,)
-    assert clock.t == 400.0
+    assert clock.t == 500.0
 
 
 def test_a_configuration_is_re_measured_only_when_its_own_trial_length_fits():
@@ -156,7 +158,9 @@ def test_more_time_means_more_rounds_and_the_median_decides():
     assert lab.search(budget) == 7
     budget.trials += 3  # 5 for re-measuring
     done = remeasure_top(lab.study, budget, r, lab.run_one).done
-    assert done == (0, 1, 0, 1, 0)  # rounds: each top config once, best first, then again
+    # a is confirmed (800: median 900); b (950) could beat it and is measured (940: 945, now the incumbent); the
+    # two are within each other's bands, so the one with fewer measurements goes next, the incumbent on a tie.
+    assert done == (0, 1, 1, 0, 0)
     trials = lab.study.get_trials()
     assert remeasured(trials) == {0: [800.0, 990.0, 995.0], 1: [940.0, 930.0]}
     assert best(trials).trial.params["c"] == "a"  # median of all four 992.5 > 940 (of three)
@@ -168,7 +172,7 @@ def test_a_re_measurement_that_misses_the_limits_is_a_failed_measurement_not_a_z
     lab.order = ["a", "a", "b"]
     for _ in range(3):
         lab.run_one()
-    assert [t.params["c"] for t in top_configs(lab.study.get_trials(), 3)] == ["a", "b"]  # a twice: one config
+    assert [b.trial.params["c"] for b in ranked(lab.study.get_trials())] == ["a", "b"]  # a twice: one config
     lab.infeasible = frozenset({"a"})
     lab.study.enqueue_trial({"c": "a"}, user_attrs={REMEASURE_ATTR: 0})
     lab.run_one()
@@ -220,7 +224,7 @@ def test_the_summary_and_the_table_say_which_figures_chose_the_winner():
     lab.run_one(), lab.run_one()
     assert best_trial(lab.study).text == "trial 0, 1,000 output tok/s (one measurement)"  # nothing re-measured yet
     ran = remeasure_top(lab.study, Budget(trials=2, clock=clock), Reserve(top=2, trials=2), lab.run_one)
-    assert ran.done == (0, 1, 0, 1) and ran.booted == 4  # the 2 trials given back, and 2 the budget had
+    assert ran.done == (0, 1, 1, 0) and ran.booted == 4  # the 2 trials given back, and 2 the budget had
     assert ran.stopped_because == "4 trial(s) done"
     winner = best_trial(lab.study)
     assert winner.text == "trial 1, 940 output tok/s (median of 3 measurements, 940-950)"
@@ -228,3 +232,53 @@ def test_the_summary_and_the_table_say_which_figures_chose_the_winner():
     console.print(study_table(lab.study.trials))
     text = console.export_text()
     assert "re-measure of trial 0: c=a" in text and "re-measure of trial 1: c=b" in text
+
+
+def test_the_reserve_never_takes_more_than_a_quarter_of_the_budget():
+    """A trial of 300 s in a 1,000 s budget: holding one whole trial back would leave the search 70%; a quarter
+    is the most the re-measuring may take."""
+    budget = Budget(seconds=1000, clock=Clock())
+    reserve(budget, top=3)
+    assert budget.remaining() == 850.0  # 15% before any trial
+    budget.record(180.0)  # a re-measurement with a quarter to spare: 225 s, within the quarter (250 s)
+    assert budget.remaining() == 775.0 and budget.held() == 225.0
+    budget.record(300.0)
+    budget.record(300.0)  # 375 s with the quarter to spare: the reserve would buy nothing, so none is held
+    assert budget.remaining() == 1000.0 and budget.held() == 0.0
+
+
+def test_a_lone_clear_winner_is_confirmed_once_and_nothing_else_is_re_measured():
+    clock = Clock()
+    lab = Lab({"a": [1000.0, 990.0], "b": [700.0], "c": [600.0]}, clock)
+    for _ in range(3):
+        lab.run_one()
+    ran = remeasure_top(lab.study, Budget(trials=10, clock=clock), Reserve(top=3), lab.run_one)
+    assert ran.done == (0,) and ran.stopped_because == ""  # b's band (up to 735) is far below a's (from 940)
+    assert best_trial(lab.study).text == "trial 0, 995 output tok/s (median of 2 measurements, 990-1,000)"
+    assert next_to_remeasure(lab.study.get_trials()) is None
+
+
+def test_a_runner_up_is_re_measured_only_while_it_can_change_the_answer():
+    clock = Clock()
+    # a's first figure was luck; b's single figure, within a's band once a is confirmed, could win; c cannot.
+    lab = Lab({"a": [1000.0, 500.0], "b": [900.0], "c": [400.0]}, clock)
+    for _ in range(3):
+        lab.run_one()
+    trials = lab.study.get_trials()
+    assert next_to_remeasure(trials).number == 0  # the incumbent's one confirmation first
+    ran = remeasure_top(lab.study, Budget(trials=2, clock=clock), Reserve(top=3), lab.run_one)
+    assert ran.done == (0, 1)
+    trials = lab.study.get_trials()
+    assert best(trials).trial.number == 1 and best(trials).figure == 900.0
+    # a (750, 500-1,000) still reaches b's band (855-945): the two go on (two measurements each: the incumbent
+    # first), c (up to 420) is never booted again.
+    assert next_to_remeasure(trials).number == 1
+    assert all(t.params["c"] != "c" for t in trials[3:])
+
+
+def test_each_configuration_is_re_measured_at_most_max_rounds_times():
+    clock = Clock()
+    lab = Lab({"a": [1000.0], "b": [1000.0]}, clock)  # a tie that no measurement breaks
+    lab.run_one(), lab.run_one()
+    ran = remeasure_top(lab.study, Budget(trials=100, clock=clock), Reserve(top=2), lab.run_one)
+    assert sorted(ran.done) == [0, 0, 0, 1, 1, 1] and ran.stopped_because == ""
