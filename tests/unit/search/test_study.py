@@ -294,3 +294,26 @@ def test_a_sampled_configuration_is_screened_at_the_incumbents_level_and_a_basel
     suggest(sampled, spec.space)
     prior = load_prior(study, sampled, {"max_num_seqs": 64}, spec, kv_tokens=None)
     assert prior.screen and prior.incumbent == 2 and prior.cap == 64
+
+
+def test_a_baseline_refused_on_the_memory_estimate_is_judged_again_when_the_study_resumes(spec) -> None:
+    """A baseline told "predicted not to fit" was refused under the corrections of that moment; calibration may have
+    moved since (issue 13), so the next `autotune run` queues it again. One refused for another reason (vLLM would
+    refuse the flags) stays settled, and so does a baseline that was measured."""
+    study = open_study(spec)
+    refused = study.ask()
+    assert trial_baseline(refused) == {} and refused.user_attrs["baseline"]["name"] == "vllm-defaults"
+    tell.tell_rejected(study, refused, "predicted not to fit: weights 0.1 GiB + activations 9.0 GiB leave no KV cache",
+                       memory_excess=2.0)
+    other = study.ask()
+    assert other.user_attrs["baseline"]["name"] == "recipe"
+    tell.tell_rejected(study, other, "vLLM would refuse it: max_num_batched_tokens < max_model_len")
+    resumed = open_study(spec)  # the next `autotune run`, on the same SQLite storage
+    waiting = [t for t in resumed.trials if t.state == TrialState.WAITING]
+    assert [t.user_attrs["baseline"]["name"] for t in waiting] == ["vllm-defaults"]
+    assert [t.state for t in resumed.trials[:2]] == [TrialState.COMPLETE, TrialState.COMPLETE]  # history kept
+    again = resumed.ask()
+    assert again.number == waiting[0].number and again.user_attrs["baseline"]["flags"] == {
+        **refused.user_attrs["baseline"]["flags"]}
+    assert tell.tell_result(resumed, again, ok_result(450.0)) == TrialState.COMPLETE  # it booted this time
+    assert not [t for t in open_study(spec).trials if t.state == TrialState.WAITING]  # measured: settled
