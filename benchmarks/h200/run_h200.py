@@ -7,6 +7,8 @@ Run on the device by run_h200.sh, from the repository root, after vLLM 0.25.0 is
     python3 -m benchmarks.h200.run_h200 trials   # `autotune trial` of vLLM's defaults (must fail), two eager trials
     python3 -m benchmarks.h200.run_h200 study    # `autotune run` of tests/data/gpu/smoke-study.toml (2 booted
                                                  # trials), status, export
+    python3 -m benchmarks.h200.run_h200 chat     # `autotune run` of tests/data/gpu/chat-as-3090.toml for what is
+                                                 # left of the call (resumes its study: run it once per call)
 
 The model is the Qwen3.5-27B AWQ shape autotune ships (autotune/engine/known_models/qwen3.5-27b-awq.json): every phase
 first writes it as a model folder (that file as its config.json; the weights are random, --load-format dummy)
@@ -52,15 +54,18 @@ def write_model() -> None:
     (MODEL / "config.json").write_bytes(CONFIG.read_bytes())
 
 
-def study_file() -> Path:
-    """A copy of the smoke study (and its objective) under WORK whose [model] path is the folder write_model made."""
-    text = STUDY.read_text()
+def study_file(study: Path = STUDY) -> Path:
+    """A copy of a device study (and its objective) under WORK whose [model] path is the folder write_model made."""
+    text = study.read_text()
     hub_id = 'path = "QuantTrio/Qwen3.5-27B-AWQ"'
     if hub_id not in text:
         raise SystemExit(f"{STUDY}: expected the line {hub_id!r} in [model]")
-    copy = WORK / STUDY.name
+    if study == STUDY:
+        (WORK / OBJECTIVE.name).write_text(OBJECTIVE.read_text())
+    else:  # the shipped objectives, by an absolute path
+        text = text.replace('objective = "../../../objectives/', f'objective = "{ROOT}/objectives/')
+    copy = WORK / study.name
     copy.write_text(text.replace(hub_id, f"path = {json.dumps(str(MODEL))}"))
-    (WORK / OBJECTIVE.name).write_text(OBJECTIVE.read_text())
     return copy
 
 
@@ -200,8 +205,31 @@ def study() -> None:
     print(run.stdout[-4000:], run.stderr[-2000:], steps["export"]["stdout"])
 
 
+CHAT = DATA / "chat-as-3090.toml"
+
+
+def chat(seconds: float) -> None:
+    """One call's share of the chat study: `autotune run` until `seconds` are spent, then status and export. The
+    study lives in WORK/chat.db (carry it back in from an earlier session as CHAT_DB to resume it there)."""
+    db = WORK / "chat.db"
+    if not db.exists() and os.environ.get("CHAT_DB"):
+        db.write_bytes(Path(os.environ["CHAT_DB"]).read_bytes())
+    url = f"sqlite:///{db}"
+    t0 = time.time()
+    run = subprocess.run([PY, "-m", "autotune.cli", "run", str(study_file(CHAT)), "--budget", f"{int(seconds)}s",
+                          "--gpus", "0", "--storage", url], capture_output=True, text=True, cwd=ROOT,
+                         timeout=seconds + 420)
+    steps = {"run": {"rc": run.returncode, "stdout": run.stdout[-8000:], "stderr": run.stderr[-4000:]}}
+    for name, args in (("status", ["status"]), ("export", ["export", "--format", "flags"])):
+        out = subprocess.run([PY, "-m", "autotune.cli", *args, "--study", "h200-as-3090-chat", "--storage", url],
+                             capture_output=True, text=True, cwd=ROOT, timeout=60)
+        steps[name] = {"rc": out.returncode, "stdout": out.stdout[-6000:], "stderr": out.stderr[-2000:]}
+    record(f"chat:{t0:.0f}", {"t0": t0, "t1": time.time(), "steps": steps})
+    print(run.stdout[-4000:], run.stderr[-2000:], steps["status"]["stdout"][-3000:], steps["export"]["stdout"])
+
+
 def main() -> None:
-    if len(sys.argv) != 2 or sys.argv[1] not in ("idle", "trials", "study"):
+    if len(sys.argv) < 2 or sys.argv[1] not in ("idle", "trials", "study", "chat"):
         raise SystemExit(__doc__)
     phase = sys.argv[1]
     WORK.mkdir(parents=True, exist_ok=True)
@@ -221,6 +249,8 @@ def main() -> None:
                     print("step failed:", repr(e), flush=True)
         elif phase == "study":
             study()
+        elif phase == "chat":
+            chat(float(sys.argv[2]) if len(sys.argv) > 2 else 300.0)
         else:
             raise SystemExit(f"unknown phase {phase!r}")
     finally:

@@ -26,6 +26,8 @@
 #         defaults, which must fail and be classified, and two eager trials capped to 24 GiB)
 #   6:   bash benchmarks/h200/run_h200.sh study                           (`autotune run` of smoke-study.toml,
 #         2 booted trials, one with CUDA graphs; status; export)
+#   or 6, 7, 8 ...: bash benchmarks/h200/run_h200.sh chat                 (the chat study as a 3090, resumed call
+#         after call; chat.db comes back in $OUT)
 # Each phase leaves $OUT/<phase>.tgz: server logs, NVML and nvidia-smi series, results-raw.json.
 # Then, here: python -m benchmarks.h200.collect_h200 <folders the tgz files were unpacked into>
 #   -> benchmarks/data/results-h200.json.
@@ -52,5 +54,13 @@ case $phase in
   study)
     timeout -k 10 $((580 - SECONDS)) python3 -m benchmarks.h200.run_h200 study 2>&1 | tee "$GPURUN/study.out" | tail -60
     tar czf "$OUT/study.tgz" -C "$GPURUN" . ;;
+  chat)
+    # The issue 13/14 proof: `autotune run` of tests/data/gpu/chat-as-3090.toml (H200 capped as an RTX 3090, CUDA
+    # graphs, objectives/chat-p95.toml), one call at a time, each resuming the study in $GPURUN/chat.db; the run's
+    # budget is what the call has left less the longest trial (~5 min). Bring chat.db back from $OUT and carry it
+    # in as CHAT_DB to resume in a later session (the compile cache is not carried: a fresh machine boots cold).
+    python3 -m benchmarks.h200.run_h200 chat $((575 - SECONDS - 300)) 2>&1 | tee -a "$GPURUN/chat.out" | tail -60
+    cp "$GPURUN/chat.db" "$OUT/" 2>/dev/null
+    tar czf "$OUT/chat.tgz" -C "$GPURUN" --exclude chat.db . ;;
   *) echo "unknown phase $phase"; exit 2 ;;
 esac
