@@ -98,7 +98,8 @@ def plan() -> dict[str, object]:
             "memory_cap_gib": spec.memory_cap.gib if spec.memory_cap else None,  # type: ignore[attr-defined]
             "space": space_as_json(space),
             "how": (f"the study's {len(spec.baselines)} baselines; {SOBOL_POINTS} scrambled Sobol points "
-                    f"(scipy.stats.qmc, seed 0) over the space without `model`, log-scaled where the parameter is; the {UNSURE} of "
+                    f"(scipy.stats.qmc, seed 0) over the space without `model`, log-scaled where the parameter is; "
+                    f"the {UNSURE} of "
                     f"{CANDIDATES} further Sobol points the estimator is least sure about (booted to learn first, "
                     f"then pessimistic KV tokens nearest one max_model_len request). Estimates: uncalibrated, "
                     f"{CARD} capped to {spec.memory_cap}"),
