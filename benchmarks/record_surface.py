@@ -1,4 +1,20 @@
-"""Record a real response surface: a grid of vLLM configurations of the tiny dense model on the CPU build.
+"""Record a real response surface: a grid of vLLM configurations of the tiny dense model on the CPU build, or
+(--plan) the planned GPU configurations of benchmarks/data/surface-plan-rtx3090.json (benchmarks/surface_plan.py).
+
+GPU runbook (issue 15; device sessions of 30 minutes, calls of at most 10; see benchmarks/h200/run_h200.sh for the
+wheels in .gpu1 ... .gpu5 and .whl, and the install into /tmp/site). Each call carries the partial surface file and
+brings it back through $OUT; /tmp survives between calls on one warm machine only, so a fresh machine installs again:
+  1-4:  bash benchmarks/h200/run_h200.sh stage N                               carry [".gpuN"]
+  5:    cp .gpu5/* .whl/*.whl /tmp/acc/ && bash benchmarks/h200/device-install.sh (as run_h200.sh trials does)
+  6..:  PYTHONPATH=/tmp/site:$PWD VLLM_USE_FLASHINFER_SAMPLER=0 timeout -k 10 570 \
+          python3 -m benchmarks.record_surface --plan benchmarks/data/surface-plan-rtx3090.json \
+          --out benchmarks/data/surface-rtx3090.json --stop-after 540; cp benchmarks/data/surface-rtx3090.json "$OUT"/
+        carry ["benchmarks/data/surface-rtx3090.json"] (absent on the first call: the run starts the file)
+        then copy the file back from files_at into benchmarks/data/ and commit it; repeat until it prints
+        "0 to go". The file is rewritten (atomically) after every configuration; configurations already in it are
+        skipped; --stop-after ends the run before a boot that would not finish inside the call. Boots take about 4 min
+        with CUDA graphs warm (the first one on a fresh machine is cold: its entry says compile_cache "cold"), so a
+        call records one or two configurations: plan on 15-25 calls (5-8 device sessions).
 
 Each configuration is booted through autotune's engine and measured at a fixed ladder of concurrency levels
 (4, 8, ... 64; a fixed number of requests per level) until the first level that misses the objective's limits.
@@ -32,11 +48,16 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from autotune.config.study_file import load_study
+from autotune.engine.compile_cache import compile_cache_state
+from autotune.engine.defaults import installed_vllm_version
 from autotune.engine.flags import invalid_reason
 from autotune.engine.models import model_vocab_size, resolve_model
 from autotune.engine.server import BootFailed, EngineSpec, Server
+from autotune.fit import memcap
 from autotune.measure.client import LevelRun, LoadLevel, measure_level
 from autotune.measure.stats import judge, level_stats
+from autotune.measure.trial import configured
+from autotune.search.space import engine_config
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -100,7 +121,8 @@ def compact(run: LevelRun) -> list[list[object]]:
              r.output_tokens, r.error] for r in run.records]
 
 
-def record_config(spec, model_path: str, flags: dict[str, object], vocab: int, log: Path) -> dict[str, object]:
+def record_config(spec, model_path: str, flags: dict[str, object], vocab: int, log: Path,
+                  ladder: tuple[int, ...] = LADDER, min_requests: int = MIN_REQUESTS) -> dict[str, object]:
     engine = EngineSpec(model=model_path, flags=flags, env=spec.env, boot_timeout_s=600)
     server = Server(engine, log)
     entry: dict[str, object] = {"load_avg_1m": round(os.getloadavg()[0], 2)}
@@ -116,8 +138,8 @@ def record_config(spec, model_path: str, flags: dict[str, object], vocab: int, l
         entry["boot_s"] = round(boot.boot_s, 1)
         levels = []
         obj = spec.objective
-        for k, c in enumerate(LADDER):
-            n = max(MIN_REQUESTS, 3 * c)
+        for k, c in enumerate(ladder):
+            n = max(min_requests, 3 * c)
             reqs = obj.workload.requests(n + WARMUP, vocab, seed_offset=k)
             run = measure_level(server.base_url, server.model, reqs[WARMUP:], LoadLevel("concurrency", c),
                                 warmup=reqs[:WARMUP])
@@ -145,6 +167,7 @@ def record_config(spec, model_path: str, flags: dict[str, object], vocab: int, l
     finally:
         server.stop()
         entry["wall_s"] = round(time.monotonic() - t0, 1)
+        entry["compile_cache"] = compile_cache_state(list(server.lines))  # "cold" | "warm" | None (eager)
 
 
 def save(doc: dict[str, object], path: Path) -> None:
@@ -163,6 +186,58 @@ def top_configs(doc: dict[str, object], k: int) -> list[tuple[int, int]]:
     return [(c["max_num_seqs"], c["max_num_batched_tokens"]) for c in ranked if value(c) > 0]
 
 
+GPU_LADDER = (1, 2, 4, 8, 16, 32, 64)  # concurrency; chat-p95's min_requests per level
+BOOT_RESERVE_S = 300  # --stop-after: no new boot with less than this left (a CUDA-graph boot and a few levels)
+
+
+def record_plan(plan_path: Path, out: Path, stop_after: float | None) -> None:
+    """The planned configurations not yet in `out`, each booted once and measured on GPU_LADDER; `out` is
+    rewritten after every one. Refused ones are booted too: how they fail is recorded."""
+    from benchmarks.h200.run_h200 import MODEL, write_model  # the device's model folder (random weights)
+
+    t0 = time.monotonic()
+    plan = json.loads(plan_path.read_text())
+    spec = load_study(REPO / plan["study"])
+    real = memcap.present_gpu(0)
+    write_model()
+    doc = json.loads(out.read_text()) if out.exists() else {"format": 2, "provenance": {
+        "plan": str(plan_path), "how": plan["how"], "study": plan["study"], "model": plan["model"],
+        "device": real.name, "memory_cap_gib": plan["memory_cap_gib"], "vllm": installed_vllm_version(),
+        "objective": spec.objective.name, "limits": {k: v for k, v in vars(spec.objective.limits).items()
+                                                     if v is not None},
+        "ladder": list(GPU_LADDER), "requests_per_level": f"max({spec.objective.load.min_requests}, 3 x "
+        f"concurrency), after {WARMUP} warm-up requests", "stops_at": "the first level that misses a limit",
+        "record_columns": ["start_s", "ttft_s", "end_s", "output_tokens", "error"], "space": plan["space"],
+        "started": dt.datetime.now(dt.UTC).isoformat(timespec="seconds")}, "configs": []}
+    done = {json.dumps(c["params"], sort_keys=True) for c in doc["configs"]}
+    todo = [c for c in plan["configs"] if json.dumps(c["params"], sort_keys=True) not in done]
+    print(f"{len(done)} configurations recorded, {len(todo)} to go", flush=True)
+    logs = Path(tempfile.mkdtemp(prefix="surface-logs-"))
+    for i, c in enumerate(todo):
+        if stop_after is not None and time.monotonic() - t0 > stop_after - BOOT_RESERVE_S:
+            print(f"stopping: {stop_after - (time.monotonic() - t0):.0f} s left of --stop-after", flush=True)
+            break
+        baseline = next((b.flags for b in spec.baselines if b.name == c.get("baseline")), None)
+        config = engine_config(spec, {**c["params"], "model": str(MODEL)}, baseline=baseline)
+        path, flags = configured(config.model, config.flags)
+        assert spec.memory_cap is not None, f"{plan['study']}: the GPU surface is recorded under a memory cap"
+        booted = memcap.engine_flags(flags, spec.memory_cap, real)
+        print(f"[{i + 1}/{len(todo)}] {c['params']}", flush=True)
+        entry = record_config(spec, path, booted, model_vocab_size(path), logs / f"c{i}.log", GPU_LADDER,
+                              spec.objective.load.min_requests)
+        est = c["estimate"]
+        entry = {"params": c["params"], "origin": c["origin"], "baseline": c.get("baseline"),
+                 "refused": est["reason"] or "refused" if est["refused"] else None, "estimate": est,
+                 "flags": booted, "device": real.name, "vllm": installed_vllm_version(),
+                 "recorded": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"), **entry}
+        print(f"    -> {entry['status']} {entry.get('reason', '')} ({entry['wall_s']} s, {entry['compile_cache']})",
+              flush=True)
+        doc["configs"].append(entry)
+        doc["provenance"]["finished"] = entry["recorded"]
+        save(doc, out)
+    print(f"{len(plan['configs']) - len(doc['configs'])} to go", flush=True)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, default=OUT)
@@ -171,7 +246,13 @@ def main() -> None:
                     help="Once the grid is complete: measure the top --top configurations this many times again "
                          "(kept apart, under 'repeats': how much one configuration's figure varies).")
     ap.add_argument("--top", type=int, default=3)
+    ap.add_argument("--plan", type=Path, default=None,
+                    help="Record the planned GPU configurations (benchmarks/surface_plan.py) instead of the CPU grid.")
+    ap.add_argument("--stop-after", type=float, default=None, help="Seconds: start no boot after this less a reserve.")
     opts = ap.parse_args()
+    if opts.plan is not None:
+        record_plan(opts.plan, opts.out, opts.stop_after)
+        return
     spec = load_study(STUDY)
     model_path, model_flags = resolve_model(spec.model.path)
     vocab = model_vocab_size(model_path)

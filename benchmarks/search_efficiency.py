@@ -1,27 +1,26 @@
-"""How many trials each search method needs on a real, recorded response surface (replayed, no engine).
+"""How many trials each search method needs on a recorded response surface (replayed, no engine).
 
-The surface (benchmarks/data/surface-tiny-cpu.json, recorded by benchmarks/record_surface.py) holds, for a
-grid of max_num_seqs x max_num_batched_tokens of the tiny dense model on the vLLM CPU build, what each
-configuration did at each rung of a load ladder, with every request's timings. Replaying it, a trial's outcome
-is looked up instead of measured, with the constraint semantics of autotune/outcome.py, so methods compare over
-many seeds in minutes (most of it the GP sampler's model fits; the other methods take seconds):
+The surface (benchmarks/surface.py reads it; benchmarks/record_surface.py records it) holds, per configuration,
+what it did at each rung of a load ladder with every request's timings, or how it failed to boot. Replaying it, a
+trial's outcome is looked up instead of measured, with the constraint semantics of autotune/search/tell.py, so
+methods compare over many seeds in minutes (most of it the GP sampler's model fits):
 
-    .venv/bin/python -m benchmarks.search_efficiency [--seeds 50] [--tuning] [--limit ttft_p95_ms=150]
+    .venv/bin/python -m benchmarks.search_efficiency [--surface PATH] [--seeds 50] [--limit ttft_p95_ms=150]
 
-Reported per method: the median number of booted trials (and engine minutes) until a configuration within 5% of
-the surface's best feasible throughput has been measured, the share of that effort spent on infeasible
-configurations, pruned trials, and how close the best of the first 10 trials came. `--limit` judges the recorded
-rungs again under a tighter limit (from the requests' own timings), which gives a surface on which vLLM's
-defaults are far from the best. Replay rules: a sampled value is snapped to the nearest recorded grid value (in
-log2; ties go up); a trial's value is its highest passing ladder rung (the real search would bisect towards the
-next one: its time is counted, its finer value is not recorded); a configuration vLLM rejects is refused before
-boot (free, not a trial) except by the grid, which, like vLLM's auto_tune script, boots everything in order.
+Reported per method, under the recorded limits and under each `--limit` (the rungs judged again from the
+requests' own timings; tighter only): the median number of booted trials (and engine minutes) until a
+configuration within 5% of the surface's best has been measured; the best found after 10, 20 and 40 booted trials
+(anytime curve: its recorded throughput / the best, mean over seeds; capped at the surface's size); the share of
+engine time spent on configurations that met no limit or did not boot. Replay rules: a sampled configuration is the
+nearest recorded one (Surface.nearest; on the CPU grid: the grid point, ties going up); a trial's value is its
+highest passing ladder rung (the real search would bisect towards the next one: its time is counted, its finer
+value is not recorded); with the estimator, a configuration it refuses costs nothing and is no trial; without it,
+it is booted and costs its recorded boot. The grid in vLLM's auto_tune order boots everything in order.
 """
 
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import math
 import random
@@ -29,164 +28,27 @@ import statistics
 import sys
 import time
 import warnings
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import optuna
 from optuna.trial import TrialState
 
-from autotune.measure.client import LevelRun, LoadLevel, RequestRecord
 from autotune.measure.ladder import percentile_interval
-from autotune.measure.stats import Limits, judge, level_stats
+from autotune.measure.stats import Limits
 from autotune.search import tell as search_tell
-from autotune.search.samplers import BelowBestPruner, sampler_for
+from autotune.search.samplers import BelowBestPruner, make_pruner, sampler_for
+from autotune.search.space import suggest
+from benchmarks.surface import Point, Surface, _records, load_surface
 
 REPO = Path(__file__).resolve().parents[1]
 
 SURFACE = REPO / "benchmarks" / "data" / "surface-tiny-cpu.json"
 WITHIN = 0.05
-AT_N = 10
-BISECTION_LEVELS = 2
+ANYTIME = (10, 20, 40)
 MAX_BOOTED = 64
-
-
-# --- the surface ---------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Rung:
-    concurrency: int
-    passed: bool
-    output_tok_s: float
-    misses: dict[str, float]
-    duration_s: float
-
-
-@dataclass(frozen=True)
-class Point:
-    """One configuration as recorded: rejected by vLLM, failed to boot, or measured rung by rung."""
-
-    max_num_seqs: int
-    max_num_batched_tokens: int
-    status: str  # "measured" | "boot_failed" | "died"
-    precheck: str | None  # why autotune refuses it before boot (vLLM would), else None
-    rungs: tuple[Rung, ...]
-    boot_s: float
-    wall_s: float
-
-    @property
-    def value(self) -> float:
-        """Throughput of the highest passing rung (rungs stop at the first miss); 0 when none passed."""
-        passing = [r.output_tok_s for r in self.rungs if r.passed]
-        return passing[-1] if passing and self.status == "measured" else 0.0
-
-    @property
-    def feasible(self) -> bool:
-        return self.precheck is None and self.value > 0
-
-    def schedule(self) -> list[tuple[float, float]]:
-        """(value reported to the pruner, engine seconds) per load level the real search would measure: the
-        recorded rungs, then, when a rung failed after one passed, the 2 bisection levels autotune's SLA search
-        adds between them (factor 2, tolerance 0.25; not recorded: each costs the mean of the two rungs, and
-        reports the best passing figure so far). Each rung also carries its share of the recorded wall time
-        that was neither boot nor measurement (warm-ups, stop)."""
-        if not self.rungs:
-            return []
-        overhead = max(0.0, self.wall_s - self.boot_s - sum(r.duration_s for r in self.rungs)) / len(self.rungs)
-        out, best = [], 0.0
-        for r in self.rungs:
-            best = r.output_tok_s if r.passed else best
-            out.append((best, r.duration_s + overhead))
-        last = self.rungs[-1]
-        if not last.passed and len(self.rungs) > 1:
-            between = (self.rungs[-2].duration_s + last.duration_s) / 2 + overhead
-            out += [(best, between)] * BISECTION_LEVELS
-        return out
-
-    def cost_s(self, levels: int | None = None) -> float:
-        """Engine seconds to boot it and measure its first `levels` load levels (all by default)."""
-        if not self.rungs:
-            return self.wall_s
-        return self.boot_s + sum(c for _, c in self.schedule()[:levels])
-
-
-@dataclass(frozen=True)
-class Surface:
-    points: dict[tuple[int, int], Point]
-    provenance: dict[str, object] = field(hash=False)
-
-    @property
-    def seqs_axis(self) -> list[int]:
-        return sorted({s for s, _ in self.points})
-
-    @property
-    def tokens_axis(self) -> list[int]:
-        return sorted({b for _, b in self.points})
-
-    @property
-    def best(self) -> float:
-        return max(p.value for p in self.points.values() if p.feasible)
-
-    def snap(self, seqs: float, tokens: float) -> Point:
-        return self.points[(_nearest(self.seqs_axis, seqs), _nearest(self.tokens_axis, tokens))]
-
-    def baselines(self) -> list[dict[str, int]]:
-        """studies/tiny-cpu.toml's baselines on this grid: vLLM's CPU defaults (128 seqs, 2048 tokens) and the
-        recipe (16 seqs, 1024 tokens), snapped."""
-        return [{"max_num_seqs": _nearest(self.seqs_axis, s), "max_num_batched_tokens": _nearest(self.tokens_axis, b)}
-                for s, b in ((128, 2048), (16, 1024))]
-
-
-def _nearest(axis: list[int], v: float) -> int:
-    return min(axis, key=lambda a: (abs(math.log2(a) - math.log2(v)), -a))
-
-
-def _records(level: dict) -> list[RequestRecord]:
-    """A recorded rung's requests as the client saw them (record_surface.compact: times from the rung's start)."""
-    return [RequestRecord(r[0], r[1], [], r[2], 0, r[3], r[4]) for r in level["records"]]
-
-
-def rejudge(level: dict, limits: Limits) -> tuple[bool, dict[str, float]]:
-    """A recorded rung's verdict under other limits, from its per-request records (metrics.judge, as the
-    recording judged it)."""
-    run = LevelRun(LoadLevel("concurrency", level["concurrency"]), _records(level), 0.0, level["duration_s"])
-    verdict = judge(level_stats(run, limits), limits)
-    return verdict.passed, verdict.misses
-
-
-def _rungs(levels: list[dict], limits: Limits | None) -> tuple[Rung, ...]:
-    """The recorded rungs, or under `limits` the rungs up to the first one they fail (where the ladder would have
-    stopped)."""
-    out = []
-    for lv in levels:
-        passed, misses = (lv["passed"], lv.get("misses", {})) if limits is None else rejudge(lv, limits)
-        out.append(Rung(lv["concurrency"], passed, lv["output_tok_s"], misses, lv["duration_s"]))
-        if not passed:
-            break
-    return tuple(out)
-
-
-def load_surface(path: Path = SURFACE, limits: Limits | None = None) -> Surface:
-    """The recorded surface; with `limits`, each rung judged again under them (tighter limits than the recording's
-    only: a rung the recording failed was the last one measured)."""
-    doc = json.loads(path.read_text())
-    if limits is not None:
-        recorded = doc["provenance"]["limits"]
-        for key, value in dataclasses.asdict(limits).items():
-            if value is not None and recorded.get(key) is not None and value > recorded[key]:
-                raise ValueError(f"{key}: {value} is looser than the recorded {recorded[key]}")
-    points = {}
-    for c in doc["configs"]:
-        rungs = _rungs(c.get("levels", []), limits)
-        p = Point(c["max_num_seqs"], c["max_num_batched_tokens"], c["status"], c.get("precheck"), rungs,
-                  c.get("boot_s", 0.0), c["wall_s"])
-        points[(p.max_num_seqs, p.max_num_batched_tokens)] = p
-    provenance = dict(doc.get("provenance", {}))
-    if limits is not None:
-        provenance["limits"] = {k: v for k, v in dataclasses.asdict(limits).items() if v is not None}
-        provenance["rejudged"] = f"rungs judged again under these limits (recorded under {doc['provenance']['limits']})"
-    return Surface(points, provenance)
+POINT_ATTR = "surface_point"  # an enqueued baseline's index on the surface
 
 
 # --- one replayed study -------------------------------------------------------------------------------------
@@ -208,25 +70,26 @@ class Method:
     sampler: Callable[[int], optuna.samplers.BaseSampler]
     baselines: bool = True
     constraints: bool = True  # False: infeasible trials are FAIL (what a plain Optuna objective that raises does)
+    estimator: bool = True  # refuse before boot what autotune refuses (free, no trial); False: boot it
     pruner: Callable[[], optuna.pruners.BasePruner] | None = None
 
 
+def _tell_infeasible(study: optuna.Study, trial: optuna.Trial, method: Method, **violated: float) -> None:
+    if method.constraints:
+        search_tell.set_constraints(trial, **violated)
+        study.tell(trial, 0.0)
+    else:
+        study.tell(trial, state=TrialState.FAIL)
+
+
 def tell(study: optuna.Study, trial: optuna.Trial, point: Point, method: Method, gain: float = 1.0) -> Step | None:
-    """Replay one trial: the same outcomes outcome.py gives a real one. None when refused before boot.
+    """Replay one trial: the same outcomes tell.py gives a real one. None when refused before boot.
     `gain` scales the throughputs the study sees (measurement noise; the Step keeps the recorded value)."""
-    if point.precheck is not None:  # outcome.tell_rejected: COMPLETE, value 0, boots violated; no boot
-        if method.constraints:
-            search_tell.set_constraints(trial, boots=1.0)
-            study.tell(trial, 0.0)
-        else:
-            study.tell(trial, state=TrialState.FAIL)
+    if point.refused is not None and method.estimator:  # tell_rejected: COMPLETE, value 0, constraint violated
+        _tell_infeasible(study, trial, method, boots=1.0)
         return None
     if point.status != "measured" or not point.rungs:  # did not boot, or died: boots violated
-        if method.constraints:
-            search_tell.set_constraints(trial, boots=1.0)
-            study.tell(trial, 0.0)
-        else:
-            study.tell(trial, state=TrialState.FAIL)
+        _tell_infeasible(study, trial, method, boots=1.0)
         return Step(point, point.cost_s(), 0.0, False)
     plan = point.schedule()
     for k, (best, _) in enumerate(plan):
@@ -241,12 +104,8 @@ def tell(study: optuna.Study, trial: optuna.Trial, point: Point, method: Method,
             search_tell.set_constraints(trial)
         study.tell(trial, point.value * gain)
         return Step(point, point.cost_s(), point.value * gain, False)
-    first = point.rungs[0]
-    if method.constraints:  # no rung passed: latency violated by the worst miss at the lowest rung
-        search_tell.set_constraints(trial, latency=max(max(first.misses.values(), default=2.0) - 1.0, 1e-3))
-        study.tell(trial, 0.0)
-    else:
-        study.tell(trial, state=TrialState.FAIL)
+    # no rung passed: latency violated by the worst miss at the lowest rung
+    _tell_infeasible(study, trial, method, latency=max(max(point.rungs[0].misses.values(), default=2.0) - 1.0, 1e-3))
     return Step(point, point.cost_s(), 0.0, False)
 
 
@@ -257,16 +116,17 @@ def replay(surface: Surface, method: Method, seed: int, target: float, max_boote
     study = optuna.create_study(direction="maximize", sampler=method.sampler(seed),
                                 pruner=method.pruner() if method.pruner else optuna.pruners.NopPruner())
     if method.baselines:
-        for params in surface.baselines():
-            study.enqueue_trial(params)
-    seqs, tokens = surface.seqs_axis, surface.tokens_axis
+        for i, p in enumerate(surface.points):
+            if p.baseline is not None:
+                study.enqueue_trial(p.params, user_attrs={POINT_ATTR: i})
     steps: list[Step] = []
     reached = False
     for _ in range(20 * max_booted):  # proposals; refusals before boot cost nothing but are bounded
         trial = study.ask()
-        s = trial.suggest_int("max_num_seqs", seqs[0], seqs[-1], log=True)
-        b = trial.suggest_int("max_num_batched_tokens", tokens[0], tokens[-1], log=True)
-        step = tell(study, trial, surface.snap(s, b), method, noise())
+        params = suggest(trial, surface.space)
+        index = trial.user_attrs.get(POINT_ATTR)
+        point = surface.points[index] if index is not None else surface.nearest(params)
+        step = tell(study, trial, point, method, noise())
         if step is not None:
             steps.append(step)
             reached = reached or step.found >= target
@@ -275,15 +135,9 @@ def replay(surface: Surface, method: Method, seed: int, target: float, max_boote
     return steps
 
 
-def grid(surface: Surface, order: list[tuple[int, int]], target: float) -> list[Step]:
-    """vLLM's auto_tune: every configuration booted in turn (no pre-boot check), until the target is met."""
-    steps = []
-    for key in order:
-        p = surface.points[key]
-        steps.append(Step(p, p.cost_s(), p.value if p.precheck is None else 0.0, False))
-        if steps[-1].found >= target:
-            break
-    return steps
+def grid(order: Sequence[Point]) -> list[Step]:
+    """vLLM's auto_tune: every configuration booted in turn (no check before boot)."""
+    return [Step(p, p.cost_s(), p.value, False) for p in order]
 
 
 # --- figures -------------------------------------------------------------------------------------------------
@@ -291,26 +145,35 @@ def grid(surface: Surface, order: list[tuple[int, int]], target: float) -> list[
 
 @dataclass(frozen=True)
 class Figures:
-    trials: float  # booted trials until the target was met (inf: not within MAX_BOOTED)
+    trials: float  # booted trials until the target was met (inf: not within the run)
     minutes: float  # engine minutes until then
     infeasible_share: float  # of those minutes, spent on configurations that met no limit or did not boot
     pruned: int
     lost_best: bool  # a configuration within WITHIN of the best was pruned
-    at_n: float = math.nan  # best recorded throughput measured within AT_N booted trials / the surface's best
-    minutes_n: float = math.nan  # engine minutes of the first AT_N booted trials
+    anytime: tuple[float, ...]  # per checkpoint: best recorded throughput measured by then / the surface's best
+    infeasible_share_all: float  # of the minutes of all the run's booted trials (up to the last checkpoint)
 
 
-def figures(steps: list[Step], target: float, best: float = math.inf) -> Figures:
-    """Counted up to the first trial that met the target (all steps when none did); `at_n` over the first
-    AT_N steps: the recorded throughput of the best configuration measured (not pruned) by then / `best`."""
+def figures(steps: list[Step], target: float, best: float, checkpoints: Sequence[int]) -> Figures:
+    """Counted up to the first trial that met the target (all steps when none did); the anytime curve over the
+    first n steps for each checkpoint n: the recorded throughput of the best configuration measured (not pruned)
+    by then / `best`."""
     hit = next((i + 1 for i, s in enumerate(steps) if s.found >= target), None)
     upto = steps[:hit] if hit else steps
     minutes = sum(s.cost_s for s in upto) / 60
     waste = sum(s.cost_s for s in upto if not s.point.feasible) / 60
-    at_n = max((s.point.value for s in steps[:AT_N] if s.found > 0), default=0.0) / best
+    run = steps[:max(checkpoints)]
+    run_minutes = sum(s.cost_s for s in run) / 60
+    anytime = tuple(max((s.point.value for s in steps[:n] if s.found > 0), default=0.0) / best for n in checkpoints)
     return Figures(hit or math.inf, minutes if hit else math.inf, waste / minutes if minutes else 0.0,
-                   sum(s.pruned for s in upto), any(s.pruned and s.point.value >= target for s in steps), at_n,
-                   sum(s.cost_s for s in steps[:AT_N]) / 60)
+                   sum(s.pruned for s in upto), any(s.pruned and s.point.value >= target for s in steps), anytime,
+                   sum(s.cost_s for s in run if not s.point.feasible) / 60 / run_minutes if run_minutes else 0.0)
+
+
+def checkpoints_for(surface: Surface) -> tuple[int, ...]:
+    """ANYTIME, each capped at the surface's number of configurations (a replay cannot show more distinct
+    ones)."""
+    return tuple(sorted({min(n, len(surface.points)) for n in ANYTIME}))
 
 
 def _median(xs: list[float]) -> float:
@@ -318,63 +181,72 @@ def _median(xs: list[float]) -> float:
 
 
 def _fmt(x: float, digits: int = 1) -> str:
-    return f">{MAX_BOOTED}" if math.isinf(x) else f"{x:.{digits}f}"
+    return "never" if math.isinf(x) else f"{x:.{digits}f}"
+
+
+GRID = "grid in vLLM auto_tune order"
 
 
 def evaluate(surface: Surface, methods: list[Method], seeds: int) -> dict[str, list[Figures]]:
     target = (1 - WITHIN) * surface.best
+    marks = checkpoints_for(surface)
     out: dict[str, list[Figures]] = {}
     for m in methods:
         t0 = time.perf_counter()
-        out[m.name] = [figures(replay(surface, m, seed, target, min_booted=AT_N), target, surface.best)
+        out[m.name] = [figures(replay(surface, m, seed, target, min_booted=max(marks)), target, surface.best, marks)
                        for seed in range(seeds)]
         print(f"  {m.name}: {time.perf_counter() - t0:.1f} s", file=sys.stderr, flush=True)
-    keys = sorted(surface.points)  # max_num_seqs outer, max_num_batched_tokens inner, ascending
-    out["grid (vLLM auto_tune order)"] = [figures(grid(surface, keys, math.inf)[:MAX_BOOTED], target, surface.best)]
+    out[GRID] = [figures(grid(surface.auto_tune_order()), target, surface.best, marks)]
     shuffled = []
     for seed in range(seeds):
-        order = keys[:]
+        order = list(surface.points)
         random.Random(seed).shuffle(order)
-        shuffled.append(figures(grid(surface, order, math.inf), target, surface.best))
-    out["grid, shuffled"] = shuffled
+        shuffled.append(figures(grid(order), target, surface.best, marks))
+    out["grid, shuffled order"] = shuffled
     return out
 
 
-def table(results: dict[str, list[Figures]], reference: str) -> str:
-    ref = _median([f.trials for f in results[reference]])
-    head = (f"{'method':<52}{'runs':>5}{'trials':>8}{'x default':>10}{'minutes':>9}{'infeasible':>11}"
-            f"{'pruned':>8}{'lost best':>10}{'@' + str(AT_N) + ' trials':>11}{'min/' + str(AT_N):>8}")
+def table(results: dict[str, list[Figures]], marks: Sequence[int]) -> str:
+    at = "".join(f"{'@' + str(n):>7}" for n in marks)
+    head = (f"{'method':<58}{'runs':>5}{'trials':>8}{'minutes':>9}{'infeas.':>8}{'pruned':>7}{'lost':>6}{at}"
+            f"{'infeas.@' + str(max(marks)):>12}")
     lines = [head, "-" * len(head)]
     for name, figs in results.items():
-        trials = _median([f.trials for f in figs])
+        curve = "".join(f"{statistics.fmean(f.anytime[i] for f in figs):>7.1%}" for i in range(len(marks)))
         lines.append(
-            f"{name:<52}{len(figs):>5}{_fmt(trials):>8}{_fmt(trials / ref, 2):>10}"
-            f"{_fmt(_median([f.minutes for f in figs])):>9}{_median([f.infeasible_share for f in figs]):>10.0%}"
-            f"{_median([f.pruned for f in figs]):>8.1f}{sum(f.lost_best for f in figs) / len(figs):>10.0%}"
-            f"{statistics.fmean(f.at_n for f in figs):>11.1%}{_median([f.minutes_n for f in figs]):>8.1f}")
+            f"{name:<58}{len(figs):>5}{_fmt(_median([f.trials for f in figs])):>8}"
+            f"{_fmt(_median([f.minutes for f in figs])):>9}{_median([f.infeasible_share for f in figs]):>8.0%}"
+            f"{_median([f.pruned for f in figs]):>7.1f}{sum(f.lost_best for f in figs) / len(figs):>6.0%}{curve}"
+            f"{_median([f.infeasible_share_all for f in figs]):>12.0%}")
     return "\n".join(lines)
 
 
-def default_methods() -> list[Method]:
-    from autotune.search.samplers import make_pruner
+DEFAULT = "default: TPE + constraints + estimator + pruner"
+DEFAULT_BARE = DEFAULT + ", no baselines"
+RANDOM = "random search, no baselines"
 
+
+def default_methods() -> list[Method]:
     tpe = lambda seed: sampler_for("tpe", seed)  # noqa: E731
-    old = lambda seed: sampler_for("tpe", seed, startup_trials=5)  # noqa: E731
-    old_pruner = lambda: optuna.pruners.PercentilePruner(25.0, n_startup_trials=5, n_warmup_steps=1)  # noqa: E731
+    gp = lambda seed: sampler_for("gp", seed)  # noqa: E731
+    rnd = lambda seed: sampler_for("random", seed)  # noqa: E731
     return [
-        Method("autotune default (TPE+constraints, baselines, pruner)", tpe, pruner=make_pruner),
-        Method("autotune default without the baselines", tpe, baselines=False, pruner=make_pruner),
-        Method("before: TPE startup 5, Percentile(25), no baselines", old, baselines=False, pruner=old_pruner),
-        Method("random search", lambda seed: sampler_for("random", seed), baselines=False),
-        Method("TPE without constraints (infeasible = FAIL)", tpe, baselines=False, constraints=False),
-        Method("GP with constraints (startup 5), no baselines", lambda seed: sampler_for("gp", seed),
-               baselines=False),
+        Method(DEFAULT + ", baselines first", tpe, pruner=make_pruner),
+        Method(DEFAULT_BARE, tpe, baselines=False, pruner=make_pruner),
+        Method("random search, baselines first", rnd, constraints=False, estimator=False),
+        Method(RANDOM, rnd, baselines=False, constraints=False, estimator=False),
+        Method("random search + estimator, no baselines", rnd, baselines=False, constraints=False),
+        Method("TPE without constraints or estimator, baselines first", tpe, constraints=False, estimator=False),
+        Method("TPE without constraints or estimator, no baselines", tpe, baselines=False, constraints=False,
+               estimator=False),
+        Method("GP without constraints or estimator, no baselines", gp, baselines=False, constraints=False,
+               estimator=False),
     ]
 
 
 def tuning_methods() -> list[Method]:
     """The settings the defaults were chosen among, all without baselines (with them, every method meets the
-    target at the first trial on this surface and nothing can be told apart)."""
+    target at the first trial on the CPU surface and nothing can be told apart)."""
     P = optuna.pruners.PercentilePruner
     out = [Method(f"TPE startup {n}",  # the outer lambda binds n: each method keeps its own
                   (lambda n: lambda seed: sampler_for("tpe", seed, startup_trials=n))(n),  # noqa: B023
@@ -383,40 +255,46 @@ def tuning_methods() -> list[Method]:
     for label, pruner in [
         ("Percentile(25) = keep top quarter, warmup 1", lambda: P(25.0, n_startup_trials=5, n_warmup_steps=1)),
         ("Percentile(75) = prune bottom quarter, warmup 1", lambda: P(75.0, n_startup_trials=5, n_warmup_steps=1)),
-        ("Percentile(75), warmup 2", lambda: P(75.0, n_startup_trials=5, n_warmup_steps=2)),
         ("Median, warmup 1", lambda: optuna.pruners.MedianPruner(n_startup_trials=5, n_warmup_steps=1)),
-        ("Median, warmup 2", lambda: optuna.pruners.MedianPruner(n_startup_trials=5, n_warmup_steps=2)),
         ("below 0.7 x best at the level, warmup 1", lambda: BelowBestPruner(0.7, 5, 1)),
         ("below 0.8 x best at the level, warmup 1", lambda: BelowBestPruner(0.8, 5, 1)),
         ("below 0.9 x best at the level, warmup 1", lambda: BelowBestPruner(0.9, 5, 1)),
-        ("below 0.8 x best at the level, warmup 2", lambda: BelowBestPruner(0.8, 5, 2)),
     ]:
         out.append(Method(f"TPE + {label}", tpe, baselines=False, pruner=pruner))
     return out
 
 
+def _label(params: dict[str, object]) -> str:
+    return ", ".join(f"{k}={v}" for k, v in params.items())
+
+
 def describe(surface: Surface) -> str:
     prov = surface.provenance
-    feasible = [p for p in surface.points.values() if p.feasible]
-    rejected = [p for p in surface.points.values() if p.precheck is not None]
+    feasible = [p for p in surface.points if p.feasible]
+    refused = [p for p in surface.points if p.refused is not None]
     target = (1 - WITHIN) * surface.best
     near = [p for p in feasible if p.value >= target]
     best = max(feasible, key=lambda p: p.value)
-    rows = [f"surface: {len(surface.points)} configurations, {len(feasible)} feasible, {len(rejected)} rejected by "
-            f"vLLM, {len(surface.points) - len(feasible) - len(rejected)} meeting no limit; best "
-            f"{best.value:,.0f} output tok/s (max_num_seqs={best.max_num_seqs}, "
-            f"max_num_batched_tokens={best.max_num_batched_tokens}); {len(near)} within {WITHIN:.0%} of it",
-            f"recorded {prov.get('started')} .. {prov.get('finished')} with {prov.get('vllm')} "
-            f"(torch {prov.get('torch')}) on {prov.get('machine')}",
-            f"workload {prov.get('workload')}, limits {prov.get('limits')}, ladder {prov.get('ladder')}",
-            "throughput (output tok/s) per configuration; '-' met no limit, 'x' rejected by vLLM:"]
-    rows.append("  seqs\\tokens " + "".join(f"{b:>8}" for b in surface.tokens_axis))
-    for s in surface.seqs_axis:
-        cells = []
-        for b in surface.tokens_axis:
-            p = surface.points[(s, b)]
-            cells.append("x" if p.precheck else "-" if not p.feasible else f"{p.value:,.0f}")
-        rows.append(f"  {s:>11} " + "".join(f"{c:>8}" for c in cells))
+    rows = [f"surface: {len(surface.points)} configurations, {len(feasible)} feasible, {len(refused)} refused before "
+            f"boot by autotune ({sum(p.feasible for p in refused)} of them feasible), "
+            f"{len(surface.points) - len(feasible)} meeting no limit or not booting; best {best.value:,.0f} output "
+            f"tok/s ({_label(best.params)}); {len(near)} within {WITHIN:.0%} of it",
+            "baselines: " + "; ".join(f"{p.baseline} {p.value / surface.best:.0%} of the best" for p in
+                                        surface.baselines),
+            f"recorded {prov.get('started')} .. {prov.get('finished')} with {prov.get('vllm')} on "
+            f"{prov.get('device') or prov.get('machine')}",
+            f"workload {prov.get('workload')}, limits {prov.get('limits')}, ladder {prov.get('ladder')}"]
+    names = [p.name for p in surface.space]
+    if names == ["max_num_seqs", "max_num_batched_tokens"]:  # a grid: print it
+        seqs = sorted({int(p.params["max_num_seqs"]) for p in surface.points})  # type: ignore[call-overload]
+        tokens = sorted({int(p.params["max_num_batched_tokens"]) for p in surface.points})  # type: ignore[call-overload]
+        at = {(p.params["max_num_seqs"], p.params["max_num_batched_tokens"]): p for p in surface.points}
+        rows.append("throughput (output tok/s) per configuration; '-' met no limit, 'x' refused before boot:")
+        rows.append("  seqs\\tokens " + "".join(f"{b:>8}" for b in tokens))
+        for s in seqs:
+            cells = ["x" if at[s, b].refused else "-" if not at[s, b].feasible else f"{at[s, b].value:,.0f}"
+                     for b in tokens]
+            rows.append(f"  {s:>11} " + "".join(f"{c:>8}" for c in cells))
     return "\n".join(rows)
 
 
@@ -449,16 +327,18 @@ def spread(doc: dict) -> tuple[str, float]:
         passing = [lv["output_tok_s"] for lv in c.get("levels", []) if lv["passed"]]
         return passing[-1] if passing and c["status"] == "measured" else 0.0
 
-    groups: dict[tuple[int, int], list[float]] = {}
+    def params(c: dict) -> dict[str, object]:
+        return c.get("params") or {k: c[k] for k in ("max_num_seqs", "max_num_batched_tokens")}
+
+    groups: dict[str, list[float]] = {}
     for c in doc["configs"] + doc.get("repeats", []):
-        groups.setdefault((c["max_num_seqs"], c["max_num_batched_tokens"]), []).append(value(c))
+        groups.setdefault(_label(params(c)), []).append(value(c))
     rows, rel = [], []
     for key, vals in groups.items():
         if len(vals) > 1:
             mean = statistics.fmean(vals)
             rel += [v / mean - 1 for v in vals]
-            rows.append(f"  max_num_seqs={key[0]}, max_num_batched_tokens={key[1]}: "
-                        + ", ".join(f"{v:,.0f}" for v in vals) + " output tok/s")
+            rows.append(f"  {key}: " + ", ".join(f"{v:,.0f}" for v in vals) + " output tok/s")
     sd = statistics.pstdev(rel) if rel else 0.0
     return "\n".join(rows), sd
 
@@ -478,9 +358,9 @@ def remeasure_gain(surface: Surface, sd: float, seeds: int, trials: int = 20, to
         pick = max(measured, key=lambda s: s.found)
         single.append(pick.point.value / surface.best)
         over.append(pick.found / pick.point.value - 1)
-        seen: dict[tuple[int, int], Step] = {}
+        seen: dict[tuple[tuple[str, object], ...], Step] = {}
         for s in sorted(measured, key=lambda s: s.found, reverse=True):
-            seen.setdefault((s.point.max_num_seqs, s.point.max_num_batched_tokens), s)
+            seen.setdefault(s.point.key, s)
         finalists = list(seen.values())[:top]
         medians = [statistics.median(s.point.value * noise() for _ in range(rounds)) for s in finalists]
         winner = finalists[medians.index(max(medians))]
@@ -494,57 +374,76 @@ def remeasure_gain(surface: Surface, sd: float, seeds: int, trials: int = 20, to
             f"(median)")
 
 
+def parse_limits(items: list[str], recorded: dict[str, float]) -> list[Limits]:
+    """Each --limit KEY=MS[,KEY=MS]: the recorded limits with those tightened. A bad item raises ValueError."""
+    out = []
+    for item in items:
+        given = dict(recorded)
+        for part in item.split(","):
+            key, _, ms = part.partition("=")
+            if key not in recorded or not ms.replace(".", "", 1).isdigit():
+                raise ValueError(f"--limit {item}: expected KEY=MS with KEY one of {', '.join(recorded)}")
+            given[key] = float(ms)
+        out.append(Limits(**given))
+    return out
+
+
+def ratios(results: dict[str, list[Figures]]) -> str:
+    med = {name: _median([f.trials for f in figs]) for name, figs in results.items()}
+    rows = []
+    for name in (DEFAULT + ", baselines first", DEFAULT_BARE):
+        rows.append(f"  {name}: {_fmt(med[name])} trials; random search needs {med[RANDOM] / med[name]:.2f}x "
+                    f"(goal >= 2), the grid in vLLM's auto_tune order {med[GRID] / med[name]:.2f}x (goal >= 5)")
+    return "\n".join(rows)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seeds", type=int, default=50)
     ap.add_argument("--surface", type=Path, default=SURFACE)
     ap.add_argument("--tuning", action="store_true", help="Also compare the settings the defaults came from.")
     ap.add_argument("--measurement", action="store_true", help="Also judge the recorded rungs' fixed counts.")
-    ap.add_argument("--limit", action="append", default=[], metavar="KEY=MS",
-                    help="Judge the recorded rungs again under a tighter p95 limit, e.g. --limit ttft_p95_ms=150 "
-                         "(a surface on which vLLM's defaults are not near the best).")
+    ap.add_argument("--limit", action="append", default=[], metavar="KEY=MS[,KEY=MS]",
+                    help="Also replay with the recorded rungs judged again under tighter p95 limits, e.g. "
+                         "--limit ttft_p95_ms=150 (repeatable: one more table each).")
     opts = ap.parse_args()
     optuna.logging.set_verbosity(optuna.logging.ERROR)
     warnings.filterwarnings("ignore")
-    doc = json.loads(opts.surface.read_text())
-    limits = None
-    if opts.limit:
-        given = dict(doc["provenance"]["limits"])
-        for item in opts.limit:
-            key, _, ms = item.partition("=")
-            if key not in given or not ms.replace(".", "", 1).isdigit():
-                ap.error(f"--limit {item}: expected KEY=MS with KEY one of {', '.join(given)}")
-            given[key] = float(ms)
-        try:
-            limits = Limits(**given)
-            surface = load_surface(opts.surface, limits)
-        except ValueError as e:
-            ap.error(f"--limit: {e}")
-    else:
-        surface = load_surface(opts.surface)
-    print(describe(surface))
-    results = evaluate(surface, default_methods(), opts.seeds)
-    print(f"\nmedian over seeds of: booted trials (and engine minutes) until a configuration within {WITHIN:.0%} of "
-          f"the best was measured; share of those minutes on infeasible configurations; pruned trials; share of "
-          f"runs in which a configuration within {WITHIN:.0%} of the best was pruned")
-    print(table(results, next(iter(results))))
-    med = {name: _median([f.trials for f in figs]) for name, figs in results.items()}
-    rnd, grd = med["random search"], med["grid (vLLM auto_tune order)"]
-    for name in list(results)[:2]:
-        print(f"{name}: random search needs {rnd / med[name]:.1f}x its trials (target >= 2), the grid in vLLM's "
-              f"order {grd / med[name]:.1f}x (target >= 5)")
-    if opts.measurement and limits is None:
-        print("\nrecorded rungs (fixed count, max(32, 3 x concurrency) requests):")
+    try:
+        doc = json.loads(opts.surface.read_text())
+        surfaces = [load_surface(opts.surface)]
+        surfaces += [load_surface(opts.surface, lim) for lim in parse_limits(opts.limit, doc["provenance"]["limits"])]
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        ap.error(f"--surface {opts.surface}: {e}" if not isinstance(e, ValueError) or "--limit" not in str(e)
+                 else str(e))
+    for surface in surfaces:
+        marks = checkpoints_for(surface)
+        print(describe(surface))
+        if max(marks) < max(ANYTIME):
+            print(f"(the surface holds {len(surface.points)} configurations: the anytime curve stops at {max(marks)} "
+                  f"booted trials, not {max(ANYTIME)})")
+        results = evaluate(surface, default_methods(), opts.seeds)
+        print(f"\nover {opts.seeds} seeds: median booted trials (and engine minutes) until a configuration within "
+              f"{WITHIN:.0%} of the best was measured ('never': not within {MAX_BOOTED}); median share of those "
+              f"minutes on configurations that met no limit or did not boot; pruned trials; share of runs that "
+              f"pruned one within {WITHIN:.0%}; best found after n booted trials / the best (mean); the infeasible "
+              f"share of all of a run's minutes")
+        print(table(results, marks))
+        print(ratios(results))
+        print()
+    if opts.measurement:
+        print("recorded rungs (fixed count per level):")
         print(measurement(doc))
-    if doc.get("repeats") and limits is None:
+    if doc.get("repeats"):
         rows, sd = spread(doc)
         print("\nthe same configurations measured again (a figure's spread):")
         print(rows)
         for rounds in (1, 2):
-            print(remeasure_gain(surface, sd, opts.seeds, rounds=rounds))
+            print(remeasure_gain(surfaces[0], sd, opts.seeds, rounds=rounds))
     if opts.tuning:
         print()
-        print(table(evaluate(surface, tuning_methods(), opts.seeds), "TPE startup 5"))
+        results = evaluate(surfaces[0], tuning_methods(), opts.seeds)
+        print(table(results, checkpoints_for(surfaces[0])))
 
 
 if __name__ == "__main__":

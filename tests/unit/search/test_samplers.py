@@ -26,6 +26,7 @@ from autotune.search.samplers import (
     warm_start,
 )
 from benchmarks import search_efficiency as se
+from benchmarks import surface as sf
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -144,27 +145,32 @@ SURFACE = {
 
 
 @pytest.fixture
-def surface(tmp_path: Path) -> se.Surface:
+def surface(tmp_path: Path) -> sf.Surface:
     path = tmp_path / "surface.json"
     path.write_text(json.dumps(SURFACE))
-    return se.load_surface(path)
+    return sf.load_surface(path)
+
+
+def at(surface: sf.Surface, seqs: float, tokens: float) -> sf.Point:
+    return surface.nearest({"max_num_seqs": seqs, "max_num_batched_tokens": tokens})
 
 
 def test_surface_values_costs_and_snapping(surface):
-    p = surface.points[(8, 64)]
+    p = at(surface, 8, 64)
     assert (p.value, p.feasible) == (300.0, True)
     # (70 - 40 - 15) / 3 = 5 s of warm-up and stop per rung; it failed at 16 after passing 8: two bisection
     # levels follow, each the mean of the two rungs (5 s) plus 5 s
     assert p.schedule() == [(200.0, 10.0), (300.0, 10.0), (300.0, 10.0), (300.0, 10.0), (300.0, 10.0)]
     assert p.cost_s() == 90.0 and p.cost_s(1) == pytest.approx(40 + 5 + 5)
-    assert (surface.points[(1, 64)].value, surface.points[(1, 64)].feasible) == (0.0, False)
-    assert not surface.points[(128, 64)].feasible
+    assert (at(surface, 1, 64).value, at(surface, 1, 64).feasible) == (0.0, False)
+    assert not at(surface, 128, 64).feasible
     assert surface.best == 400.0
-    assert surface.snap(6, 100).max_num_batched_tokens == 64  # log2: 100 is nearer 64 than 512
-    assert surface.snap(6, 181).max_num_batched_tokens == 64  # sqrt(64 * 512) = 181.02: the middle in log2
-    assert surface.snap(6, 182).max_num_batched_tokens == 512
-    assert surface.snap(2.83, 64).max_num_seqs == 8 and surface.snap(2.82, 64).max_num_seqs == 1  # sqrt(8) = 2.828
-    assert surface.snap(31, 64).max_num_seqs == 8 and surface.snap(33, 64).max_num_seqs == 128  # sqrt(8 * 128) = 32
+    assert at(surface, 6, 100).params["max_num_batched_tokens"] == 64  # log2: 100 is nearer 64 than 512
+    assert at(surface, 6, 181).params["max_num_batched_tokens"] == 64  # sqrt(64 * 512) = 181.02: the middle in log2
+    assert at(surface, 6, 182).params["max_num_batched_tokens"] == 512
+    seqs = lambda s: at(surface, s, 64).params["max_num_seqs"]  # noqa: E731
+    assert seqs(2.83) == 8 and seqs(2.82) == 1  # sqrt(8) = 2.828
+    assert seqs(31) == 8 and seqs(33) == 128  # sqrt(8 * 128) = 32
 
 
 def test_the_recorded_surface_judged_again_under_tighter_limits():
@@ -175,17 +181,17 @@ def test_the_recorded_surface_judged_again_under_tighter_limits():
     levels = [lv for c in doc["configs"] for lv in c.get("levels", [])]
     assert len(levels) > 50
     for lv in levels:  # the records' times are rounded to 0.1 ms: the ratios agree to well within 1%
-        passed, misses = se.rejudge(lv, recorded)
+        passed, misses = sf.rejudge(lv, recorded)
         assert passed == lv["passed"] and misses == pytest.approx(lv["misses"], rel=0.01)
-    as_recorded, tight = se.load_surface(), se.load_surface(limits=Limits(ttft_p95_ms=150.0, tpot_p95_ms=50.0))
+    as_recorded = sf.load_surface(se.SURFACE)
+    tight = sf.load_surface(se.SURFACE, Limits(ttft_p95_ms=150.0, tpot_p95_ms=50.0))
     assert tight.provenance["limits"] == {"ttft_p95_ms": 150.0, "tpot_p95_ms": 50.0}
-    for key, p in as_recorded.points.items():
-        q = tight.points[key]
+    for p, q in zip(as_recorded.points, tight.points, strict=True):
         assert len(q.rungs) <= len(p.rungs) and q.value <= p.value
         assert all(r.passed for r in q.rungs[:-1])
     assert tight.best < as_recorded.best
     with pytest.raises(ValueError, match="looser"):
-        se.load_surface(limits=Limits(ttft_p95_ms=900.0, tpot_p95_ms=50.0))
+        sf.load_surface(se.SURFACE, Limits(ttft_p95_ms=900.0, tpot_p95_ms=50.0))
 
 
 def told(surface, key, method=None, pruner=None):
@@ -193,7 +199,7 @@ def told(surface, key, method=None, pruner=None):
     m = method or se.Method("t", lambda s: optuna.samplers.RandomSampler(seed=s), pruner=pruner)
     study = optuna.create_study(direction="maximize", pruner=pruner() if pruner else optuna.pruners.NopPruner())
     trial = study.ask()
-    step = se.tell(study, trial, surface.points[key], m)
+    step = se.tell(study, trial, at(surface, *key), m)
     return step, study.trials[-1]
 
 
@@ -215,7 +221,7 @@ def test_a_pruned_replay_costs_only_the_rungs_it_measured(surface):
     study = optuna.create_study(direction="maximize",
                                 pruner=optuna.pruners.ThresholdPruner(lower=250.0, n_warmup_steps=0))
     m = se.Method("p", lambda s: optuna.samplers.RandomSampler(seed=s), pruner=lambda: None)
-    step = se.tell(study, study.ask(), surface.points[(8, 64)], m)
+    step = se.tell(study, study.ask(), at(surface, 8, 64), m)
     t = study.trials[-1]
     assert step.pruned and t.state == TrialState.PRUNED and step.cost_s == pytest.approx(50.0)
     assert t.constraints[tell.LATENCY] == 0.0  # it had passed a rung
@@ -225,14 +231,14 @@ def test_replay_runs_until_the_target_and_the_grid_boots_everything(surface):
     target = 0.95 * surface.best
     steps = se.replay(surface, se.Method("r", lambda s: optuna.samplers.RandomSampler(seed=s), baselines=False),
                       seed=0, target=target, max_booted=50)
-    assert steps[-1].found == 400.0 and all(s.point.precheck is None for s in steps)
-    f = se.figures(steps, target)
+    assert steps[-1].found == 400.0 and all(s.point.refused is None for s in steps)
+    f = se.figures(steps, target, surface.best, (1,))
     assert f.trials == len(steps) and f.minutes == pytest.approx(sum(s.cost_s for s in steps) / 60)
-    order = sorted(surface.points)  # (1, 64), (8, 64), (8, 512), (128, 64)
-    g = se.figures(se.grid(surface, order, target), target)
+    order = surface.auto_tune_order()  # (1, 64), (8, 64), (8, 512), (128, 64)
+    g = se.figures(se.grid(order), target, surface.best, (1, 2, 3))
     assert g.trials == 3 and g.minutes == pytest.approx((50 + 90 + 65) / 60)
     assert g.infeasible_share == pytest.approx(50 / (50 + 90 + 65))
-    never = se.figures(se.grid(surface, [(1, 64), (128, 64)], target), target)
+    never = se.figures(se.grid([at(surface, 1, 64), at(surface, 128, 64)]), target, surface.best, (1,))
     assert math.isinf(never.trials)
 
 

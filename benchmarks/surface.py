@@ -1,0 +1,226 @@
+"""A recorded response surface (benchmarks/record_surface.py): what each configuration did at each rung of a load
+ladder, read back for replay without booting anything.
+
+Two file layouts are read. The CPU grid (benchmarks/data/surface-tiny-cpu.json) keeps max_num_seqs and
+max_num_batched_tokens at the top of each configuration; a planned surface (`"format": 2`, the GPU plan) keeps a
+`params` dict per configuration, the searched space and the baselines in its provenance, and the estimator's
+verdict per configuration (`refused`: what autotune would refuse before boot). Every rung keeps its requests'
+timings, so a tighter p95 limit can be judged again from them (a looser one cannot: the ladder stopped at the
+first miss under the recorded limits).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from autotune.config.params import Param, same_value
+from autotune.measure.client import LevelRun, LoadLevel, RequestRecord
+from autotune.measure.stats import Limits, judge, level_stats
+
+BISECTION_LEVELS = 2
+# studies/tiny-cpu.toml's baselines, for the CPU grid (which predates stored baselines): vLLM's CPU defaults and
+# the recipe, snapped to the grid
+CPU_GRID_BASELINES = (("vllm-defaults", 128, 2048), ("recipe", 16, 1024))
+
+
+@dataclass(frozen=True)
+class Rung:
+    concurrency: int
+    passed: bool
+    output_tok_s: float
+    misses: dict[str, float]
+    duration_s: float
+
+
+@dataclass(frozen=True)
+class Point:
+    """One configuration as recorded: refused by the estimator or vLLM, failed to boot, or measured rung by rung."""
+
+    params: dict[str, object]
+    status: str  # "measured" | "boot_failed" | "died"
+    refused: str | None  # why autotune refuses it before boot (the estimator or vLLM's argument checks), else None
+    rungs: tuple[Rung, ...]
+    boot_s: float
+    wall_s: float
+    baseline: str | None = None  # the baseline's name when this configuration is one
+
+    @property
+    def key(self) -> tuple[tuple[str, object], ...]:
+        return tuple(sorted(self.params.items()))
+
+    @property
+    def value(self) -> float:
+        """Throughput of the highest passing rung (rungs stop at the first miss); 0 when none passed."""
+        passing = [r.output_tok_s for r in self.rungs if r.passed]
+        return passing[-1] if passing and self.status == "measured" else 0.0
+
+    @property
+    def feasible(self) -> bool:
+        """It boots and meets the limits at some rung. A configuration the estimator refuses but that ran is
+        feasible: refusing it is the estimator's loss, which the replay counts."""
+        return self.value > 0
+
+    def schedule(self) -> list[tuple[float, float]]:
+        """(value reported to the pruner, engine seconds) per load level the real search would measure: the
+        recorded rungs, then, when a rung failed after one passed, the 2 bisection levels autotune's SLA search
+        adds between them (factor 2, tolerance 0.25; not recorded: each costs the mean of the two rungs, and
+        reports the best passing figure so far). Each rung also carries its share of the recorded wall time
+        that was neither boot nor measurement (warm-ups, stop)."""
+        if not self.rungs:
+            return []
+        overhead = max(0.0, self.wall_s - self.boot_s - sum(r.duration_s for r in self.rungs)) / len(self.rungs)
+        out, best = [], 0.0
+        for r in self.rungs:
+            best = r.output_tok_s if r.passed else best
+            out.append((best, r.duration_s + overhead))
+        last = self.rungs[-1]
+        if not last.passed and len(self.rungs) > 1:
+            between = (self.rungs[-2].duration_s + last.duration_s) / 2 + overhead
+            out += [(best, between)] * BISECTION_LEVELS
+        return out
+
+    def cost_s(self, levels: int | None = None) -> float:
+        """Engine seconds to boot it and measure its first `levels` load levels (all by default); a configuration
+        that did not boot costs its recorded wall time (boot until the failure was classified, and the stop)."""
+        if not self.rungs:
+            return self.wall_s
+        return self.boot_s + sum(c for _, c in self.schedule()[:levels])
+
+
+@dataclass(frozen=True)
+class Surface:
+    points: tuple[Point, ...]
+    space: tuple[Param, ...]
+    provenance: dict[str, object] = field(hash=False)
+
+    @property
+    def best(self) -> float:
+        return max(p.value for p in self.points if p.feasible)
+
+    @property
+    def baselines(self) -> list[Point]:
+        return [p for p in self.points if p.baseline is not None]
+
+    def nearest(self, params: Mapping[str, object]) -> Point:
+        """The recorded configuration closest to a sampled one: per parameter, the distance in the space's scale
+        (log where the parameter is log) over its range, 1 for a different category or a parameter only one side
+        has; ties go to the larger numbers (as the grid snapping did: ties go up)."""
+        def rank(p: Point) -> tuple[float, tuple[float, ...]]:
+            return (round(distance(self.space, params, p.params), 9),
+                    tuple(-float(v) for _, v in p.key if isinstance(v, int | float) and not isinstance(v, bool)))
+        return min(self.points, key=rank)
+
+    def auto_tune_order(self) -> list[Point]:
+        """vLLM's benchmarks/auto_tune/auto_tune.sh order: max_num_seqs outer, max_num_batched_tokens inner, each
+        as its list is written (ascending in the script's defaults); the other parameters, which the script does
+        not search, break ties in the space's order."""
+        first = ("max_num_seqs", "max_num_batched_tokens")
+        names = [*first, *(p.name for p in self.space if p.name not in first)]
+        return sorted(self.points, key=lambda p: tuple(_sortable(p.params.get(n)) for n in names))
+
+
+def _sortable(v: object) -> tuple[int, float, str]:
+    if v is None:
+        return (0, 0.0, "")
+    if isinstance(v, int | float) and not isinstance(v, bool):
+        return (1, float(v), "")
+    return (2, 0.0, str(v))
+
+
+def distance(space: tuple[Param, ...], a: Mapping[str, object], b: Mapping[str, object]) -> float:
+    total = 0.0
+    for p in space:
+        if p.name not in a and p.name not in b:
+            continue
+        if p.name not in a or p.name not in b:
+            total += 1.0
+        elif p.type in ("int", "float"):
+            scale = math.log if p.log else float
+            lo, hi = scale(float(p.low)), scale(float(p.high))  # type: ignore[arg-type]
+            x, y = (scale(max(float(v), float(p.low))) for v in (a[p.name], b[p.name]))  # type: ignore[arg-type]
+            total += abs(x - y) / ((hi - lo) or 1.0)
+        else:
+            total += 0.0 if same_value(a[p.name], b[p.name]) else 1.0
+    return total
+
+
+def _records(level: dict) -> list[RequestRecord]:
+    """A recorded rung's requests as the client saw them (record_surface.compact: times from the rung's start)."""
+    return [RequestRecord(r[0], r[1], [], r[2], 0, r[3], r[4]) for r in level["records"]]
+
+
+def rejudge(level: dict, limits: Limits) -> tuple[bool, dict[str, float]]:
+    """A recorded rung's verdict under other limits, from its per-request records (metrics.judge, as the
+    recording judged it)."""
+    run = LevelRun(LoadLevel("concurrency", level["concurrency"]), _records(level), 0.0, level["duration_s"])
+    verdict = judge(level_stats(run, limits), limits)
+    return verdict.passed, verdict.misses
+
+
+def _rungs(levels: list[dict], limits: Limits | None) -> tuple[Rung, ...]:
+    """The recorded rungs, or under `limits` the rungs up to the first one they fail (where the ladder would have
+    stopped)."""
+    out = []
+    for lv in levels:
+        passed, misses = (lv["passed"], lv.get("misses", {})) if limits is None else rejudge(lv, limits)
+        out.append(Rung(lv["concurrency"], passed, lv["output_tok_s"], misses, lv["duration_s"]))
+        if not passed:
+            break
+    return tuple(out)
+
+
+def _nearest_on_axis(axis: list[int], v: float) -> int:
+    return min(axis, key=lambda a: (abs(math.log2(a) - math.log2(v)), -a))
+
+
+def _read_grid(doc: dict, limits: Limits | None) -> tuple[tuple[Point, ...], tuple[Param, ...]]:
+    """The CPU grid's layout: the two searched flags at the top of each configuration, `precheck` for refused."""
+    seqs = sorted({c["max_num_seqs"] for c in doc["configs"]})
+    tokens = sorted({c["max_num_batched_tokens"] for c in doc["configs"]})
+    names = {(_nearest_on_axis(seqs, s), _nearest_on_axis(tokens, b)): n for n, s, b in CPU_GRID_BASELINES}
+    points = tuple(
+        Point({"max_num_seqs": c["max_num_seqs"], "max_num_batched_tokens": c["max_num_batched_tokens"]},
+              c["status"], c.get("precheck"), _rungs(c.get("levels", []), limits), c.get("boot_s", 0.0), c["wall_s"],
+              names.get((c["max_num_seqs"], c["max_num_batched_tokens"])))
+        for c in doc["configs"])
+    space = tuple(Param(name, "int", low=min(axis), high=max(axis), log=True)
+                  for name, axis in (("max_num_seqs", seqs), ("max_num_batched_tokens", tokens)))
+    return points, space
+
+
+def _read_planned(doc: dict, limits: Limits | None) -> tuple[tuple[Point, ...], tuple[Param, ...]]:
+    space = tuple(Param(**{**d, "choices": tuple(d.get("choices", ()))}) for d in doc["provenance"]["space"])
+    points = tuple(
+        Point(dict(c["params"]), c["status"], c.get("refused"), _rungs(c.get("levels", []), limits),
+              c.get("boot_s", 0.0), c["wall_s"], c.get("baseline"))
+        for c in doc["configs"] if c["status"] != "pending")
+    return points, space
+
+
+def load_surface(path: Path, limits: Limits | None = None) -> Surface:
+    """The recorded surface; with `limits`, each rung judged again under them (tighter limits than the recording's
+    only: a rung the recording failed was the last one measured)."""
+    doc = json.loads(path.read_text())
+    recorded = doc["provenance"].get("limits", {})
+    if limits is not None:
+        for key, value in dataclasses.asdict(limits).items():
+            if value is not None and recorded.get(key) is not None and value > recorded[key]:
+                raise ValueError(f"{key}: {value} is looser than the recorded {recorded[key]}")
+    points, space = (_read_planned if doc.get("format") == 2 else _read_grid)(doc, limits)
+    if not any(p.feasible for p in points):
+        raise ValueError(f"{path}: no recorded configuration meets the limits")
+    provenance = dict(doc.get("provenance", {}))
+    if limits is not None:
+        provenance["limits"] = {k: v for k, v in dataclasses.asdict(limits).items() if v is not None}
+        provenance["rejudged"] = f"rungs judged again under these limits (recorded under {recorded})"
+    return Surface(points, space, provenance)
+
+
+def space_as_json(space: tuple[Param, ...] | list[Param]) -> list[dict[str, object]]:
+    """The searched parameters as a planned surface stores them (read back by _read_planned)."""
+    return [{**dataclasses.asdict(p), "choices": list(p.choices)} for p in space]

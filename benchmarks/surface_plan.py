@@ -1,0 +1,118 @@
+"""The configuration list of the GPU response surface (issue 15, item 1), written once to
+benchmarks/data/surface-plan-rtx3090.json and recorded by benchmarks/record_surface.py --plan on the device.
+
+The space is studies/qwen3.5-27b-h200-as-3090.toml's (the 3090 study's, capped to 24 GiB on a larger card) without
+its `model` choice: the model is the Qwen3.5-27B AWQ shape the device runs (random weights). Three sources:
+  1. the study's baselines (vLLM's defaults, expected not to fit; the recipe);
+  2. SOBOL_POINTS configurations of a scrambled Sobol sequence (scipy.stats.qmc, seed 0) over the space, each
+     coordinate mapped to a parameter in the space's own scale (log for log ints), so the set covers it evenly;
+  3. UNSURE configurations the estimator is least sure about, out of CANDIDATES more Sobol points: those it boots
+     to learn (not refused, yet the central prediction does not fit), then those whose pessimistic KV capacity
+     (`kv_tokens_low`) is nearest one max_model_len request.
+Every configuration carries the estimator's verdict (refused / fits / kv_tokens and its range), so the replay
+scores refusals against what booting it did. Configurations it refuses are booted once all the same: how they
+fail is part of the surface.
+
+    .venv/bin/python -m benchmarks.surface_plan     # rewrites the plan (deterministic)
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+from scipy.stats import qmc
+
+from autotune.config.params import Param
+from autotune.config.study_file import load_study
+from autotune.fit import feasibility, memcap
+from autotune.fit.hardware import get_profile
+from autotune.measure.trial import configured
+from autotune.search.space import baseline_params, condition_met, engine_config
+from benchmarks.surface import space_as_json
+
+REPO = Path(__file__).resolve().parents[1]
+STUDY = REPO / "studies" / "qwen3.5-27b-h200-as-3090.toml"
+PLAN = REPO / "benchmarks" / "data" / "surface-plan-rtx3090.json"
+MODEL = "QuantTrio/Qwen3.5-27B-AWQ"  # the AWQ shape of autotune/engine/known_models/qwen3.5-27b-awq.json
+CARD = "h200"  # the device; capped to the study's memory_cap_gib
+SOBOL_POINTS = 32
+CANDIDATES = 1024
+UNSURE = 8
+
+
+def from_unit(space: tuple[Param, ...], u: list[float]) -> dict[str, object]:
+    """One point of the unit cube as the space's values (one coordinate per parameter, conditions applied)."""
+    out: dict[str, object] = {}
+    for p, x in zip(space, u, strict=True):
+        if not condition_met(p, out):
+            continue
+        if p.type in ("int", "float"):
+            lo, hi = float(p.low), float(p.high)  # type: ignore[arg-type]
+            v = math.exp(math.log(lo) + x * (math.log(hi) - math.log(lo))) if p.log else lo + x * (hi - lo)
+            if p.type == "int":
+                out[p.name] = min(int(hi), max(int(lo), round(v)))
+            else:
+                step = p.step or 0.0
+                out[p.name] = round(round(v / step) * step, 6) if step else v
+        else:
+            choices = list(p.choices) if p.type == "categorical" else [False, True]
+            out[p.name] = choices[min(int(x * len(choices)), len(choices) - 1)]
+    return out
+
+
+def verdict(spec, profile, params: dict[str, object], baseline: dict[str, object] | None = None) -> dict[str, object]:
+    config = engine_config(spec, {**params, "model": MODEL}, baseline=baseline)
+    path, flags = configured(config.model, config.flags)
+    v = feasibility.judge(path, profile, flags, spec.env)
+    e = v.estimate
+    return {"refused": e.refused, "fits": e.fits, "kv_tokens": e.kv_tokens, "kv_tokens_low": e.kv_tokens_low,
+            "kv_tokens_high": e.kv_tokens_high, "max_model_len": e.max_model_len, "reason": v.reason}
+
+
+def plan() -> dict[str, object]:
+    spec = load_study(STUDY)
+    space = tuple(p for p in spec.space if p.name != "model")
+    profile = memcap.capped_profile(get_profile(CARD), spec.memory_cap)  # type: ignore[arg-type]
+    configs: list[dict[str, object]] = []
+    for b in spec.baselines:
+        params = baseline_params(b, space)
+        configs.append({"params": params, "origin": "baseline", "baseline": b.name,
+                        "estimate": verdict(spec, profile, params, {**b.flags, "model": MODEL})})
+    sobol = qmc.Sobol(d=len(space), scramble=True, seed=0).random_base2(11)  # 2048: balanced prefixes
+    for u in sobol[:SOBOL_POINTS]:
+        params = from_unit(space, list(u))
+        configs.append({"params": params, "origin": "sobol", "estimate": verdict(spec, profile, params)})
+    candidates = [(params, verdict(spec, profile, params))
+                  for params in (from_unit(space, list(u)) for u in sobol[SOBOL_POINTS:SOBOL_POINTS + CANDIDATES])]
+
+    def unsure(c: tuple[dict, dict]) -> tuple[bool, float]:
+        e = c[1]
+        inside = not e["refused"] and not e["fits"]
+        return (not inside, abs(math.log(max(e["kv_tokens_low"], 1) / max(e["max_model_len"], 1))))
+
+    for params, est in sorted(candidates, key=unsure)[:UNSURE]:
+        configs.append({"params": params, "origin": "unsure", "estimate": est})
+    return {"format": 2, "study": str(STUDY.relative_to(REPO)), "model": MODEL, "card": CARD,
+            "memory_cap_gib": spec.memory_cap.gib if spec.memory_cap else None,  # type: ignore[attr-defined]
+            "space": space_as_json(space),
+            "how": (f"the study's {len(spec.baselines)} baselines; {SOBOL_POINTS} scrambled Sobol points "
+                    f"(scipy.stats.qmc, seed 0) over the space without `model`, log-scaled where the parameter is; "
+                    f"the {UNSURE} of "
+                    f"{CANDIDATES} further Sobol points the estimator is least sure about (booted to learn first, "
+                    f"then pessimistic KV tokens nearest one max_model_len request). Estimates: uncalibrated, "
+                    f"{CARD} capped to {spec.memory_cap}"),
+            "configs": configs}
+
+
+def main() -> None:
+    doc = plan()
+    PLAN.write_text(json.dumps(doc, indent=1) + "\n")
+    est = [c["estimate"] for c in doc["configs"]]  # type: ignore[union-attr]
+    print(f"{PLAN}: {len(est)} configurations, {sum(e['refused'] for e in est)} refused by the estimator, "
+          f"{sum(not e['refused'] and not e['fits'] for e in est)} inside its band")
+
+
+if __name__ == "__main__":
+    main()
