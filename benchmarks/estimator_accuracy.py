@@ -7,7 +7,9 @@ old one (commit 02e0249) side by side.
 
 Boots: tests/data/gpu-boots/boots.json (every entry, cold and warm: new boots added there are covered), the earlier
 CUDA logs in tests/data/gpu/ and the CPU-build logs in tests/data/logs/ that printed a KV-cache size. A warm boot
-is the target (a cold one compiled inside vLLM's memory profiling and is shown, never a verdict).
+is the target (a cold one compiled inside vLLM's memory profiling and is shown, never a verdict). A second section,
+"published RTX 3090 boots", reads tests/data/rtx3090-boots/records.json: boots published by others on real cards,
+with their checkpoint's reconstructed quantization_config (assumptions in that folder's README).
 """
 
 from __future__ import annotations
@@ -128,6 +130,29 @@ def log_boots() -> list[Boot]:
     return out
 
 
+RTX3090 = DATA / "rtx3090-boots"
+
+
+def rtx3090_boots(folder: Path = RTX3090) -> list[Boot]:
+    """The published real-3090 records; each record's model is the shape file with its checkpoint's
+    quantization_config merged in (written once to a temporary folder)."""
+    from autotune.fit.hardware import PROFILES
+
+    data = json.loads((folder / "records.json").read_text())
+    shape = json.loads((ROOT / data["shape"]).read_text())
+    tmp = Path(tempfile.mkdtemp(prefix="rtx3090-boots-"))
+    out = []
+    for r in data["records"]:
+        model = tmp / r["name"]
+        model.mkdir()
+        quant = json.loads((folder / r["quantization_config"]).read_text())
+        (model / "config.json").write_text(json.dumps({**shape, "quantization_config": quant}))
+        out.append(Boot(r["name"], "rtx3090", r["flags"], str(model), PROFILES[data["card"]],
+                        r["vllm"].split()[0], "warm", r["outcome"] == "ready", r.get("printed_tokens"),
+                        r.get("env", {})))
+    return out
+
+
 def old_estimator() -> ModuleType | None:
     """autotune/fit/estimate.py as of 02e0249 (before issue 13), imported from a temporary copy."""
     try:
@@ -206,16 +231,31 @@ def summary(rs: list[Row]) -> dict[str, object]:
     }
 
 
+def published_summary(rs: list[Row]) -> dict[str, object]:
+    printed = [r for r in rs if r.error is not None]
+    return {
+        "records": len(rs),
+        "median_error": statistics.median(r.error for r in printed) if printed else None,  # type: ignore[misc]
+        "old_median_error": (statistics.median(r.old_error for r in printed if r.old_error is not None)  # type: ignore[misc]
+                             if printed and all(r.old for r in printed) else None),
+        "inside_range": sum(r.inside for r in printed),
+        "with_printed_tokens": len(printed),
+        "booted_refused": [r.boot.name for r in rs if r.boot.ready and r.new.refused],
+        "old_booted_refused": [r.boot.name for r in rs if r.boot.ready and r.old is not None and not r.old.fits],
+    }
+
+
 def main(argv: list[str]) -> int:
     rs = rows()
     s = summary(rs)
+    pub = rows(rtx3090_boots())
     if "--json" in argv:
         print(json.dumps({"rows": [{"boot": r.boot.name, "source": r.boot.source, "vllm": r.boot.vllm,
                                     "cache": r.boot.cache, "ready": r.boot.ready, "printed": r.boot.printed_tokens,
                                     "predicted": r.new.kv_tokens, "low": r.new.kv_tokens_low,
                                     "high": r.new.kv_tokens_high, "verdict": verdict(r.new),
-                                    "old_predicted": r.old.kv_tokens if r.old else None} for r in rs],
-                          "summary": s}, indent=1))
+                                    "old_predicted": r.old.kv_tokens if r.old else None} for r in rs + pub],
+                          "summary": s, "published_rtx3090": published_summary(pub)}, indent=1))
         return 0
     print(table(rs))
     print()
@@ -225,6 +265,14 @@ def main(argv: list[str]) -> int:
           f"printed inside the predicted range: {s['warm_inside_range']}/{s['warm_gpu_boots']}")
     print(f"booted (not cold) but refused before boot: new {s['booted_refused'] or 'none'}; "
           f"old {s['old_booted_refused'] or 'none'}")
+    p = published_summary(pub)
+    print("\npublished RTX 3090 boots (tests/data/rtx3090-boots/README.md)")
+    print(table(pub))
+    print(f"\nrecords: {p['records']}; with printed KV tokens: {p['with_printed_tokens']}; median error new "
+          f"{_pct(p['median_error'])}, old {_pct(p['old_median_error'])}; "  # type: ignore[arg-type]
+          f"printed inside the predicted range: {p['inside_range']}/{p['with_printed_tokens']}")
+    print(f"booted but refused before boot: new {p['booted_refused'] or 'none'}; "
+          f"old {p['old_booted_refused'] or 'none'}")
     return 0
 
 

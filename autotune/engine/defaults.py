@@ -25,9 +25,12 @@ def _version(vllm_version: str) -> tuple[int, int]:
 
 def hybrid_prefix_caching_default(vllm_version: str | None) -> bool:
     """Whether vLLM turns prefix caching on by default for hybrid (Mamba/GDN) models: off in 0.25.0 (its log says
-    enable_prefix_caching=False; ModelConfig.is_prefix_caching_supported refuses hybrids), on in the CPU build
-    0.32.0 (vllm PR #50991, merged 2026-08-04, assumed first released in 0.27). Unknown version: on."""
-    return vllm_version is None or _version(vllm_version) >= (0, 27)
+    enable_prefix_caching=False; ModelConfig.is_prefix_caching_supported refuses hybrids) and in 0.27.1
+    (engine/arg_utils.py _set_default_chunked_prefill_and_prefix_caching_args: "Hybrid models support prefix
+    caching but keep it opt-in for now", `... and not model_config.is_hybrid`), on from 0.28.0 (the same function
+    reads `default_prefix_caching = model_config.is_prefix_caching_supported` in the 0.28.0, 0.30.0 and 0.32.0
+    sources). Unknown version: on."""
+    return vllm_version is None or _version(vllm_version) >= (0, 28)
 
 
 def installed_vllm_version() -> str | None:

@@ -32,7 +32,8 @@ leaves and peaks at, less the CUDA-graph estimate; how the first part is measure
   (CompilationConfig.adjust_cudagraph_sizes_for_spec_decode, all versions with the V1 model runner).
 - Prefix caching for hybrid models (engine/defaults.py hybrid_prefix_caching_default, which sizes the Mamba blocks
   per request): off in 0.25 (config/model.py ModelConfig.is_prefix_caching_supported: "Hybrid models do not
-  support prefix caching"), on from 0.27 ("Generative hybrid models support prefix caching", config/model.py 1952).
+  support prefix caching"); supported from 0.27 ("Generative hybrid models support prefix caching", config/model.py
+  1952) but opt-in there (0.27.1 engine/arg_utils.py: "keep it opt-in for now"), on by default from 0.28.0.
 
 Constants below are fitted where vLLM measures at boot; each names its logs and its uncertainty (one sigma-ish,
 added in quadrature by the caller).
