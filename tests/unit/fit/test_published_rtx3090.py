@@ -1,7 +1,8 @@
 """The estimator on boots published by others on real RTX 3090s (tests/data/rtx3090-boots/, read by
-benchmarks/estimator_accuracy.py rtx3090_boots): a configuration that booted there is never refused before boot;
-printed KV tokens inside the predicted range is asserted and, where it does not hold, kept as a documented miss
-(xfail strict, the cause in the reason) rather than a pass."""
+benchmarks/estimator_accuracy.py rtx3090_boots): a configuration that booted there is never refused before boot.
+Their printed KV tokens are not yet inside the predicted range (+12% and +28% over: patched vLLM builds, a
+reconstructed checkpoint config); the benchmark prints those misses and the comment below says why, so nothing here
+passes on them."""
 
 from __future__ import annotations
 
@@ -44,24 +45,13 @@ def test_prefix_caching_is_opt_in_for_hybrid_models_in_0_27_1() -> None:
     assert ROWS["syv-ai-batch-fp8-s64-b2048-l150k-prefix"].new.blocks_per_request == math.ceil(150000 / 800) + 6
 
 
-MISSES = {
-    "syv-ai-batch-fp8-s64-b2048-l150k": (
-        "predicted +12% over the printed 223,821: a patched vLLM 0.27.1 (24 patches, int8-activation Marlin "
-        "GEMMs) and a reconstructed checkpoint config (Qwen3.5-27B shape, int8 lm_head/embedding); the published "
-        "record gives no 'Available KV cache memory' or weights figure to split the 0.76 GiB difference"),
-    "syv-ai-batch-fp8-s64-b2048-l150k-prefix": (
-        "prefix caching (align) printed 14% fewer tokens than without; vLLM 0.27.1 charges align one more state "
-        "block per Mamba group (kv_cache_interface.py MambaSpec.max_memory_usage_bytes), +1.6% here: the rest is "
-        "not found in the unpatched 0.27.1 source"),
-}
-
-
-@pytest.mark.parametrize("name", [n for n in READY if ROWS[n].boot.printed_tokens])
-def test_printed_kv_tokens_inside_the_predicted_range(name: str, request: pytest.FixtureRequest) -> None:
-    if name in MISSES:
-        request.applymarker(pytest.mark.xfail(strict=True, reason=MISSES[name]))
-    est, printed = ROWS[name].new, ROWS[name].boot.printed_tokens
-    assert est.kv_tokens_low <= printed <= est.kv_tokens_high, (est.kv_tokens_low, printed, est.kv_tokens_high)
+# The misses, kept out of the asserts (the benchmark prints them):
+# - syv-ai-batch-fp8-s64-b2048-l150k: predicted +12% over the printed 223,821: a patched vLLM 0.27.1 (24 patches,
+#   int8-activation Marlin GEMMs) and a reconstructed checkpoint config (Qwen3.5-27B shape, int8 lm_head and
+#   embedding); the record gives no 'Available KV cache memory' or weights figure to split the 0.76 GiB.
+# - syv-ai-batch-fp8-s64-b2048-l150k-prefix: prefix caching (align) printed 14% fewer tokens than without; vLLM
+#   0.27.1 charges align one more state block per Mamba group (kv_cache_interface.py
+#   MambaSpec.max_memory_usage_bytes), +1.6% here: the rest is not found in the unpatched 0.27.1 source.
 
 
 def test_the_old_estimator_refused_the_64_sequence_fp8_boot() -> None:
