@@ -104,7 +104,11 @@ class Surface:
 
     @property
     def baselines(self) -> list[Point]:
-        return [p for p in self.points if p.baseline is not None]
+        """In the order the study queues them: its file's order (for the CPU grid, CPU_GRID_BASELINES')."""
+        order = [b.get("name") if isinstance(b, dict) else b for b in self.provenance.get("baselines") or []]
+        order = order or [n for n, _, _ in CPU_GRID_BASELINES]
+        found = [p for p in self.points if p.baseline is not None]
+        return sorted(found, key=lambda p: order.index(p.baseline) if p.baseline in order else len(order))
 
     def nearest(self, params: Mapping[str, object]) -> Point:
         """The recorded configuration closest to a sampled one: per parameter, the distance in the space's scale
