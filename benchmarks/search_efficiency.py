@@ -115,10 +115,9 @@ def replay(surface: Surface, method: Method, seed: int, target: float, max_boote
     `max_booted` have run. Each trial's throughputs are scaled by a fresh `noise()` (1: as recorded)."""
     study = optuna.create_study(direction="maximize", sampler=method.sampler(seed),
                                 pruner=method.pruner() if method.pruner else optuna.pruners.NopPruner())
-    if method.baselines:
-        for i, p in enumerate(surface.points):
-            if p.baseline is not None:
-                study.enqueue_trial(p.params, user_attrs={POINT_ATTR: i})
+    if method.baselines:  # in the order the study queues them
+        for p in surface.baselines:
+            study.enqueue_trial(p.params, user_attrs={POINT_ATTR: surface.points.index(p)})
     steps: list[Step] = []
     reached = False
     for _ in range(20 * max_booted):  # proposals; refusals before boot cost nothing but are bounded
