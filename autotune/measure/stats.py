@@ -76,6 +76,12 @@ class LevelStats:
         total = self.completed + self.failed
         return self.failed / total if total else 0.0
 
+    @property
+    def goodput_output_tok_s(self) -> float:
+        """The output throughput of the requests that met every limit: the steady-window figure times the share
+        of the requests ended in that window that met them (goodput_req_s / req_s)."""
+        return self.output_tok_s * self.goodput_req_s / self.req_s if self.req_s > 0 else 0.0
+
     def to_dict(self) -> dict[str, float]:
         """Flat, JSON-ready numbers with their units in the keys (for Optuna user attrs and reports)."""
         key = "concurrency" if self.level.mode == "concurrency" else "rate_req_s"

@@ -161,7 +161,9 @@ class TrialView:
     levels: tuple[dict, ...]
     duration_s: float | None  # how long its measurement took (a re-measurement's budget is sized on it)
     status: str  # the recorded status ("ok", "boot_failed", ...), else the trial state's name
-    objective_value: float | None  # what the trial told Optuna (0 for a trial that is not feasible)
+    # What the trial told Optuna (0 for a trial that is not feasible); None for a PRUNED one, whose stored value is
+    # Optuna's copy of its last intermediate value (a screened trial's goodput), not a figure of its own.
+    objective_value: float | None
     best_level: float | None  # the best level within the limits, as recorded (None: no level met them)
     figures_recorded: bool  # ttft/tpot are the recorded best level's, not read off the levels
     figures: Mapping[str, float]  # every number recorded with it (units in their names), for `export`
@@ -205,7 +207,8 @@ def view(t: FrozenTrial) -> TrialView:
         ttft_p95_ms=at.get("ttft_p95_ms"), tpot_p95_ms=at.get("tpot_p95_ms"),
         peak_memory_gib=a.get("peak_memory_gib"), memory_source=a.get("memory_source"), reason=a.get("reason", ""),
         completed=t.datetime_complete, command=a.get("vllm_command", ""), levels=levels,
-        duration_s=a.get("duration_s"), status=a.get("status") or t.state.name.lower(), objective_value=t.value,
+        duration_s=a.get("duration_s"), status=a.get("status") or t.state.name.lower(),
+        objective_value=t.value if t.state == TrialState.COMPLETE else None,
         best_level=a.get("best_level"),
         figures_recorded="ttft_p95_ms" in a,
         figures={k: v for k, v in a.items() if isinstance(v, (int, float)) and not isinstance(v, bool)},
@@ -243,7 +246,7 @@ def why_not(t: FrozenTrial) -> str:
     """The category of a trial that is not feasible, as the infeasible figure and table name it."""
     c, a = t.constraints or {}, t.user_attrs
     if t.state == TrialState.PRUNED:
-        return "pruned (clearly worse)"
+        return "screened out (did not sustain the incumbent's level)"
     if t.state == TrialState.FAIL:
         return "failed (not the configuration's fault)"
     if a.get("booted") is False:

@@ -1,4 +1,7 @@
-"""Which configuration comes next: the sampler, the pruner between load levels, and warm start from another study.
+"""Which configuration comes next: the sampler, and warm start from another study.
+
+No pruner between load levels: a sampled configuration is screened at the incumbent's level instead
+(measure/ladder.py, Prior.screen), which stops one that cannot beat it after one short level.
 
 The defaults here are chosen by `benchmarks/search_efficiency.py`, which replays a recorded response surface
 (benchmarks/data/surface-tiny-cpu.json) over many seeds; see that script's output for the evidence.
@@ -12,7 +15,7 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
 import optuna
-from optuna.trial import FrozenTrial, TrialState
+from optuna.trial import TrialState
 
 from autotune.config.params import Param, same_value
 from autotune.config.study_file import SAMPLERS
@@ -57,37 +60,6 @@ def sampler_for(name: str, seed: int | None, *, startup_trials: int | None = Non
 
 def make_sampler(spec: StudySpec) -> optuna.samplers.BaseSampler:
     return sampler_for(spec.sampler.name, spec.sampler.seed)
-
-
-class BelowBestPruner(optuna.pruners.BasePruner):
-    """Stop a trial whose value at a step (the best passing throughput after as many load levels) is below
-    `ratio` x the best that any COMPLETE trial had at the same step: clearly worse than the best, not merely
-    below the middle. Waits for `n_startup_trials` measured trials and `n_warmup_steps` levels."""
-
-    def __init__(self, ratio: float = 0.8, n_startup_trials: int = 5, n_warmup_steps: int = 1):
-        if not 0 < ratio <= 1:
-            raise ValueError(f"ratio must be in (0, 1], got {ratio}")
-        self.ratio, self.n_startup_trials, self.n_warmup_steps = ratio, n_startup_trials, n_warmup_steps
-
-    def prune(self, study: optuna.Study, trial: FrozenTrial) -> bool:
-        step = trial.last_step
-        if step is None or step < self.n_warmup_steps:
-            return False
-        measured = [t for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
-                    if t.intermediate_values]  # trials refused before boot measured nothing
-        if len(measured) < self.n_startup_trials:
-            return False
-        at_step = [t.intermediate_values[step] for t in measured if step in t.intermediate_values]
-        return bool(at_step) and trial.intermediate_values[step] < self.ratio * max(at_step)
-
-
-def make_pruner() -> optuna.pruners.BasePruner:
-    # Chosen on the recorded surface (benchmarks/search_efficiency.py --tuning, 50 seeds): the former
-    # PercentilePruner(25.0) keeps only the *top* quarter (for a maximised value it prunes below the 75th
-    # percentile) and pruned a configuration within 5% of the best in 44% of runs; Median and Percentile(75)
-    # with one warm-up level in 28% and 10%. This one never did, and cut the engine time of the first 10
-    # trials by 5% (10.4 against 10.9 minutes without a pruner): boots dominate a trial's cost there.
-    return BelowBestPruner(0.7, n_startup_trials=5, n_warmup_steps=1)
 
 
 def transfer_params(params: Mapping[str, object], space: Sequence[Param]) -> dict[str, object] | None:

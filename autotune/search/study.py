@@ -32,7 +32,7 @@ from autotune.search import record, remeasure, tell
 from autotune.search.budget import Budget
 from autotune.search.record import BASELINE_ATTR, REMEASURE_ATTR, feasible, save_trial_note, trial_baseline, view
 from autotune.search.remeasure import best_trial
-from autotune.search.samplers import make_pruner, make_sampler
+from autotune.search.samplers import make_sampler
 from autotune.search.slots import Slot
 from autotune.search.space import EngineConfig, engine_config, enqueue_baseline, suggest
 from autotune.search.storage import (
@@ -102,7 +102,9 @@ def open_study(spec: StudySpec, storage_url: str | None = None,
     url = storage_url or spec.storage or default_storage(spec)
     storage = open_storage(url)
     study = optuna.create_study(study_name=spec.name, storage=storage, direction="maximize",
-                                sampler=make_sampler(spec), pruner=make_pruner(), load_if_exists=True)
+                                sampler=make_sampler(spec),
+                                # Screening at the incumbent's level (ladder.Prior) is what stops a worse trial.
+                                pruner=optuna.pruners.NopPruner(), load_if_exists=True)
     files = {"study": spec.path.read_text(), "objective": spec.objective.path.read_text(),
              "objective_ref": tomllib.loads(spec.path.read_text())["objective"]}
     if not study.trials:
@@ -365,18 +367,11 @@ def _one_trial(run: _Run, slot: Slot) -> TrialResult | None:
     if spec.memory_cap is not None:
         trial.set_user_attr("engine_flags", json.dumps(plan.engine.flags, sort_keys=True))
 
-    passing: list[float] = []
-
     def on_level(step: int, value: float, level: LevelOutcome) -> str | None:
-        if level.verdict.passed:
-            passing.append(level.stats.output_tok_s)
-        trial.report(max(passing, default=0.0), step)  # best passing throughput so far, per load level
         if run.stop.is_set():
             return tell.INTERRUPTED
         if run.budget.remaining() <= 0:
             return "stopped at the end of the time budget"
-        if trial.should_prune():
-            return tell.PRUNED
         return None
 
     try:

@@ -11,9 +11,8 @@ violated constraint (value > 0), never a bare FAIL. FAIL is kept for what says n
     missed the limits            tell_result          COMPLETE   latency=worst p95/limit-1  infeasible
     failed to boot for its flags tell_result          COMPLETE   boots=1                    failed
     unresponsive (hung, timeout) tell_result          COMPLETE   boots=1                    failed
-    pruned                       tell_result          PRUNED     latency=0 or 1             stopped
-    screened out (failed at the  tell_result          PRUNED     latency=0                  stopped
-      incumbent's level)
+    screened out (failed at the  tell_result          PRUNED     -                          stopped
+      incumbent's level)                                         (0 everywhere)
     stopped at the budget's end  tell_result          FAIL       -                          stopped
     interrupted (Ctrl-C)         tell_interrupted     FAIL       -                          failed
     GPU busy (before boot)       tell_gpu_busy        FAIL       -                          failed
@@ -49,9 +48,6 @@ BOOTS = "boots"  # the configuration does not boot for a reason other than memor
 CONSTRAINTS = (MEMORY, LATENCY, BOOTS)
 
 
-PRUNED = "pruned: throughput clearly below the other trials' at the same load level"
-
-
 INTERRUPTED = "interrupted by the user"
 
 
@@ -76,12 +72,12 @@ def tell_result(study: optuna.Study, trial: optuna.Trial, result: TrialResult) -
         if result.stop_reason == SCREENED:
             # Not beating the incumbent, not infeasible: TPE ranks a PRUNED trial below every COMPLETE one and
             # above every one with a violated constraint, which is what is known. No throughput is claimed.
+            # Among themselves TPE ranks PRUNED trials by their last intermediate value; every screened trial
+            # failed the same level, so each reports what it delivered there within the limits (goodput): a near
+            # miss ranks above a far one.
+            step, screened = len(result.levels) - 1, result.levels[-1][1]
+            trial.report(screened.stats.goodput_output_tok_s, step)
             set_constraints(trial)
-            study.tell(trial, state=TrialState.PRUNED)
-            return TrialState.PRUNED
-        if result.stop_reason == PRUNED:
-            passed = any(o.verdict.passed for _, o in result.levels)
-            set_constraints(trial, latency=0.0 if passed else 1.0)
             study.tell(trial, state=TrialState.PRUNED)
             return TrialState.PRUNED
         study.tell(trial, state=TrialState.FAIL)  # stopped at the budget's end or by the user

@@ -45,7 +45,7 @@ def test_trial_boots_measures_two_levels_and_leaves_no_process(tmp_path: Path) -
     assert result.boot is not None and result.boot.kv_cache_tokens == 524_288  # 1 GiB / 2 KiB per token
     predicted = judge(model, cpu_profile(), spec.flags, SMALL_KV).estimate.kv_tokens  # the estimator agrees
     assert abs(predicted - 524_288) / 524_288 <= 0.10, predicted
-    assert seen_levels == [1, 2]
+    assert seen_levels == [2, 4]  # no prior: the geometric middle of [1, 4], then one factor up
     assert result.status == "stopped" and result.stop_reason == "two levels are enough"
     for _, level in result.levels:
         assert level.stats.completed >= objective.load.min_requests and level.stats.failed == 0

@@ -18,8 +18,6 @@ from autotune.search import tell
 from autotune.search.record import WARM_START_ATTR
 from autotune.search.samplers import (
     GP_STARTUP_TRIALS,
-    BelowBestPruner,
-    make_pruner,
     make_sampler,
     sampler_for,
     transfer_params,
@@ -242,12 +240,6 @@ def test_replay_runs_until_the_target_and_the_grid_boots_everything(surface):
     assert math.isinf(never.trials)
 
 
-def test_the_default_pruner_is_what_the_benchmark_chose():
-    pruner = make_pruner()  # benchmarks/search_efficiency.py --tuning: never lost the best, saved as much time
-    assert isinstance(pruner, BelowBestPruner)
-    assert (pruner.ratio, pruner.n_startup_trials, pruner.n_warmup_steps) == (0.7, 5, 1)
-
-
 def test_run_from_study_queues_the_earlier_best_after_the_baselines(tmp_path):
     from autotune.cli import _warm_start
     from autotune.search.record import BASELINE_ATTR
@@ -278,36 +270,6 @@ def test_run_from_study_queues_the_earlier_best_after_the_baselines(tmp_path):
     from autotune.errors import SpecError
     with pytest.raises(SpecError):
         _warm_start(spec, url, spec.name, None)
-
-
-def test_below_best_pruner_stops_only_what_is_clearly_below_the_best_at_the_same_level():
-    from autotune.search.samplers import BelowBestPruner
-
-    study = optuna.create_study(direction="maximize", pruner=BelowBestPruner(0.8, n_startup_trials=2,
-                                                                            n_warmup_steps=1))
-    for curve in ([100.0, 400.0, 1000.0], [100.0, 300.0]):  # two measured trials; the best had 400 at step 1
-        t = study.ask()
-        for step, v in enumerate(curve):
-            t.report(v, step)
-        study.tell(t, curve[-1])
-    tell.set_constraints(study.ask(), boots=1.0)  # refused before boot: reports nothing, counts for nothing
-    study.tell(study.trials[-1].number, 0.0)
-
-    def pruned_at(curve):
-        t = study.ask()
-        for step, v in enumerate(curve):
-            t.report(v, step)
-            if t.should_prune():
-                study.tell(t, state=TrialState.PRUNED)
-                return step
-        study.tell(t, curve[-1])
-        return None
-
-    assert pruned_at([10.0, 330.0, 900.0]) is None  # step 0 is warm-up; 330 >= 0.8 * 400
-    assert pruned_at([100.0, 310.0]) == 1  # 310 < 320
-    assert pruned_at([100.0, 400.0, 790.0]) == 2  # 790 < 0.8 * 1000
-    with pytest.raises(ValueError):
-        BelowBestPruner(1.5)
 
 
 def test_every_sampler_name_a_study_file_accepts_builds_a_sampler():

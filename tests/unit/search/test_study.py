@@ -131,8 +131,6 @@ def test_outcomes_the_sampler_can_learn_from(spec) -> None:
     assert told(study, held) == TrialState.FAIL  # says nothing about the configuration
     killed = TrialResult("failed", failure=Failure(FailureKind.KILLED, "the server was killed by SIGKILL"))
     assert told(study, killed) == TrialState.FAIL  # neither does an outside kill -9 of the server
-    pruned = TrialResult("stopped", levels=(level(1, 50, True),), stop_reason=tell.PRUNED)
-    assert told(study, pruned) == TrialState.PRUNED
 
     trials = study.get_trials(states=(TrialState.COMPLETE,))
     constraints = [t.constraints for t in trials]
@@ -276,10 +274,45 @@ def test_a_screened_out_trial_is_pruned_without_a_figure_and_never_the_winner(sp
     screened = TrialResult("stopped", levels=(level(2, 900, False),), stop_reason=SCREENED, boot=BootInfo(30.0))
     assert told(study, screened) == TrialState.PRUNED
     t = study.trials[-1]
-    # Not infeasible (TPE ranks it above every trial with a violated constraint), not a winner, no value.
-    assert t.constraints == {"memory": 0.0, "latency": 0.0, "boots": 0.0} and t.value is None
+    # Not infeasible (TPE ranks it above every trial with a violated constraint), not a winner, no figure of its own
+    # (Optuna keeps a PRUNED trial's last intermediate value as its value: no output shows it as one).
+    assert t.constraints == {"memory": 0.0, "latency": 0.0, "boots": 0.0} and record.view(t).objective_value is None
     assert best_trial(study).figure == 400.0
     assert record.view(t).kind == "pruned" and t.user_attrs["reason"] == SCREENED
+
+
+def test_no_pruner_stops_a_trial_between_levels_whatever_it_reports(spec) -> None:
+    """Screening at the incumbent's level replaced the pruner: a trial that passed that level is searched in full,
+    even where its figures after as many levels are far below other trials' (their levels differ)."""
+    study = open_study(spec)
+    for value in (1000.0, 1200.0, 900.0, 1100.0, 1000.0, 1300.0):
+        t = study.ask()
+        for step in range(4):
+            t.report(value, step)
+        tell.set_constraints(t)
+        study.tell(t, value)
+    low = study.ask()
+    for step in range(4):
+        low.report(1.0, step)
+        assert not low.should_prune()
+
+
+def test_screened_trials_are_ranked_for_tpe_by_the_throughput_that_met_the_limits(spec) -> None:
+    """All screened trials fail the same level: TPE ranks PRUNED trials by their last intermediate value, so each
+    reports the output throughput of its requests that met every limit there (goodput), a near miss above a far
+    one."""
+    from dataclasses import replace
+
+    study = open_study(spec)
+    told(study, ok_result(400.0))
+    for good_share in (0.9, 0.3):  # of 2.0 requests/s ended in the window, these met every limit
+        conc, outcome = level(2, 800, False)
+        outcome = replace(outcome, stats=replace(outcome.stats, goodput_req_s=2.0 * good_share))
+        told(study, TrialResult("stopped", levels=((conc, outcome),), stop_reason=SCREENED, boot=BootInfo(30.0)))
+    near, far = study.trials[-2:]
+    assert near.intermediate_values == {0: pytest.approx(720.0)}
+    assert far.intermediate_values == {0: pytest.approx(240.0)}
+    assert record.view(near).objective_value is None and best_trial(study).figure == 400.0  # no figure is claimed
 
 
 def test_a_sampled_configuration_is_screened_at_the_incumbents_level_and_a_baseline_is_not(spec) -> None:
