@@ -128,8 +128,10 @@ def result_attrs(result: TrialResult) -> dict[str, object]:
 def config_attrs(model: str, flags: Mapping[str, object], env: Mapping[str, str] | None = None) -> dict[str, object]:
     """What the trial boots with, recorded with it: `export` reads these, not a study file edited since."""
     env = dict(sorted((env or {}).items()))
-    return {"model": model, "flags": json.dumps(dict(flags), sort_keys=True), "env": json.dumps(env),
-            "vllm_command": serve_command(model, flags, env)}
+    stored = json.dumps(dict(flags), sort_keys=True)
+    # the command from the flags as export reads them back (keys sorted), so both print one text
+    return {"model": model, "flags": stored, "env": json.dumps(env),
+            "vllm_command": serve_command(model, json.loads(stored), env)}
 
 
 REMEASURE_ATTR = "remeasure_of"  # trial user attr: the number of the trial whose configuration it re-measures

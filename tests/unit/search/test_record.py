@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import optuna
 from optuna.trial import TrialState
 
+from autotune.engine.flags import serve_command
 from autotune.engine.logs import BootInfo, Failure, FailureKind, classify_log
 from autotune.measure.trial import ColdBoot, TrialResult
-from autotune.search import tell
+from autotune.search import record, tell
 from autotune.search.record import result_attrs
 
 GPU_BOOTS = Path(__file__).parents[2] / "data" / "gpu-boots"
@@ -39,3 +41,13 @@ def test_out_of_memory_under_load_is_told_as_a_memory_failure() -> None:
     frozen = study.trials[0]
     assert state is TrialState.COMPLETE and frozen.constraints == {"memory": 1.0, "latency": 0.0, "boots": 0.0}
     assert frozen.user_attrs["failure_kind"] == "out_of_memory" and frozen.user_attrs["compile_cache"] == "warm"
+
+
+def test_the_recorded_command_is_the_one_export_prints():
+    """The run's summary prints the command recorded at boot; export builds it from the stored flags: the same
+    text, whatever order the flags were booted in."""
+    attrs = record.config_attrs("/models/tiny", {"load_format": "dummy", "enforce_eager": True, "max_num_seqs": 4},
+                                {"VLLM_CPU_KVCACHE_SPACE": "1"})
+    stored = json.loads(attrs["flags"])
+    assert attrs["vllm_command"] == serve_command("/models/tiny", stored, json.loads(attrs["env"]))
+    assert attrs["vllm_command"].index("--enforce-eager") < attrs["vllm_command"].index("--load-format")
