@@ -165,7 +165,7 @@ def judge(model: str, profile: GpuProfile, flags: Mapping[str, object], env: Map
                             default_gpu_memory_utilization=default_gpu_memory_utilization(version),
                             vllm_version=version)
     here = where(profile, version)
-    fitted = corrections(obs, lambda f: run(f), here)
+    fitted = corrections(obs, run, here)
     est = run(flags, corrections=fitted)
     calibrated = fitted.calibrated_by
     if (failed := dominated_by_failure(flags, obs)) is not None:
