@@ -54,8 +54,22 @@ COMPILE_CACHE_DIR = CACHE_DIR / "vllm"
 def cache_env(root: Path = COMPILE_CACHE_DIR) -> dict[str, str]:
     """The server environment that points vLLM's caches into one folder. TRITON_CACHE_DIR too: vLLM 0.32 keeps a
     caller's Triton cache (`compiler_interface.py:InductorAdaptor.initialize_cache`), so the Triton JIT kernels
-    (Gated DeltaNet's, ...) are shared across compile keys; 0.25 overrides it with a per-key folder (harmless)."""
-    return {"VLLM_CACHE_ROOT": str(root), "TRITON_CACHE_DIR": str(root / "triton")}
+    (Gated DeltaNet's, ...) are shared across compile keys. 0.25 overrides it with a folder per key, so Triton is
+    also given a cache manager (triton_cache.SharedTritonCache) that keeps to the shared folder whatever vLLM sets."""
+    return {"VLLM_CACHE_ROOT": str(root), "TRITON_CACHE_DIR": str(root / "triton"),
+            "TRITON_CACHE_MANAGER": TRITON_CACHE_MANAGER}
+
+
+def keep_triton_cache(env: dict[str, str]) -> dict[str, str]:
+    """The environment with the Triton folder it names (autotune's, or the user's own) kept for the manager, which
+    reads it from AUTOTUNE_TRITON_CACHE_DIR after vLLM has moved TRITON_CACHE_DIR."""
+    if "TRITON_CACHE_DIR" in env:
+        env["AUTOTUNE_TRITON_CACHE_DIR"] = env["TRITON_CACHE_DIR"]
+    return env
+
+
+# Named, not imported: Triton imports it in the server; autotune's own process need not have Triton.
+TRITON_CACHE_MANAGER = "autotune.engine.triton_cache:SharedTritonCache"
 
 
 CompileCache = Literal["cold", "warm"]

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
 
-from autotune.engine.compile_cache import cache_env
+from autotune.engine.compile_cache import cache_env, keep_triton_cache
 from autotune.engine.flags import CACHE_DIR, Build, detect_build, to_argv
 from autotune.engine.logs import (
     _ENGINE_DIED,
@@ -68,7 +68,7 @@ def server_env(spec: EngineSpec, base: Mapping[str, str]) -> dict[str, str]:
     finds its compiled graphs there is warm) unless the shell or [engine.env] names its own. A slot's GPUs are
     named by NVML index (what autotune samples and nvidia-smi shows); CUDA numbers devices fastest first unless
     told PCI bus order, so it is told."""
-    env = {**cache_env(), **base, **spec.env, "PYTHONUNBUFFERED": "1"}
+    env = keep_triton_cache({**cache_env(), **base, **spec.env, "PYTHONUNBUFFERED": "1"})
     if spec.cuda_visible_devices is not None:
         env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
         env["CUDA_VISIBLE_DEVICES"] = spec.cuda_visible_devices

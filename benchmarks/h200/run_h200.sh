@@ -28,6 +28,8 @@
 #         2 booted trials, one with CUDA graphs; status; export)
 #   or 6, 7, 8 ...: bash benchmarks/h200/run_h200.sh chat                 (the chat study as a 3090, resumed call
 #         after call; chat.db comes back in $OUT)
+#   or 5: bash benchmarks/h200/run_h200.sh chat-start SECONDS               carry [".gpu5", ".whl"]
+#      6, 7 ...: bash benchmarks/h200/run_h200.sh chat-wait 560            (one study of SECONDS across calls)
 # Each phase leaves $OUT/<phase>.tgz: server logs, NVML and nvidia-smi series, results-raw.json.
 # Then, here: python -m benchmarks.h200.collect_h200 <folders the tgz files were unpacked into>
 #   -> benchmarks/data/results-h200.json.
@@ -62,5 +64,24 @@ case $phase in
     python3 -m benchmarks.h200.run_h200 chat $((575 - SECONDS - 300)) 2>&1 | tee -a "$GPURUN/chat.out" | tail -60
     cp "$GPURUN/chat.db" "$OUT/" 2>/dev/null
     tar czf "$OUT/chat.tgz" -C "$GPURUN" --exclude chat.db . ;;
+  chat-start)
+    # One study across calls (better than `chat` once per call): stages .gpu5 and .whl, installs, then starts
+    # `autotune run --budget $2` in its own session (it outlives the call) from a copy of the tree in /tmp/src.
+    # Follow it with `chat-wait` calls, back to back.
+    cp .gpu5/* .whl/*.whl /tmp/acc/
+    bash "$here/device-install.sh" | tail -3
+    echo "installed after ${SECONDS}s"
+    rm -rf /tmp/src && mkdir -p /tmp/src
+    tar cf - --exclude='./.gpu*' --exclude=./.whl --exclude=./.git . | tar xf - -C /tmp/src
+    (cd /tmp/src && setsid nohup python3 -m benchmarks.h200.run_h200 chat "$2" >"$GPURUN/chat.out" 2>&1 </dev/null &)
+    sleep 20; tail -5 "$GPURUN/chat.out"; echo "started after ${SECONDS}s" ;;
+  chat-wait)
+    # Waits up to $2 s for the run chat-start began, then brings back chat.db, its output and the server logs.
+    end=$((SECONDS + $2))
+    while [ $SECONDS -lt $end ] && pgrep -f "benchmarks.h200.run_h200 chat" >/dev/null; do sleep 5; done
+    pgrep -f "benchmarks.h200.run_h200 chat" >/dev/null && echo "still running" || echo "finished"
+    grep -v '^\[' "$GPURUN/chat.out" | tail -40
+    cp "$GPURUN/chat.db" "$OUT/" 2>/dev/null
+    tar czf "$OUT/chat.tgz" -C "$GPURUN" --exclude chat.db --exclude ./qwen3.5-27b-awq-dummy . ;;
   *) echo "unknown phase $phase"; exit 2 ;;
 esac

@@ -111,3 +111,30 @@ def test_the_cpu_build_gets_no_pin() -> None:
 
     assert detect_build() is Build.CPU
     assert capture_pin({"max_num_seqs": 8}, 64) == {"max_num_seqs": 8}
+
+
+def test_triton_keeps_the_shared_folder_after_vllm_moves_its_cache_dir(tmp_path: Path,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """What vLLM 0.25 does inside the server (InductorAdaptor.initialize_cache sets TRITON_CACHE_DIR to a folder of
+    the compile key), replayed against the real Triton: a kernel cached under one key is found under the next."""
+    from triton.runtime.cache import get_cache_manager
+
+    env = server_env(EngineSpec("m", env={"TRITON_CACHE_DIR": str(tmp_path / "shared")}), {})
+    for name in ("TRITON_CACHE_MANAGER", "AUTOTUNE_TRITON_CACHE_DIR"):
+        monkeypatch.setenv(name, env[name])
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "key-a" / "triton_cache"))
+    stored = get_cache_manager("ab12cd34").put(b"cubin", "k.cubin")
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "key-b" / "triton_cache"))
+    found = get_cache_manager("ab12cd34").get_file("k.cubin")
+    assert found == stored and Path(stored).is_relative_to(tmp_path / "shared")
+    assert not (tmp_path / "key-a").exists()
+
+
+def test_without_the_shared_folder_triton_caches_as_it_always_has(tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    from triton.runtime.cache import get_cache_manager
+
+    monkeypatch.setenv("TRITON_CACHE_MANAGER", server_env(EngineSpec("m"), {})["TRITON_CACHE_MANAGER"])
+    monkeypatch.delenv("AUTOTUNE_TRITON_CACHE_DIR", raising=False)
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "own"))
+    assert Path(get_cache_manager("ef56").put(b"x", "k.bin")).is_relative_to(tmp_path / "own")
