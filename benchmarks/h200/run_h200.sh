@@ -73,6 +73,10 @@ case $phase in
     echo "installed after ${SECONDS}s"
     rm -rf /tmp/src && mkdir -p /tmp/src
     tar cf - --exclude='./.gpu*' --exclude=./.whl --exclude=./.git . | tar xf - -C /tmp/src
+    (cd /tmp/src && python3 -c "import os; from autotune.engine.server import EngineSpec, server_env
+os.environ.update({k: v for k, v in server_env(EngineSpec('m'), {}).items() if 'TRITON' in k})
+import triton; from triton.runtime.cache import get_cache_manager
+print('triton', triton.__version__, 'cache', get_cache_manager('ab12').cache_dir)") || exit 3
     (cd /tmp/src && setsid nohup python3 -m benchmarks.h200.run_h200 chat "$2" >"$GPURUN/chat.out" 2>&1 </dev/null &)
     sleep 20; tail -5 "$GPURUN/chat.out"; echo "started after ${SECONDS}s" ;;
   chat-wait)
