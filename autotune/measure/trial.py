@@ -15,7 +15,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from autotune.engine.compile_cache import CompileCache, boot_again_warm, compile_cache_state
+from autotune.engine.compile_cache import (
+    CompileCache,
+    boot_again_before_measuring,
+    boot_again_warm,
+    compile_cache_state,
+)
 from autotune.engine.flags import (
     Build,
     detect_build,
@@ -26,7 +31,7 @@ from autotune.engine.server import BootFailed, EngineSpec, Server
 from autotune.fit import memcap
 from autotune.fit.hardware import GpuProfile, detect_gpus
 from autotune.measure.client import STALLED, LoadLevel, measure_level
-from autotune.measure.ladder import NO_PRIOR, LoadSearch, Prior, find_sustainable
+from autotune.measure.ladder import NO_PRIOR, LoadSearch, Prior, find_sustainable, first_level
 from autotune.measure.memory import MemoryPeak, MemorySampler, MemoryWatch, memory_watch
 from autotune.measure.stats import LevelStats, Limits, Verdict, judge, level_stats
 from autotune.measure.workload import Workload, prompt_decoder
@@ -90,9 +95,10 @@ def plan_trial(model_path: str, flags: Mapping[str, object], objective: Objectiv
 
 @dataclass(frozen=True)
 class ColdBoot:
-    """A first boot that compiled cold and failed for memory; the trial booted again (warm) after it."""
+    """A first boot that compiled cold, failed for memory or came up short of KV cache (failure None); the trial
+    booted again (warm) after it and measured that one."""
 
-    failure: Failure
+    failure: Failure | None
     boot_s: float
     log_path: Path
 
@@ -150,6 +156,10 @@ class _Stop(Exception):
     pass
 
 
+class _BootWarm(Exception):
+    """A level passed on a cold CUDA server: measure the configuration on a warm boot instead."""
+
+
 def run_trial(
     plan: TrialPlan,
     *,
@@ -164,6 +174,8 @@ def run_trial(
     memory: MemoryPeak | None = None
     levels: list[tuple[float, LevelOutcome]] = []
     cold: ColdBoot | None = None
+    cold_log = plan.log_path.with_suffix(".cold.log")
+    build = detect_build()
 
     def done(status: Status, **kw) -> TrialResult:
         nonlocal memory
@@ -173,36 +185,57 @@ def run_trial(
                            log_path=plan.log_path, memory=memory, log_error=server.log_error,
                            compile_cache=compile_cache_state(list(server.lines)), cold_boot=cold, **kw)
 
-    hung = False
-    watch = _memory_watch(plan)
-    stage("booting")
-    port_retried = False
-    try:
+    def again(why: str, first_boot: ColdBoot | None = None) -> None:
+        """Stop this server and make the next; a cold first boot's log is kept beside the trial's."""
+        nonlocal server, cold
+        assert sampler is not None
+        sampler.stop()
+        server.stop()
+        if first_boot is not None:
+            cold = first_boot
+            plan.log_path.replace(cold_log)
+        server = Server(plan.engine, plan.log_path)
+        stage(why)
+
+    def boot_server() -> BootInfo | TrialResult:
+        """The server up (its BootInfo), or the trial's result if it cannot boot."""
+        nonlocal sampler
+        port_retried = False
         while True:
             server.start()
             sampler = MemorySampler(root_pid=server.pid, gpu_indices=watch.gpu_indices or None,
                                     source=watch.source).start()
             try:
                 boot = server.wait_ready(cancel)
-                break
+                if cold is not None or not boot_again_before_measuring(build, list(server.lines)) \
+                        or not _kv_may_bind(plan, boot):
+                    return boot
+                again("booting again: a cold boot (compiling) has less KV cache than this configuration; warm now",
+                      ColdBoot(None, boot.boot_s, cold_log))
             except BootFailed as e:
                 if e.failure.kind is FailureKind.PORT_IN_USE and not port_retried:
                     # Another program took the free port between our check and the server's bind: once more.
                     port_retried = True
-                    why = "booting (the port was taken; on another one)"
+                    again("booting (the port was taken; on another one)")
                 elif cold is None and boot_again_warm(e.failure, list(server.lines)):
                     # A cold compile's memory failure is no verdict: the cache is warm now (compile_cache.py).
-                    cold = ColdBoot(e.failure, e.boot_s, plan.log_path.with_suffix(".cold.log"))
-                    why = "booting again: the cold boot (compiling) ran out of memory; the cache is warm now"
+                    again("booting again: the cold boot (compiling) ran out of memory; the cache is warm now",
+                          ColdBoot(e.failure, e.boot_s, cold_log))
                 else:
                     status: Status = "infeasible" if e.failure.kind.is_memory else "failed"
                     return done(status, failure=e.failure)
-                sampler.stop()
-                server.stop()
-                if cold is not None and cold.failure is e.failure:
-                    plan.log_path.replace(cold.log_path)  # kept beside the trial's log
-                server = Server(plan.engine, plan.log_path)
-                stage(why)
+
+    hung = False
+    watch = _memory_watch(plan)
+    stage("booting")
+    try:
+        booted = boot_server()
+        if isinstance(booted, TrialResult):
+            return booted
+        boot = booted
+        # A cold CUDA server whose KV cache holds the first level judges a failure there as well as a warm one; a
+        # pass is measured further, where its short KV cache would bind: on a warm boot (compile_cache.py).
+        warm_for_passes = cold is None and boot_again_before_measuring(build, list(server.lines))
 
         def measure(value: float, exact: bool) -> LevelOutcome:
             k = len(levels)
@@ -218,21 +251,35 @@ def run_trial(
             if outcome.hung:  # alive, but silent: whatever the requests before it did, the trial ends here
                 stalled = next((e for e in outcome.stats.errors if e.startswith(STALLED)), "")
                 raise ServerDied(Failure(FailureKind.UNRESPONSIVE, f"the server hung at {at}: {stalled}"))
+            if warm_for_passes and outcome.verdict.passed:
+                raise _BootWarm
             if on_level is not None and (why := on_level(k, value, outcome)):
                 raise _Stop(why)
             return outcome
 
-        try:
-            sla = find_sustainable(measure, lambda o: o.verdict.passed, plan.objective.load, plan.prior)
-        except ServerDied as e:
-            hung = e.failure.kind is FailureKind.UNRESPONSIVE
-            # Requests that all failed can be seen before the log's cause: an out-of-memory line, once there, wins.
-            seen = server.died()
-            failure = seen if seen is not None and seen.kind.is_memory else e.failure
-            status = "infeasible" if failure.kind.is_memory else "failed"
-            return done(status, boot=boot, failure=failure)
-        except _Stop as e:
-            return done("stopped", boot=boot, stop_reason=str(e))
+        while True:
+            try:
+                sla = find_sustainable(measure, lambda o: o.verdict.passed, plan.objective.load, plan.prior)
+                break
+            except _BootWarm:
+                levels.clear()  # the cold server's figures are not this configuration's
+                warm_for_passes = False
+                again("booting again: it passed on a cold boot, whose KV cache is short; measuring it warm",
+                      ColdBoot(None, boot.boot_s, cold_log))
+                booted = boot_server()
+                if isinstance(booted, TrialResult):
+                    return booted
+                boot = booted
+            except ServerDied as e:
+                hung = e.failure.kind is FailureKind.UNRESPONSIVE
+                # Requests that all failed can be seen before the log's cause: an out-of-memory line, once there,
+                # wins.
+                seen = server.died()
+                failure = seen if seen is not None and seen.kind.is_memory else e.failure
+                status: Status = "infeasible" if failure.kind.is_memory else "failed"
+                return done(status, boot=boot, failure=failure)
+            except _Stop as e:
+                return done("stopped", boot=boot, stop_reason=str(e))
         if sla.screened_out:
             return done("stopped", boot=boot, stop_reason=SCREENED)
         if sla.best is None:
@@ -245,6 +292,22 @@ def run_trial(
             sampler.stop()
         # A failed boot or a hung server has nothing to drain.
         server.stop(grace_s=15.0 if server.healthy() and not hung else 3.0)
+
+
+def _kv_may_bind(plan: TrialPlan, boot: BootInfo) -> bool:
+    """Whether a server's KV cache might not hold the search's first level at once (at most max_num_seqs of its
+    requests run together). vLLM prints how many requests of max_model_len tokens it holds ("Maximum concurrency
+    for N tokens per request"); shorter ones never need more. Its token count says less for a hybrid model, whose
+    blocks hold 800-1568 tokens: 22,755 tokens held only 6 chat requests of ~700 (benchmarks/data/h200-chat-as-3090,
+    trial 2). Not printed, or rate mode: it might."""
+    search = plan.objective.load
+    if search.mode != "concurrency" or not boot.max_concurrency:
+        return True
+    seqs = plan.engine.flags.get("max_num_seqs")
+    running = first_level(search, plan.prior)
+    if isinstance(seqs, int | float) and seqs > 0:
+        running = min(running, float(seqs))
+    return boot.max_concurrency < running
 
 
 def _memory_watch(plan: TrialPlan) -> MemoryWatch:

@@ -93,7 +93,8 @@ def result_attrs(result: TrialResult) -> dict[str, object]:
         attrs["compile_cache"] = result.compile_cache
     if result.cold_boot is not None:  # booted again warm after it: the trial's verdict is the warm boot's
         attrs["cold_boot_s"] = round(result.cold_boot.boot_s, 1)
-        attrs["cold_boot_failure"] = result.cold_boot.failure.reason
+        if result.cold_boot.failure is not None:
+            attrs["cold_boot_failure"] = result.cold_boot.failure.reason
         attrs["cold_boot_log_path"] = str(result.cold_boot.log_path)
     if result.boot is not None:
         attrs["boot_s"] = round(result.boot.boot_s, 1)

@@ -119,7 +119,8 @@ def print_trial(console: Console, result: TrialResult, objective: Objective) -> 
         console.print(f"boot {b.boot_s:.0f} s{cache}, {kv}")
     if result.cold_boot is not None:
         c = result.cold_boot
-        console.print(f"booted again after a cold boot ({c.boot_s:.0f} s) failed: {c.failure.reason}", markup=False)
+        why = f"failed: {c.failure.reason}" if c.failure is not None else "came up short of KV cache (compiling)"
+        console.print(f"booted again after a cold boot ({c.boot_s:.0f} s) {why}", markup=False)
     if result.memory is not None:
         m = result.memory
         what = "GPU memory (NVML)" if m.source == "nvml" else "resident memory of the server's processes (RSS)"

@@ -28,7 +28,9 @@
 #         2 booted trials, one with CUDA graphs; status; export)
 #   or 6, 7, 8 ...: bash benchmarks/h200/run_h200.sh chat                 (the chat study as a 3090, resumed call
 #         after call; chat.db comes back in $OUT)
-#   or 5: bash benchmarks/h200/run_h200.sh chat-start SECONDS               carry [".gpu5", ".whl"]
+#   or 5: bash benchmarks/h200/run_h200.sh chat-start SECONDS .gpu5       carry [".gpu5", ".whl"]
+#      (the tree and what a call carries must stay under 64 MiB: with the tree at 3.9 MiB, a 60 MiB part is refused;
+#       then split the wheel and .gpu5 into more, smaller folders, stage all but the last, carry that one here)
 #      6, 7 ...: bash benchmarks/h200/run_h200.sh chat-wait 560            (one study of SECONDS across calls)
 # Each phase leaves $OUT/<phase>.tgz: server logs, NVML and nvidia-smi series, results-raw.json.
 # Then, here: python -m benchmarks.h200.collect_h200 <folders the tgz files were unpacked into>
@@ -68,7 +70,7 @@ case $phase in
     # One study across calls (better than `chat` once per call): stages .gpu5 and .whl, installs, then starts
     # `autotune run --budget $2` in its own session (it outlives the call) from a copy of the tree in /tmp/src.
     # Follow it with `chat-wait` calls, back to back.
-    cp .gpu5/* .whl/*.whl /tmp/acc/
+    cp "$3"/* .whl/*.whl /tmp/acc/
     bash "$here/device-install.sh" | tail -3
     echo "installed after ${SECONDS}s"
     rm -rf /tmp/src && mkdir -p /tmp/src

@@ -10,6 +10,7 @@ import pytest
 
 from autotune.engine.compile_cache import (
     COMPILE_CACHE_DIR,
+    boot_again_before_measuring,
     boot_again_warm,
     compile_cache_state,
     max_num_seqs_in_compile_key,
@@ -23,6 +24,7 @@ from autotune.engine.logs import FailureKind, classify_log
 from autotune.engine.server import EngineSpec, server_env
 
 DATA = Path(__file__).parents[2] / "data"
+CHAT_RUN = Path(__file__).parents[3] / "benchmarks" / "data" / "h200-chat-as-3090"
 BOOTS = json.loads((DATA / "gpu-boots" / "boots.json").read_text())["boots"]
 
 
@@ -138,3 +140,13 @@ def test_without_the_shared_folder_triton_caches_as_it_always_has(tmp_path: Path
     monkeypatch.delenv("AUTOTUNE_TRITON_CACHE_DIR", raising=False)
     monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "own"))
     assert Path(get_cache_manager("ef56").put(b"x", "k.bin")).is_relative_to(tmp_path / "own")
+
+
+def test_a_cold_cuda_boot_that_came_up_is_booted_again_before_it_is_measured() -> None:
+    """The device's chat study: trial 2 came up cold with 1.2 GiB of KV cache (22,755 tokens, half what the same
+    model printed warm), and was screened out with its KV cache full; trials 0 and 1 booted warm."""
+    cold = lines(CHAT_RUN / "trial-0002.log")
+    assert boot_again_before_measuring(Build.CUDA, cold)
+    assert not boot_again_before_measuring(Build.CPU, cold)  # the CPU build's KV cache is a fixed size
+    for warm in ("trial-0000.log", "trial-0001.log"):
+        assert not boot_again_before_measuring(Build.CUDA, lines(CHAT_RUN / warm))

@@ -1,0 +1,39 @@
+"""Whether a cold CUDA server's short KV cache can decide a trial's first level (measure/trial.py): figures from
+the device's chat study (benchmarks/data/h200-chat-as-3090, objectives/chat-p95.toml, cold boots screened at the
+incumbent's concurrency 37)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from autotune.config.objective import load_objective
+from autotune.engine.logs import BootInfo
+from autotune.engine.server import EngineSpec
+from autotune.measure.ladder import Prior
+from autotune.measure.trial import TrialPlan, _kv_may_bind
+
+CHAT = Path(__file__).parents[3] / "objectives" / "chat-p95.toml"
+
+
+def plan(max_num_seqs: int) -> TrialPlan:
+    return TrialPlan(EngineSpec("m", flags={"max_num_seqs": max_num_seqs}), load_objective(CHAT), 1000,
+                     Path("trial.log"), prior=Prior(incumbent=37, screen=True))
+
+
+@pytest.mark.parametrize(("seqs", "max_concurrency", "binds"), [
+    (18, 2.78, True),   # trial 2 (8k context): held 6 requests of ~700 tokens at once, with 31 waiting
+    (16, 1.11, True),   # trial 3 (32k context)
+    (1, 3.36, False),   # trial 4: one sequence at a time; screened out by its queue, not its KV cache
+    (64, 36.9, True),   # 37 running at the incumbent's level
+    (64, 37.0, False),
+])
+def test_the_kv_cache_binds_unless_it_holds_the_first_levels_running_requests_at_full_length(
+        seqs: int, max_concurrency: float, binds: bool) -> None:
+    boot = BootInfo(100.0, kv_cache_tokens=22_755, max_concurrency=max_concurrency)
+    assert _kv_may_bind(plan(seqs), boot) is binds
+
+
+def test_a_capacity_the_server_did_not_print_might_bind() -> None:
+    assert _kv_may_bind(plan(1), BootInfo(100.0, kv_cache_tokens=500_000))
