@@ -24,9 +24,6 @@ Clock = Callable[[], float]
 RESERVE_MAX_SHARE = 0.25  # of a time budget, at most, is held back from the search for re-measuring
 
 
-LENGTH_MARGIN = 1.25  # boots and loads vary: a re-measurement starts only with a quarter of its length to spare
-
-
 @dataclass
 class Budget:
     """`seconds` of wall clock from `start` (None: no time limit), and at most `trials` trials (None: no limit)."""
@@ -37,7 +34,8 @@ class Budget:
     start: float = field(default=0.0)
     durations: list[float] = field(default_factory=list)  # of the trials that booted, this run and before
     # Seconds kept at the end for re-measuring: the search sees its deadline earlier by what `held` says.
-    held_s: float = 0.0
+    held_s: float = 0.0  # the reserve's share of the budget (remeasure.reserve)
+    remeasure_s: float = 0.0  # what the re-measurement due next will take, with its margin (remeasure.hold)
 
     def __post_init__(self) -> None:
         self.start = self.clock()
@@ -51,13 +49,14 @@ class Budget:
         return self.start + self.seconds - self.held()
 
     def held(self) -> float:
-        """Seconds the search leaves for re-measuring: the reserve, and at least one typical re-measurement (a
-        trial with LENGTH_MARGIN to spare), or the time kept would buy nothing; never more than RESERVE_MAX_SHARE
-        of the budget. Where one re-measurement needs more than that, nothing is held: the search keeps the whole
+        """Seconds the search leaves for re-measuring: the reserve, and at least the re-measurement due next
+        (`remeasure_s`: sized on that configuration's own warm measurement, as the median trial says nothing of
+        it: screened trials are short), or the time kept would buy nothing; never more than RESERVE_MAX_SHARE of
+        the budget. Where the re-measurement needs more than that, nothing is held: the search keeps the whole
         budget, and a re-measurement runs only if the search leaves time for one."""
         if self.held_s <= 0 or self.seconds is None:
             return 0.0
-        held = max(self.held_s, LENGTH_MARGIN * (self.expected_trial_s() or 0.0))
+        held = max(self.held_s, self.remeasure_s)
         return held if held <= RESERVE_MAX_SHARE * self.seconds else 0.0
 
     def remaining(self) -> float:

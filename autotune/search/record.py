@@ -163,6 +163,7 @@ class TrialView:
     command: str
     levels: tuple[dict, ...]
     duration_s: float | None  # how long its measurement took (a re-measurement's budget is sized on it)
+    cold_boot_s: float | None  # of those, a first cold boot thrown away before it booted again warm
     status: str  # the recorded status ("ok", "boot_failed", ...), else the trial state's name
     # What the trial told Optuna (0 for a trial that is not feasible); None for a PRUNED one, whose stored value is
     # Optuna's copy of its last intermediate value (a screened trial's goodput), not a figure of its own.
@@ -210,7 +211,8 @@ def view(t: FrozenTrial) -> TrialView:
         ttft_p95_ms=at.get("ttft_p95_ms"), tpot_p95_ms=at.get("tpot_p95_ms"),
         peak_memory_gib=a.get("peak_memory_gib"), memory_source=a.get("memory_source"), reason=a.get("reason", ""),
         completed=t.datetime_complete, command=a.get("vllm_command", ""), levels=levels,
-        duration_s=a.get("duration_s"), status=a.get("status") or t.state.name.lower(),
+        duration_s=a.get("duration_s"), cold_boot_s=a.get("cold_boot_s"),
+        status=a.get("status") or t.state.name.lower(),
         objective_value=t.value if t.state == TrialState.COMPLETE else None,
         best_level=a.get("best_level"),
         figures_recorded="ttft_p95_ms" in a,

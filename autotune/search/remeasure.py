@@ -4,7 +4,8 @@ A search keeps the configuration whose one measurement came out highest, and amo
 partly luck: its figure is biased upwards (the winner's curse) and may not hold when the user deploys it. So
 part of the budget is set aside (`reserve`, at most a quarter: see Budget.held) and spent at the end
 (`remeasure_top`) booting configurations again, each as a new trial marked `remeasure_of`, but only where a
-measurement can change the answer (`next_to_remeasure`). The winner is then chosen on all of each configuration's
+measurement can change the answer (`next_to_remeasure`); what it cannot spend goes back to the search
+(`search_and_remeasure`): the reserve never leaves time idle. The winner is then chosen on all of each configuration's
 measurements (`best`): every reader (the run's summary, status, the report, export) takes the winner and its
 figure from there, so that they cannot disagree.
 """
@@ -22,7 +23,7 @@ from optuna.trial import FrozenTrial, TrialState
 
 from autotune.config.study_file import DEFAULT_TOP
 from autotune.search import remeasure
-from autotune.search.budget import LENGTH_MARGIN, Budget
+from autotune.search.budget import Budget
 from autotune.search.record import (
     BASELINE_ATTR,
     REMEASURE_ATTR,
@@ -34,6 +35,9 @@ SUMMARY_ATTR = "remeasured"  # study user attr: {original number: {"output_tok_s
 
 
 RESERVE_FRACTION = 0.15  # of a time budget
+
+
+LENGTH_MARGIN = 1.25  # boots and loads vary: a re-measurement starts only with a quarter of its length to spare
 
 
 MAX_ROUNDS = 3  # re-measurements per configuration at most, whatever time is left
@@ -52,9 +56,9 @@ class Reserve:
 
 
 def reserve(budget: Budget, top: int = DEFAULT_TOP, fraction: float = RESERVE_FRACTION) -> Reserve:
-    """Take the reserve out of `budget` before the search: `fraction` of its time (and never less than one
-    trial's length, see Budget.held_s), and `top` trials of a trial budget when that leaves the search at least
-    four fifths of it. Give it back with `remeasure_top`."""
+    """Take the reserve out of `budget` before the search: `fraction` of its time (and never less than the
+    re-measurement due next: Budget.held, `hold`), and `top` trials of a trial budget when that leaves the search
+    at least four fifths of it. Give it back with `remeasure_top`."""
     if top <= 0:
         return Reserve()
     seconds = fraction * budget.seconds if budget.seconds is not None else 0.0
@@ -69,6 +73,20 @@ def _release(budget: Budget, r: Reserve) -> None:
     budget.held_s = 0.0
     if budget.trials is not None:
         budget.trials += r.trials
+
+
+def length_s(t: FrozenTrial) -> float | None:
+    """What booting `t`'s configuration again takes, with LENGTH_MARGIN to spare: its own trial's length less a
+    cold boot that was thrown away before it booted warm (a re-measurement boots warm). None when not recorded."""
+    v = view(t)
+    return LENGTH_MARGIN * (v.duration_s - (v.cold_boot_s or 0.0)) if v.duration_s is not None else None
+
+
+def hold(budget: Budget, trials: Sequence[FrozenTrial], top: int = DEFAULT_TOP) -> None:
+    """Size the time the search leaves for re-measuring (Budget.held) on the re-measurement due next: the search
+    calls it after each trial, as the incumbent changes."""
+    t = next_to_remeasure(trials, top)
+    budget.remeasure_s = (length_s(t) or 0.0) if t is not None else 0.0
 
 
 def remeasured(trials: Sequence[FrozenTrial]) -> dict[int, list[float]]:
@@ -218,7 +236,8 @@ def summary(trials: Sequence[FrozenTrial]) -> dict[str, dict[str, object]]:
 @dataclass(frozen=True)
 class RemeasureRun:
     """What `remeasure_top` did: the original trial numbers re-measured (in order), how many of those booted,
-    and why it stopped when it stopped for want of time ("" when every round ran or nothing was to be done)."""
+    and why it stopped when it stopped for want of time ("" when every round ran or nothing was to be done).
+    From `search_and_remeasure`: every re-measurement of the run, and why the run stopped."""
 
     done: tuple[int, ...] = ()
     booted: int = 0
@@ -242,8 +261,7 @@ def remeasure_top(study: optuna.Study, budget: Budget, reserved: Reserve, run_on
         t = next_to_remeasure(study.get_trials(deepcopy=False), reserved.top)
         if t is None:
             break
-        length = view(t).duration_s  # this configuration's own trial
-        needed = LENGTH_MARGIN * length if length is not None else None
+        needed = length_s(t)
         fits, why = budget.claim(needed)
         if not fits:
             if needed is not None and "left" in why:
@@ -264,6 +282,32 @@ def remeasure_top(study: optuna.Study, budget: Budget, reserved: Reserve, run_on
     if done:
         study.set_user_attr(SUMMARY_ATTR, summary(study.get_trials(deepcopy=False)))
     return RemeasureRun(tuple(done), booted, why)
+
+
+@dataclass(frozen=True)
+class Searched:
+    """What one phase of the search did: the trials it booted, and why it stopped."""
+
+    booted: int
+    stopped_because: str
+
+
+def search_and_remeasure(search: Callable[[], Searched], remeasure_in: Callable[[Reserve], RemeasureRun],
+                         reserved: Reserve, stop: threading.Event) -> RemeasureRun:
+    """Search until no trial fits, then spend the reserve re-measuring (`remeasure_in`: remeasure_top) while a
+    re-measurement fits and can change the answer. What is left goes back to the search, and a trial it boots
+    may want re-measuring in turn: the run stops only once a search boots nothing, that is when neither a trial
+    nor a re-measurement fits (or is due). Returns all re-measurements, and why the run stopped: the last
+    search's reason, then the last re-measuring's."""
+    searched = search()  # leaving the reserve
+    runs = [remeasure_in(reserved)]  # gives back what it cannot spend
+    while not stop.is_set():
+        searched = search()  # the rest of the budget is the search's
+        if stop.is_set() or not searched.booted:
+            break
+        runs.append(remeasure_in(Reserve(reserved.top)))
+    why = "; ".join(dict.fromkeys(w for w in (searched.stopped_because, runs[-1].stopped_because) if w))
+    return RemeasureRun(tuple(n for r in runs for n in r.done), sum(r.booted for r in runs), why)
 
 
 def best_trial(study: optuna.Study, keep: Callable[[FrozenTrial], bool] = lambda t: True) -> remeasure.Best | None:

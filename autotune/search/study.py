@@ -201,6 +201,7 @@ def run_study(
     budget.durations.extend(
         t.user_attrs["duration_s"] for t in study.trials if "duration_s" in t.user_attrs and t.state.is_finished()
     )
+    remeasure.hold(budget, study.get_trials(deepcopy=False), spec.remeasure)
     real_profile = feasibility.resolve_profile(spec.hardware, detect_build() is Build.CPU)
     # Under a memory cap, plan as on the capped card; boot with flags translated for the real one.
     profile = memcap.capped_profile(real_profile, spec.memory_cap) if spec.memory_cap else real_profile
@@ -238,29 +239,40 @@ def run_study(
             with run.asking:
                 counts["booted"] += 1
             budget.record(result.duration_s)
+            remeasure.hold(budget, study.get_trials(deepcopy=False), spec.remeasure)
 
-    remeasured: list[remeasure.RemeasureRun] = []
+    interrupted = False
 
-    def remeasure_top() -> None:
-        try:
-            remeasured.append(remeasure.remeasure_top(study, budget, reserved, stop=run.stop,
-                                                      run_one=lambda: _one_trial(run, slots[0])))
-        except BaseException as e:
-            errors.append(e)
+    def search() -> remeasure.Searched:
+        nonlocal interrupted
+        before = counts["booted"]
+        reasons.clear()
+        interrupted = _until_done([(f"slot-{slot.name}", functools.partial(worker, slot)) for slot in slots],
+                                  run.stop) or interrupted
+        if errors:
+            raise errors[0]
+        return remeasure.Searched(counts["booted"] - before, reasons[0] if reasons else "")
 
-    interrupted = _until_done([(f"slot-{slot.name}", functools.partial(worker, slot)) for slot in slots], run.stop)
-    if errors:
-        raise errors[0]
-    interrupted = _until_done([("remeasure", remeasure_top)], run.stop) or interrupted
-    if errors:
-        raise errors[0]
-    again = remeasured[0]
-    refused_again = len(again.done) - again.booted
-    # The last thing that stopped the run is why it ended: Ctrl-C, else the re-measuring's want of time, else the
-    # search's.
-    why = "interrupted" if interrupted else again.stopped_because or (reasons[0] if reasons else "")
-    return RunSummary(counts["booted"], counts["refused"] + refused_again, again.booted, why, best_trial(study),
-                      export_command(spec, storage_url))
+    def remeasure_in(reserved: remeasure.Reserve) -> remeasure.RemeasureRun:
+        nonlocal interrupted
+        ran: list[remeasure.RemeasureRun] = []
+
+        def target() -> None:
+            try:
+                ran.append(remeasure.remeasure_top(study, budget, reserved, stop=run.stop,
+                                                   run_one=lambda: _one_trial(run, slots[0])))
+            except BaseException as e:
+                errors.append(e)
+
+        interrupted = _until_done([("remeasure", target)], run.stop) or interrupted
+        if errors:
+            raise errors[0]
+        return ran[0]
+
+    again = remeasure.search_and_remeasure(search, remeasure_in, reserved, run.stop)
+    why = "interrupted" if interrupted else again.stopped_because
+    return RunSummary(counts["booted"], counts["refused"] + len(again.done) - again.booted, again.booted, why,
+                      best_trial(study), export_command(spec, storage_url))
 
 
 def _until_done(targets: list[tuple[str, Callable[[], None]]], stop: threading.Event) -> bool:

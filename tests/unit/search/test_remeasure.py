@@ -14,15 +14,20 @@ from autotune.search.budget import Budget
 from autotune.search.record import REMEASURE_ATTR
 from autotune.search.remeasure import (
     SUMMARY_ATTR,
+    RemeasureRun,
     Reserve,
+    Searched,
     best,
     best_trial,
+    hold,
+    length_s,
     next_to_remeasure,
     ranked,
     remeasure_top,
     remeasured,
     reserve,
     score,
+    search_and_remeasure,
 )
 
 
@@ -43,10 +48,11 @@ class Lab:
     """A study whose trials measure config `c` as the next figure in `figures[c]` (or the last one again)."""
 
     def __init__(self, figures: dict[str, list[float]], clock: Clock, infeasible: frozenset[str] = frozenset(),
-                 lengths: dict[str, float] | None = None):
+                 lengths: dict[str, float] | None = None, cold: dict[str, float] | None = None):
         self.figures = {k: list(v) for k, v in figures.items()}
         self.clock, self.infeasible = clock, infeasible
         self.lengths = lengths or {}  # seconds a trial of that config takes (default 100)
+        self.cold = dict(cold or {})  # seconds its first trial also spends on a cold boot, thrown away
         self.study = optuna.create_study(direction="maximize", sampler=optuna.samplers.RandomSampler(seed=0))
         self.order = list(figures)  # the search proposes configs in this order, then repeats the last one
 
@@ -58,6 +64,10 @@ class Lab:
         c = trial.suggest_categorical("c", [*self.figures, "z"])
         trial.set_user_attr("flags", f'{{"c": "{c}"}}')
         length = self.lengths.get(c, 100.0)
+        if c in self.cold:  # the first boot of a configuration, cold: failed, then booted again warm
+            cold_s = self.cold.pop(c)
+            length += cold_s
+            trial.set_user_attr("cold_boot_s", cold_s)
         trial.set_user_attr("duration_s", length)
         self.clock.t += length
         figures = self.figures.get(c, [10.0])
@@ -70,13 +80,17 @@ class Lab:
             self.study.tell(trial, value)
         return Ran(length)
 
-    def search(self, budget: Budget) -> int:
+    def search(self, budget: Budget, top: int = 3) -> int:
         """The study loop's share: trials while one more fits."""
+        return self.searched(budget, top).booted
+
+    def searched(self, budget: Budget, top: int = 3) -> Searched:
         n = 0
-        while budget.claim()[0]:
+        while (claimed := budget.claim())[0]:
             budget.record(self.run_one().duration_s)
+            hold(budget, self.study.get_trials(deepcopy=False), top)
             n += 1
-        return n
+        return Searched(n, claimed[1])
 
 
 def test_reserve_takes_a_share_of_time_and_trials_and_gives_it_back():
@@ -139,13 +153,14 @@ def test_a_configuration_is_re_measured_only_when_its_own_trial_length_fits():
     lab = Lab({"slow": [1000.0], "a": [900.0], "b": [800.0], "c": [100.0]}, clock, lengths={"slow": 180.0})
     lab.order = ["a", "b", "c", "slow", "c"]
     r = reserve(budget, top=2)
-    assert lab.search(budget) == 7  # 4 x 100 + 180 s, then two more 100 s trials; 1000 - 780 - 150 = 70 s left
+    for _ in range(7):  # 4 x 100 + 180 s, then three more 100 s trials (whatever let the search run them)
+        lab.run_one()
     # 220 s left: the median trial (100 s) would fit, and the best configuration's 180 s too, but not with the
     # quarter to spare that a boot's variation asks for (225 s): not started, rather than cut off at the end.
     ran = remeasure_top(lab.study, budget, r, lab.run_one)
     assert ran.done == () and ran.booted == 0
     assert ran.stopped_because == "220 s left, less than one re-measurement of trial 3 (~225 s with a quarter to spare)"
-    assert clock.t == 780.0 and budget.started_trials == 7
+    assert clock.t == 780.0 and budget.started_trials == 0
 
 
 def test_more_time_means_more_rounds_and_the_median_decides():
@@ -235,16 +250,19 @@ def test_the_summary_and_the_table_say_which_figures_chose_the_winner():
 
 
 def test_the_reserve_never_takes_more_than_a_quarter_of_the_budget():
-    """A trial of 300 s in a 1,000 s budget: holding one whole trial back would leave the search 70%; a quarter
-    is the most the re-measuring may take."""
-    budget = Budget(seconds=1000, clock=Clock())
+    """An incumbent of 300 s in a 1,000 s budget: holding its re-measurement back would leave the search 62.5%;
+    a quarter is the most the re-measuring may take."""
+    clock = Clock()
+    budget = Budget(seconds=1000, clock=clock)
     reserve(budget, top=3)
     assert budget.remaining() == 850.0  # 15% before any trial
-    budget.record(180.0)  # a re-measurement with a quarter to spare: 225 s, within the quarter (250 s)
-    assert budget.remaining() == 775.0 and budget.held() == 225.0
-    budget.record(300.0)
-    budget.record(300.0)  # 375 s with the quarter to spare: the reserve would buy nothing, so none is held
-    assert budget.remaining() == 1000.0 and budget.held() == 0.0
+    lab = Lab({"a": [900.0], "b": [1000.0]}, clock, lengths={"a": 180.0, "b": 300.0})
+    lab.run_one()
+    hold(budget, lab.study.get_trials())  # a's re-measurement with a quarter to spare: 225 s, within the quarter
+    assert budget.held() == 225.0 and budget.remaining() == 1000 - 180 - 225
+    lab.run_one()
+    hold(budget, lab.study.get_trials())  # b wins: 375 s with its quarter to spare, so the reserve would buy
+    assert budget.held() == 0.0 and budget.remaining() == 1000 - 480  # nothing, and none is held
 
 
 def test_a_lone_clear_winner_is_confirmed_once_and_nothing_else_is_re_measured():
@@ -282,3 +300,62 @@ def test_each_configuration_is_re_measured_at_most_max_rounds_times():
     lab.run_one(), lab.run_one()
     ran = remeasure_top(lab.study, Budget(trials=100, clock=clock), Reserve(top=2), lab.run_one)
     assert sorted(ran.done) == [0, 0, 0, 1, 1, 1] and ran.stopped_because == ""
+
+
+def gpu_run(left: float) -> tuple[Lab, Budget, Reserve]:
+    """The GPU run of 1,450 s (chat objective) at the end of its search, `left` seconds before the end: trials 0
+    and 1 (the best) each threw a cold boot away (117 s, 110 s: out of memory) and booted again warm; 2 and 3 were
+    screened out after one short level; a further configuration (e) would take 150 s."""
+    clock = Clock()
+    budget = Budget(seconds=1450, clock=clock)
+    lab = Lab({"a": [800.0], "b": [1000.0, 990.0], "c": [300.0], "d": [200.0], "e": [250.0]}, clock,
+              lengths={"a": 317.5, "b": 253.6, "c": 158.3, "d": 142.9, "e": 150.0}, cold={"a": 117.0, "b": 110.0})
+    r = reserve(budget, top=3)
+    for _ in range(4):
+        budget.record(lab.run_one().duration_s)
+    hold(budget, lab.study.get_trials())
+    clock.t = 1450 - left  # and the run's own seconds between trials
+    return lab, budget, r
+
+
+def run_to_the_end(lab: Lab, budget: Budget, r: Reserve) -> RemeasureRun:
+    stop = threading.Event()
+    return search_and_remeasure(lambda: lab.searched(budget),
+                                lambda res: remeasure_top(lab.study, budget, res, lab.run_one, stop), r, stop)
+
+
+def test_a_re_measurement_boots_warm_and_is_sized_without_the_cold_boot_thrown_away():
+    """The GPU run stopped with 326 s left: trial 1's re-measurement was sized on its whole trial, cold boot
+    included (363.6 s x 1.25 = 454 s). It boots warm: (363.6 - 110) x 1.25 = 317 s, and it fits."""
+    lab, budget, r = gpu_run(left=326.0)
+    trials = lab.study.get_trials()
+    assert [t.user_attrs["duration_s"] for t in trials] == pytest.approx([434.5, 363.6, 158.3, 142.9])
+    assert next_to_remeasure(trials).number == 1
+    assert length_s(trials[1]) == pytest.approx((363.6 - 110.0) * 1.25)
+    assert length_s(trials[2]) == pytest.approx(158.3 * 1.25)  # no cold boot: its whole trial
+    # The reserve is that re-measurement (317 s), not 1.25 x the median trial (326 s: screened trials are short).
+    assert budget.held() == pytest.approx(317.0)
+    ran = remeasure_top(lab.study, budget, r, lab.run_one)
+    assert ran.done == (1,) and ran.booted == 1 and ran.stopped_because == ""
+
+
+def test_with_326_s_left_the_run_re_measures_then_stops_only_when_nothing_fits():
+    lab, budget, r = gpu_run(left=326.0)
+    ran = run_to_the_end(lab, budget, r)
+    assert ran.done == (1,) and ran.booted == 1
+    assert lab.clock.t == pytest.approx(1450 - 326 + 253.6)  # warm, as estimated
+    # 72 s left, too few for a trial; trial 1 is confirmed and no runner-up can change the answer.
+    assert ran.stopped_because == "72 s left, less than one trial (~254 s)"
+
+
+def test_time_a_re_measurement_cannot_use_goes_back_to_the_search():
+    """300 s left: the search stopped at its deadline (the reserve held 317 s, and the last trial ran into it),
+    and trial 1's re-measurement no longer fits: the search takes the 300 s back for a 150 s trial."""
+    lab, budget, r = gpu_run(left=300.0)
+    ran = run_to_the_end(lab, budget, r)
+    assert ran.done == () and ran.booted == 0
+    trials = lab.study.get_trials()
+    assert len(trials) == 5 and trials[4].params["c"] == "e" and lab.clock.t == 1300.0
+    assert ran.stopped_because == (
+        "150 s left, less than one trial (~158 s); "
+        "150 s left, less than one re-measurement of trial 1 (~317 s with a quarter to spare)")
