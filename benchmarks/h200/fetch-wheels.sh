@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Download vLLM 0.25.0 (CUDA 13 build, matching the device image's torch 2.11.0+cu130) and the pure-Python and
 # small native packages it needs that the device image lacks, then split them into carry folders of at most
-# 60 MiB each: .gpu1 ... .gpuN in the current directory (the repository's .gitignore ignores /.gpu*/).
+# 50 MiB each: .gpu1 ... .gpuN in the current directory (the repository's .gitignore ignores /.gpu*/).
 # Usage: bash benchmarks/h200/fetch-wheels.sh            (run in the repository root; see run_h200.sh)
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
@@ -17,11 +17,16 @@ while read -r req; do
 done < "$here/wheels-vllm-0.25.0.txt"
 rm -rf .gpu[0-9]*
 n=1; mkdir -p .gpu1
-# the big vLLM wheel goes in 60 MiB pieces, the rest fill the last folder
+# the big vLLM wheel goes in 50 MiB pieces (a call carries the tree too, ~4 MiB, under 64 MiB in all: a 60 MiB
+# piece was refused), the rest fill folders of at most 50 MiB
 vw=$(ls "$dl"/vllm-0.25.0-*.whl)
-split -b 62914560 -d -a 1 "$vw" "$dl/vllm-part."
+split -b 52428800 -d -a 1 "$vw" "$dl/vllm-part."
 rm "$vw"
 for p in "$dl"/vllm-part.*; do mkdir -p ".gpu$n"; mv "$p" ".gpu$n/"; n=$((n + 1)); done
-mkdir -p ".gpu$n"; mv "$dl"/*.whl ".gpu$n/"
+mkdir -p ".gpu$n"
+for w in $(ls -S "$dl"/*.whl); do
+  if [ $(( $(du -sm ".gpu$n" | cut -f1) + $(du -m "$w" | cut -f1) )) -gt 50 ]; then n=$((n + 1)); mkdir -p ".gpu$n"; fi
+  mv "$w" ".gpu$n/"
+done
 du -sh .gpu*
 echo "carry .gpu1 ... .gpu$n, one folder per device call, each copying it to /tmp/acc; then bash benchmarks/h200/device-install.sh"

@@ -10,7 +10,7 @@
 # config autotune/engine/known_models/qwen3.5-27b-awq.json, which run_h200.py writes as a model folder under $GPURUN.
 #
 # Here, once (in the repository root; .gitignore already ignores /.gpu*/ and /.whl/):
-#   bash benchmarks/h200/fetch-wheels.sh                               # -> .gpu1 ... .gpu5
+#   bash benchmarks/h200/fetch-wheels.sh                               # -> .gpu1 ... .gpuN (50 MiB each)
 #   autotune's own dependencies that the device image lacks (seen 2026-12-03), as wheels into .whl:
 #   python3 -m pip download -d .whl --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
 #     --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
@@ -19,7 +19,9 @@
 #   (the first five are what `autotune trial` and `autotune run` import; the rest are for reports and the
 #   dashboard. There is no Chrome or Chromium on the image, so PNG export cannot run there.)
 # Device calls, back to back on one warm machine (each carries one folder; /tmp survives between them, and the
-# machine is given back after about 30 s idle):
+# machine is given back after about 30 s idle). Seen 2026-12-03, the whole chat study in one session: stage 1..N-1
+# (the first call, with the machine's start, at 91 s held; each further stage 4 s), then chat-start SECONDS .gpuN
+# (45 s: install, then the study in the background), then chat-wait 540 calls until it has finished:
 #   1-4: bash benchmarks/h200/run_h200.sh stage 1   ... stage 4         carry [".gpuN"]
 #   5:   bash benchmarks/h200/run_h200.sh trials                          carry [".gpu5", ".whl"]
 #        (stages .gpu5 and .whl, installs, reads the idle card, then: `autotune trial --memory-cap 24` of vLLM's
