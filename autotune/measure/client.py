@@ -79,9 +79,16 @@ class LevelRun:
         return self.stop_reason.startswith(HUNG)
 
 
-# Called with the requests finished so far (in order of completion); a non-empty answer stops sending more:
-# requests in flight still finish and are recorded.
-Enough = Callable[[Sequence[RequestRecord]], str | None]
+# Called with the requests finished so far (in order of completion), the requests in flight (their `ttft` set once
+# their first token came) and the time now; a non-empty answer stops sending more: requests in flight still finish
+# and are recorded, unless the answer is an Abandon.
+Enough = Callable[[Sequence[RequestRecord], Sequence[RequestRecord], float], str | None]
+
+
+class Abandon(str):
+    """An answer to `enough` after which the requests in flight can change nothing (a level that clearly fails):
+    they are cancelled, not waited for and not recorded. A closed loop's last round of a slow server takes as long
+    as the level (seen on the H200: 126 s for a screening level whose verdict was clear after the first few)."""
 
 
 GIVE_UP_AFTER = 4
@@ -99,10 +106,16 @@ class _Finished:
     def __init__(self, enough: Enough | None, stall_s: float | None = None):
         self.enough, self.stall_s = enough, stall_s
         self.records: list[RequestRecord] = []
+        self.in_flight: dict[int, RequestRecord] = {}  # by id(): sent, not finished
         self.reason = ""
+        self.abandoned = asyncio.Event()  # set with an Abandon reason: the level stops waiting for its requests
         self.heard_at = time.perf_counter()  # the last time any request of the level received data
 
+    def sent(self, rec: RequestRecord) -> None:
+        self.in_flight[id(rec)] = rec
+
     def add(self, rec: RequestRecord) -> None:
+        self.in_flight.pop(id(rec), None)
         self.records.append(rec)
         if self.reason:
             return
@@ -115,7 +128,9 @@ class _Finished:
             # A server that fails every request (answering errors) has said all a level can say.
             self.reason = f"the first {len(self.records)} request(s) all failed"
         elif self.enough is not None:
-            self.reason = self.enough(self.records) or ""
+            self.reason = self.enough(self.records, list(self.in_flight.values()), time.perf_counter()) or ""
+            if isinstance(self.reason, Abandon):
+                self.abandoned.set()
 
 
 _DATA = b"data:"
@@ -150,6 +165,7 @@ async def _send(
         separators=(",", ":"),
     ).encode()
     rec = RequestRecord(time.perf_counter(), None, [], 0.0, spec.prompt_len, 0, None)
+    finished.sent(rec)
     itl = rec.itl
     last = rec.start
     chunks = 0
@@ -240,7 +256,7 @@ async def _closed_loop(
             if done.reason:
                 return
 
-    await asyncio.gather(*(worker() for _ in range(min(concurrency, len(specs)))))
+    await _until_abandoned([asyncio.ensure_future(worker()) for _ in range(min(concurrency, len(specs)))], done)
     return [r for r in records if r is not None]
 
 
@@ -290,7 +306,21 @@ async def _poisson(
         if done.reason:
             break
         tasks.append(asyncio.ensure_future(one(spec)))
-    return [r for r in await asyncio.gather(*tasks) if r is not None]
+    await _until_abandoned(tasks, done)
+    return [r for t in tasks if not t.cancelled() and (r := t.result()) is not None]
+
+
+async def _until_abandoned(tasks: Sequence[asyncio.Future], done: _Finished) -> None:
+    """Wait for `tasks`; once the level is abandoned, cancel those still running (their requests are dropped)."""
+    abandoned = asyncio.ensure_future(done.abandoned.wait())
+    waiting = set(tasks)
+    while waiting and not done.abandoned.is_set():
+        finished, _ = await asyncio.wait([*waiting, abandoned], return_when=asyncio.FIRST_COMPLETED)
+        waiting -= finished
+    abandoned.cancel()
+    for t in waiting:
+        t.cancel()
+    await asyncio.gather(*tasks, abandoned, return_exceptions=True)
 
 
 async def run_level(

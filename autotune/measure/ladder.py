@@ -22,6 +22,11 @@ How long a level runs (`StopRule`). Two rules, whichever ends it first:
     (Wald's bound, e = 0.05; computed exactly: 4.9% and 2.6%; tests/unit/measure/test_measurement.py counts
     them on 20,000 simulated levels each). In between it may take either verdict (at p = 5%, the p95 at the
     limit, 75% pass early), which is why the levels that decide the answer are exact (below);
+    Requests still in flight count where their latency is already known (a TTFT once the first token came, or
+    once the wait passed the limit without it; an end-to-end time once past the limit): in a closed loop the
+    requests after the first round finish only after that whole round, and a queueing server's level took 126 s
+    on the device where these show the verdict in a few. A level that clearly fails is abandoned
+    (client.Abandon): its requests in flight are cancelled, not waited for;
   - the exact rule (the former one): after `min_requests`, at min x 1.25^k requests, each limited p95's
     order-statistics interval at `p95_confidence` is within +-`p95_margin` or clear of its limit.
   Levels that decide the answer are measured exactly (`exact=True`: no sequential verdict): every bisection
@@ -50,7 +55,7 @@ from typing import Generic, Literal, TypeVar
 
 import numpy as np
 
-from autotune.measure.client import RequestRecord
+from autotune.measure.client import Abandon, RequestRecord
 from autotune.measure.stats import Limits, _tpot
 
 
@@ -118,6 +123,21 @@ def _exceedances(records: Sequence[RequestRecord], key: str, limit: float) -> tu
     return sum(v * 1000.0 > limit for v in values), len(values)
 
 
+def _elapsed_exceedances(in_flight: Sequence[RequestRecord], key: str, limit: float, now: float) -> tuple[int, int]:
+    """(over the limit, judged) among requests still in flight, where their latency is already known: a TTFT once
+    the first token came, or once the wait passed the limit without it (over, whatever comes); an end-to-end time
+    once the request has run past the limit. Judging these keeps the verdict from waiting for the slowest requests
+    to finish: in a closed loop the requests after the first round finish only after that whole round."""
+    if key == "ttft_p95_ms":
+        known = [r.ttft if r.ttft is not None else now - r.start for r in in_flight
+                 if r.ttft is not None or (now - r.start) * 1000.0 > limit]
+    elif key == "e2e_p95_ms":
+        known = [now - r.start for r in in_flight if (now - r.start) * 1000.0 > limit]
+    else:
+        return 0, 0
+    return sum(v * 1000.0 > limit for v in known), len(known)
+
+
 @dataclass(frozen=True)
 class StopRule:
     """When a level has measured enough requests.
@@ -139,13 +159,14 @@ class StopRule:
     verdict_error: float = 0.0  # 0: no sequential verdict (an exact level)
     burst: int = 0
 
-    def reason(self, records: Sequence[RequestRecord], limits: Limits) -> str | None:
-        """Why the level may stop now, or None to go on."""
+    def reason(self, records: Sequence[RequestRecord], limits: Limits, in_flight: Sequence[RequestRecord] = (),
+               now: float = -math.inf) -> str | None:
+        """Why the level may stop now, or None to go on. `in_flight`: the requests sent and not finished at `now`."""
         n = len(records)
         if n >= self.max_requests:
             return "max_requests"
-        if self.verdict_error > 0 and n > self.burst:
-            if (why := self._sequential(records, limits)) is not None:
+        if self.verdict_error > 0 and n + len(in_flight) > self.burst:
+            if (why := self._sequential(records, limits, in_flight, now)) is not None:
                 return why
         if n < self.min_requests:
             return None
@@ -171,19 +192,23 @@ class StopRule:
             settled = settled and (narrow or hi <= limit)
         return "settled" if settled else None
 
-    def _sequential(self, records: Sequence[RequestRecord], limits: Limits) -> str | None:
-        starts = sorted(r.start for r in records)
+    def _sequential(self, records: Sequence[RequestRecord], limits: Limits, in_flight: Sequence[RequestRecord],
+                    now: float) -> str | None:
+        starts = sorted(r.start for r in (*records, *in_flight))
         after = starts[self.burst - 1] if self.burst else -math.inf
         judged = [r for r in records if r.error is None and r.start > after]
+        waiting = [r for r in in_flight if r.start > after]
         verdicts = []
         for key in _SAMPLES:
             limit = getattr(limits, key)
             if limit is None:
                 continue
             exceed, n = _exceedances(judged, key, limit)
+            over, known = _elapsed_exceedances(waiting, key, limit, now)
+            exceed, n = exceed + over, n + known
             verdicts.append(sequential_verdict(exceed, n, self.verdict_error) if n else None)
         if "fails" in verdicts:
-            return "clearly fails"
+            return Abandon("clearly fails")
         return "clearly passes" if verdicts and all(v == "passes" for v in verdicts) else None
 
 

@@ -332,6 +332,7 @@ def _measure(server: Server, plan: TrialPlan, value: float, seed_offset: int,
     cancelled = cancel or threading.Event()  # set: the level ends with the requests in flight (Ctrl-C)
     run = measure_level(server.base_url, server.model, requests[w:], level, warmup=requests[:w],
                         seed=workload.arrival_seed(seed_offset),
-                        enough=lambda done: CANCELLED if cancelled.is_set() else rule.reason(done, limits))
+                        enough=lambda done, flying, now: CANCELLED if cancelled.is_set() else
+                        rule.reason(done, limits, flying, now))
     stats = level_stats(run, limits)
     return LevelOutcome(stats, judge(stats, limits), hung=run.hung)

@@ -8,7 +8,7 @@ import math
 import numpy as np
 import pytest
 
-from autotune.measure.client import LevelRun, LoadLevel, RequestRecord
+from autotune.measure.client import Abandon, LevelRun, LoadLevel, RequestRecord
 from autotune.measure.ladder import (
     INSIDE_P,
     OUTSIDE_P,
@@ -203,7 +203,7 @@ def test_the_client_stops_sending_once_enough_and_keeps_what_was_in_flight(mode)
     server = Server(gap=0.002)
     specs = [RequestSpec((20 + i,), 3) for i in range(40)]
     level = LoadLevel("concurrency", 3) if mode == "concurrency" else LoadLevel("rate", 200.0, max_in_flight=3)
-    run = drive(server, specs, level, enough=lambda done: "enough" if len(done) >= 5 else None)
+    run = drive(server, specs, level, enough=lambda done, _flying, _now: "enough" if len(done) >= 5 else None)
     assert run.stop_reason == "enough"
     assert 5 <= len(run.records) <= 7 and len(server.bodies) == len(run.records)  # 5, plus at most 2 in flight
     if mode == "concurrency":
@@ -264,3 +264,58 @@ def test_a_level_judged_early_stops_long_before_min_requests_and_an_exact_one_do
     slow = np.random.default_rng(2).exponential(0.5, 2000)  # p95 1.5 s against a 300 ms limit
     n, why = stop_count(early, slow, Limits(ttft_p95_ms=300))
     assert why == "clearly fails" and n <= 8 + 6
+
+
+# --- the sequential verdict counts what requests in flight already show ----------------------------------------
+
+
+def closed_loop_of_a_queueing_server(now: float) -> tuple[list[RequestRecord], list[RequestRecord]]:
+    """Concurrency 37 on a server that runs one sequence at a time (the device's trial 4: each request ~1.7 s).
+    Burst requests start at 0; each completion starts one more. Returns (finished, in flight) at `now`."""
+    finished = [RequestRecord(0.0, 1.7 * i, [], 1.7 * (i + 1), 512, 192, None) for i in range(int(now // 1.7))]
+    later = [RequestRecord(r.end, None, [], 0.0, 512, 192, None) for r in finished]
+    burst = [RequestRecord(0.0, None, [], 0.0, 512, 192, None) for _ in range(37 - len(finished))]
+    return finished, burst + later
+
+
+@pytest.mark.parametrize("now", [7.0, 9.0])  # two, then three waited past 2 s
+def test_a_level_whose_waiting_requests_are_already_over_the_limit_fails_without_waiting_for_them(now):
+    rule = StopRule(72, 76, verdict_error=0.05, burst=37)
+    finished, flying = closed_loop_of_a_queueing_server(now)
+    limits = Limits(ttft_p95_ms=2000, tpot_p95_ms=100)
+    why = rule.reason(finished, limits, flying, now)
+    assert why == "clearly fails" and isinstance(why, Abandon)  # the client drops the requests in flight
+    assert rule.reason(finished, limits) is None  # judging finished requests only: nothing after the burst yet
+
+
+def test_requests_in_flight_that_have_not_waited_past_the_limit_are_not_judged():
+    rule = StopRule(72, 76, verdict_error=0.05, burst=37)
+    finished, flying = closed_loop_of_a_queueing_server(3.5)  # the first two after the burst waited 1.8 and 0.1 s
+    assert rule.reason(finished, Limits(ttft_p95_ms=2000), flying, 3.5) is None
+
+
+@pytest.mark.parametrize("mode", ["concurrency", "rate"])
+def test_an_abandoned_level_drops_its_requests_in_flight_where_a_settled_one_waits_for_them(mode):
+    """The server streams the first three requests, then holds every later one for a while (a queue): the
+    verdict comes when the third finishes. Abandoned, the two sent after it are cancelled and not recorded."""
+    from test_client import Server, drive
+
+    from autotune.measure.workload import RequestSpec
+
+    specs = [RequestSpec((20 + i,), 3) for i in range(20)]
+    level = LoadLevel("concurrency", 3) if mode == "concurrency" else LoadLevel("rate", 200.0, max_in_flight=3)
+    seen: list[int] = []
+
+    def verdict(answer):
+        def enough(done, flying, now):
+            seen.append(len(flying))
+            return answer if len(done) >= 3 else None
+        return enough
+
+    server = Server(mode="hang_later", stuck_s=1.0)
+    dropped = drive(server, specs, level, enough=verdict(Abandon("clearly fails")))
+    assert dropped.stop_reason == "clearly fails" and len(dropped.records) == 3
+    assert len(server.bodies) > 3 and max(seen) >= 1  # sent, seen in flight, then dropped
+    waited = drive(Server(mode="hang_later", stuck_s=1.0), specs, level, enough=verdict("settled"))
+    assert waited.stop_reason == "settled" and len(waited.records) > 3
+    assert all(r.error is None for r in waited.records)
