@@ -83,7 +83,8 @@ def measure_with(plan: TrialPlan, base_url: str, model: str, rule, counter: list
         requests = workload.requests(stop.max_requests + w, plan.vocab_size, seed_offset=seed, decode=decode)
         run = measure_level(base_url, model, requests[w:], LoadLevel(objective.load.mode, value), warmup=requests[:w],
                             seed=workload.arrival_seed(seed),
-                            enough=lambda done, flying, now: stop.reason(done, limits, flying, now))
+                            enough=lambda done, flying, now: stop.reason(done, limits, flying, now)
+                            if isinstance(stop, ladder.StopRule) else stop.reason(done, limits))  # the old one's
         stats = level_stats(run, limits)
         return LevelOutcome(stats, judge(stats, limits), hung=run.hung)
     return measure

@@ -22,10 +22,10 @@ How long a level runs (`StopRule`). Two rules, whichever ends it first:
     (Wald's bound, e = 0.05; computed exactly: 4.9% and 2.6%; tests/unit/measure/test_measurement.py counts
     them on 20,000 simulated levels each). In between it may take either verdict (at p = 5%, the p95 at the
     limit, 75% pass early), which is why the levels that decide the answer are exact (below);
-    Requests still in flight count where their latency is already known (a TTFT once the first token came, or
-    once the wait passed the limit without it; an end-to-end time once past the limit): in a closed loop the
-    requests after the first round finish only after that whole round, and a queueing server's level took 126 s
-    on the device where these show the verdict in a few. A level that clearly fails is abandoned
+    A TTFT or end-to-end limit is judged on every request that started at least the limit ago, finished or still
+    in flight (one still waiting for its first token past the TTFT limit is over it, whatever comes): in a closed
+    loop the requests after the first round finish only after that whole round, and a queueing server's level
+    took 126 s on the device where these show the verdict in a few. A level that clearly fails is abandoned
     (client.Abandon): its requests in flight are cancelled, not waited for;
   - the exact rule (the former one): after `min_requests`, at min x 1.25^k requests, each limited p95's
     order-statistics interval at `p95_confidence` is within +-`p95_margin` or clear of its limit.
@@ -123,19 +123,23 @@ def _exceedances(records: Sequence[RequestRecord], key: str, limit: float) -> tu
     return sum(v * 1000.0 > limit for v in values), len(values)
 
 
-def _elapsed_exceedances(in_flight: Sequence[RequestRecord], key: str, limit: float, now: float) -> tuple[int, int]:
-    """(over the limit, judged) among requests still in flight, where their latency is already known: a TTFT once
-    the first token came, or once the wait passed the limit without it (over, whatever comes); an end-to-end time
-    once the request has run past the limit. Judging these keeps the verdict from waiting for the slowest requests
-    to finish: in a closed loop the requests after the first round finish only after that whole round."""
-    if key == "ttft_p95_ms":
-        known = [r.ttft if r.ttft is not None else now - r.start for r in in_flight
-                 if r.ttft is not None or (now - r.start) * 1000.0 > limit]
-    elif key == "e2e_p95_ms":
-        known = [now - r.start for r in in_flight if (now - r.start) * 1000.0 > limit]
-    else:
-        return 0, 0
-    return sum(v * 1000.0 > limit for v in known), len(known)
+_ELAPSED = {"ttft_p95_ms": lambda r, now: r.ttft if r.ttft is not None else now - r.start,
+            "e2e_p95_ms": lambda r, now: now - r.start}  # a request in flight: its latency so far
+
+
+def _exceedances_by_start(finished: Sequence[RequestRecord], in_flight: Sequence[RequestRecord], key: str,
+                          limit: float, now: float) -> tuple[int, int] | None:
+    """(over the limit, judged) for a TTFT or end-to-end limit among every request that started at least `limit`
+    before `now`, finished or not: for each of them it is known whether it is over (one still waiting for its first
+    token, or still running, has passed the limit). Chosen by when they started, not by how they did: judging
+    only the finished ones, or the ones in flight whose latency happens to be known, favours the fast requests.
+    None for the other limits, which only a finished request shows."""
+    if key not in _ELAPSED or now == -math.inf:
+        return None
+    cut = now - limit / 1000.0
+    values = [r.end - r.start if key == "e2e_p95_ms" else r.ttft for r in finished if r.start <= cut]
+    values += [_ELAPSED[key](r, now) for r in in_flight if r.start <= cut]
+    return sum(v is not None and v * 1000.0 > limit for v in values), len(values)
 
 
 @dataclass(frozen=True)
@@ -203,9 +207,7 @@ class StopRule:
             limit = getattr(limits, key)
             if limit is None:
                 continue
-            exceed, n = _exceedances(judged, key, limit)
-            over, known = _elapsed_exceedances(waiting, key, limit, now)
-            exceed, n = exceed + over, n + known
+            exceed, n = _exceedances_by_start(judged, waiting, key, limit, now) or _exceedances(judged, key, limit)
             verdicts.append(sequential_verdict(exceed, n, self.verdict_error) if n else None)
         if "fails" in verdicts:
             return Abandon("clearly fails")

@@ -319,3 +319,14 @@ def test_an_abandoned_level_drops_its_requests_in_flight_where_a_settled_one_wai
     waited = drive(Server(mode="hang_later", stuck_s=1.0), specs, level, enough=verdict("settled"))
     assert waited.stop_reason == "settled" and len(waited.records) > 3
     assert all(r.error is None for r in waited.records)
+
+
+def test_the_requests_served_first_do_not_pass_a_level_whose_queue_has_not_shown_its_wait_yet():
+    """A server runs 21 of 30 requests and queues 9 (started within the last second, TTFT limit 2 s): the 21
+    with a fast first token would pass the level if judged alone; judged by start time, nothing is known yet."""
+    served = [RequestRecord(i / 30, 0.05, [], 0.0, 512, 192, None) for i in range(21)]
+    queued = [RequestRecord(0.7 + i / 30, None, [], 0.0, 512, 192, None) for i in range(9)]
+    rule = StopRule(72, 400, verdict_error=0.05)
+    assert rule.reason([], Limits(ttft_p95_ms=2000), served + queued, now=1.2) is None
+    later = [RequestRecord(r.start, 0.05 if r in served else None, [], 0.0, 512, 192, None) for r in served + queued]
+    assert rule.reason([], Limits(ttft_p95_ms=2000), later, now=3.0) == "clearly fails"  # 9 waited past 2 s
