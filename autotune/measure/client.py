@@ -73,6 +73,9 @@ class LevelRun:
     started: float
     ended: float
     stop_reason: str = ""
+    # An abandoned level's requests in flight, cancelled: TTFT as known, or the wait so far (a lower bound), and
+    # `end` when they were dropped. Their latencies count as lower bounds (level_stats), nothing else.
+    dropped: tuple[RequestRecord, ...] = field(default=(), hash=False)
 
     @property
     def hung(self) -> bool:
@@ -85,10 +88,14 @@ class LevelRun:
 Enough = Callable[[Sequence[RequestRecord], Sequence[RequestRecord], float], str | None]
 
 
+DROPPED = "dropped: the level clearly failed"  # the error of a request in flight when its level was abandoned
+
+
 class Abandon(str):
     """An answer to `enough` after which the requests in flight can change nothing (a level that clearly fails):
-    they are cancelled, not waited for and not recorded. A closed loop's last round of a slow server takes as long
-    as the level (seen on the H200: 126 s for a screening level whose verdict was clear after the first few)."""
+    they are cancelled, not waited for, and kept apart (LevelRun.dropped) with the latency they had reached. A
+    closed loop's last round on a slow server takes as long as the level (seen on the H200: 126 s for a screening
+    level whose verdict was clear after the first few)."""
 
 
 GIVE_UP_AFTER = 4
@@ -109,6 +116,7 @@ class _Finished:
         self.in_flight: dict[int, RequestRecord] = {}  # by id(): sent, not finished
         self.reason = ""
         self.abandoned = asyncio.Event()  # set with an Abandon reason: the level stops waiting for its requests
+        self.dropped: tuple[RequestRecord, ...] = ()  # then: the requests in flight, as far as they got
         self.heard_at = time.perf_counter()  # the last time any request of the level received data
 
     def sent(self, rec: RequestRecord) -> None:
@@ -130,6 +138,9 @@ class _Finished:
         elif self.enough is not None:
             self.reason = self.enough(self.records, list(self.in_flight.values()), time.perf_counter()) or ""
             if isinstance(self.reason, Abandon):
+                now = time.perf_counter()
+                self.dropped = tuple(RequestRecord(r.start, r.ttft if r.ttft is not None else now - r.start, [], now,
+                                                   r.prompt_tokens, 0, DROPPED) for r in self.in_flight.values())
                 self.abandoned.set()
 
 
@@ -357,7 +368,7 @@ async def run_level(
         else:
             records = await _poisson(session, url, model, requests, level, timeout, seed, finished)
         ended = time.perf_counter()
-    return LevelRun(level, records, started, ended, finished.reason)
+    return LevelRun(level, records, started, ended, finished.reason, finished.dropped)
 
 
 def measure_level(

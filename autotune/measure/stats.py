@@ -202,10 +202,12 @@ def level_stats(run: LevelRun, limits: Limits) -> LevelStats:
         total_tok_s=per_s(in_win + out_win),
         req_s=per_s(len(ended)),
         goodput_req_s=per_s(sum(_good(r, limits) for r in ended)),
-        ttft=Percentiles.of([r.ttft for r in ok if r.ttft is not None]),
+        # A dropped request's TTFT and end-to-end time are what it had reached, lower bounds: without them an
+        # abandoned level's percentiles would be those of the requests served first.
+        ttft=Percentiles.of([r.ttft for r in ok if r.ttft is not None] + [d.ttft for d in run.dropped if d.ttft]),
         tpot=Percentiles.of(tpots),
         itl=Percentiles.of(itls),
-        e2el=Percentiles.of([r.end - r.start for r in ok]),
+        e2el=Percentiles.of([r.end - r.start for r in (*ok, *run.dropped)]),
         errors=dict(Counter((r.error or "")[:80] for r in failed).most_common()),
         input_tokens=in_tokens,
         output_tokens=out_tokens,

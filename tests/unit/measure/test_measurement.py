@@ -8,7 +8,7 @@ import math
 import numpy as np
 import pytest
 
-from autotune.measure.client import Abandon, LevelRun, LoadLevel, RequestRecord
+from autotune.measure.client import DROPPED, Abandon, LevelRun, LoadLevel, RequestRecord
 from autotune.measure.ladder import (
     INSIDE_P,
     OUTSIDE_P,
@@ -19,7 +19,7 @@ from autotune.measure.ladder import (
     percentile_interval,
     sequential_verdict,
 )
-from autotune.measure.stats import Limits, level_stats, steady_window
+from autotune.measure.stats import Limits, judge, level_stats, steady_window
 
 
 def binom_cdf(k: int, n: int, q: float) -> float:
@@ -316,8 +316,9 @@ def test_an_abandoned_level_drops_its_requests_in_flight_where_a_settled_one_wai
     dropped = drive(server, specs, level, enough=verdict(Abandon("clearly fails")))
     assert dropped.stop_reason == "clearly fails" and len(dropped.records) == 3
     assert len(server.bodies) > 3 and max(seen) >= 1  # sent, seen in flight, then dropped
+    assert len(dropped.dropped) == len(server.bodies) - 3 and all(d.error == DROPPED for d in dropped.dropped)
     waited = drive(Server(mode="hang_later", stuck_s=1.0), specs, level, enough=verdict("settled"))
-    assert waited.stop_reason == "settled" and len(waited.records) > 3
+    assert waited.stop_reason == "settled" and len(waited.records) > 3 and waited.dropped == ()
     assert all(r.error is None for r in waited.records)
 
 
@@ -330,3 +331,16 @@ def test_the_requests_served_first_do_not_pass_a_level_whose_queue_has_not_shown
     assert rule.reason([], Limits(ttft_p95_ms=2000), served + queued, now=1.2) is None
     later = [RequestRecord(r.start, 0.05 if r in served else None, [], 0.0, 512, 192, None) for r in served + queued]
     assert rule.reason([], Limits(ttft_p95_ms=2000), later, now=3.0) == "clearly fails"  # 9 waited past 2 s
+
+
+def test_an_abandoned_levels_dropped_requests_keep_it_failing():
+    """Served first, three fast requests; dropped, five that had waited 3 s for their first token: the level's
+    p95 TTFT is at least 3 s (a lower bound), and it fails a 2 s limit as its sequential verdict did."""
+    fast = [RequestRecord(0.1 * i, 0.05, [0.01] * 9, 0.1 * i + 0.15, 512, 10, None) for i in range(3)]
+    waiting = tuple(RequestRecord(0.2, 3.0, [], 3.2, 512, 0, DROPPED) for _ in range(5))
+    run = LevelRun(LoadLevel("concurrency", 8), fast, 0.0, 3.2, Abandon("clearly fails"), waiting)
+    stats = level_stats(run, Limits(ttft_p95_ms=2000))
+    assert stats.ttft.p95_ms >= 3000 and stats.e2el.p95_ms >= 3000
+    assert stats.completed == 3 and stats.failed == 0  # dropped requests are neither
+    assert not judge(stats, Limits(ttft_p95_ms=2000)).passed
+    assert judge(level_stats(LevelRun(run.level, fast, 0.0, 3.2), Limits()), Limits(ttft_p95_ms=2000)).passed
