@@ -1,22 +1,34 @@
 """Record a real response surface: a grid of vLLM configurations of the tiny dense model on the CPU build, or
 (--plan) the planned GPU configurations of benchmarks/data/surface-plan-rtx3090.json (benchmarks/surface_plan.py).
 
-GPU runbook (issue 15; device sessions of 30 minutes, calls of at most 10; see benchmarks/h200/run_h200.sh for the
-wheels in .gpu1 ... .gpu5 and .whl, and the install into /tmp/site). Each call carries the partial surface file and
-brings it back through $OUT; /tmp survives between calls on one warm machine only, so a fresh machine installs again:
-  1-4:  bash benchmarks/h200/run_h200.sh stage N                               carry [".gpuN"]
-  5:    cp .gpu5/* .whl/*.whl /tmp/acc/ && bash benchmarks/h200/device-install.sh (as run_h200.sh trials does)
-  6..:  PYTHONPATH=/tmp/site:$PWD VLLM_USE_FLASHINFER_SAMPLER=0 timeout -k 10 570 \
-          python3 -m benchmarks.record_surface --plan benchmarks/data/surface-plan-rtx3090.json \
-          --out benchmarks/data/surface-rtx3090.json --stop-after 540; cp benchmarks/data/surface-rtx3090.json "$OUT"/
-        carry ["benchmarks/data/surface-rtx3090.json"] (absent on the first call: the run starts the file)
-        then copy the file back from files_at into benchmarks/data/ and commit it; repeat until it prints
-        "0 to go". The file is rewritten (atomically) after every configuration; configurations already in it are
-        skipped; --stop-after ends the run before a boot that would not finish inside the call. Boots take about 4 min
-        with CUDA graphs warm (the first one on a fresh machine is cold: its entry says compile_cache "cold"), so a
-        call records one or two configurations: plan on 15-25 calls (5-8 device sessions).
+GPU runbook (issue 15). A device session is 30 minutes of machine time in calls of at most 10, and the machine is
+given back after ~30 s idle: a session is one run of back-to-back calls, and /tmp (the install) lives only as long
+as it. Here, once: `bash benchmarks/h200/fetch-wheels.sh` (-> .gpu1 ... .gpuN, 50 MiB each) and the .whl folder
+(benchmarks/h200/run_h200.sh's header). Each session:
+  1..N-1: bash benchmarks/h200/run_h200.sh stage K                            carry [".gpuK"]
+  N:      bash benchmarks/h200/run_h200.sh surface-start SECONDS .gpuN        carry [".gpuN", ".whl"]
+          installs into /tmp/site, copies the tree to /tmp/src and starts this recorder there in the background:
+          --plan benchmarks/data/surface-plan-rtx3090.json --out $GPURUN/surface-rtx3090.json --stop-after SECONDS
+          (SECONDS: what the session has left after this call), from the surface the tree carries in
+          benchmarks/data/surface-rtx3090.json when there is one (a new file on the first session)
+  N+1..:  bash benchmarks/h200/run_h200.sh surface-wait 560
+          waits, prints the recorder's last lines and brings back surface-rtx3090.json and surface.tgz (its output,
+          the server logs NN.log / NN.cold.log by plan index); until it says "finished" or the session ends
+After each call copy surface-rtx3090.json from files_at into benchmarks/data/ (it is rewritten atomically after every
+configuration: the latest copy holds every finished one) and commit it after the session; the next session resumes
+from it, skipping the configurations it holds. Repeat until the recorder prints "0 to go". --stop-after starts no
+configuration with less time left than the median one recorded so far (BOOT_RESERVE_S before any): one cut off by
+the session's end is lost whole, never half-written.
+Cold boots: nearly every configuration is a compile key of its own (max_model_len, max_num_batched_tokens,
+kv_cache_dtype and speculative decoding move it), so its first boot compiles (~115-120 s), with 1-2 GiB less KV cache
+than warm or failing for memory where warm fits (benchmarks/data/h200-chat-as-3090). As autotune's trials do, the
+recorder then boots it once more, warm (~80 s), and measures that boot; the entry keeps both (`cold_boot`: status,
+boot_s, kv_cache_tokens, compile_cache, and failure_kind / reason; the measured boot's at the top level).
+Time: two boots, then up to 7 levels of >= 72 requests; at one sequence a chat request took ~2.2 s on the chat study,
+so concurrency 1 alone is ~3 min: up to ~10 min for a configuration measured up the whole ladder, less for one that
+fails to boot or misses early. Two or three configurations a session.
 
-Each configuration is booted through autotune's engine and measured at a fixed ladder of concurrency levels
+On the CPU build each configuration is booted through autotune's engine and measured at a fixed ladder of levels
 (4, 8, ... 64; a fixed number of requests per level) until the first level that misses the objective's limits.
 The ladder starts at 4: the benchmark's objective is tiny-cpu's limits for a service that must hold at least
 4 users at once (so a configuration that cannot is infeasible), and levels 1-2 would cost a third of the
