@@ -198,10 +198,12 @@ def _read_grid(doc: dict, limits: Limits | None) -> tuple[tuple[Point, ...], tup
 
 
 def _read_planned(doc: dict, limits: Limits | None) -> tuple[tuple[Point, ...], tuple[Param, ...]]:
+    """A planned surface's layout. A configuration booted cold first and then warm (`cold_boot`) cost both boots,
+    as a trial that meets a new compile key does."""
     space = tuple(Param(**{**d, "choices": tuple(d.get("choices", ()))}) for d in doc["provenance"]["space"])
     points = tuple(
         Point(dict(c["params"]), c["status"], c.get("refused"), _rungs(c.get("levels", []), limits),
-              c.get("boot_s", 0.0), c["wall_s"], c.get("baseline"))
+              c.get("boot_s", 0.0) + c.get("cold_boot", {}).get("boot_s", 0.0), c["wall_s"], c.get("baseline"))
         for c in doc["configs"] if c["status"] != "pending")
     return points, space
 

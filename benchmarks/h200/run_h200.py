@@ -38,8 +38,10 @@ MODEL = WORK / "qwen3.5-27b-awq-dummy"  # written by write_model(): CONFIG as it
 OBJECTIVE = DATA / "smoke-objective.toml"
 STUDY = DATA / "smoke-study.toml"
 PY = sys.executable
-FIXED = {"load_format": "dummy", "language_model_only": True, "skip_tokenizer_init": True,
-         "gdn_prefill_backend": "triton", "max_model_len": 4096}
+# What every boot of MODEL on the device needs beyond a study's flags: random weights (no tokenizer either: the
+# load generator sends token ids) and Triton's Gated DeltaNet prefill, FlashInfer not being carried.
+DEVICE_FLAGS = {"load_format": "dummy", "skip_tokenizer_init": True, "gdn_prefill_backend": "triton"}
+FIXED = {**DEVICE_FLAGS, "language_model_only": True, "max_model_len": 4096}
 ENV = {"VLLM_USE_FLASHINFER_SAMPLER": "0"}
 TRIALS = {  # booted by the library (the same path `autotune trial` takes), each capped to 24 GiB
     "eager-s16-b2048": {**FIXED, "enforce_eager": True, "max_num_seqs": 16, "max_num_batched_tokens": 2048},

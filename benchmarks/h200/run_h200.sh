@@ -34,6 +34,9 @@
 #      (the tree and what a call carries must stay under 64 MiB: with the tree at 3.9 MiB, a 60 MiB part is refused;
 #       then split the wheel and .gpu5 into more, smaller folders, stage all but the last, carry that one here)
 #      6, 7 ...: bash benchmarks/h200/run_h200.sh chat-wait 560            (one study of SECONDS across calls)
+#   or N: bash benchmarks/h200/run_h200.sh surface-start SECONDS .gpuN    carry [".gpuN", ".whl"]
+#      N+1 ...: bash benchmarks/h200/run_h200.sh surface-wait 560          (the GPU response surface of issue 15:
+#       benchmarks/record_surface.py's docstring has its runbook)
 # Each phase leaves $OUT/<phase>.tgz: server logs, NVML and nvidia-smi series, results-raw.json.
 # Then, here: python -m benchmarks.h200.collect_h200 <folders the tgz files were unpacked into>
 #   -> benchmarks/data/results-h200.json.
@@ -47,6 +50,32 @@ here=$(cd "$(dirname "$0")" && pwd)
 export GPURUN=/tmp/gpurun PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1 VLLM_USE_FLASHINFER_SAMPLER=0 \
   HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 VLLM_NO_USAGE_STATS=1 DO_NOT_TRACK=1
 mkdir -p /tmp/acc "$GPURUN"
+SURFACE=surface-rtx3090.json  # the GPU response surface, resumed across sessions (benchmarks/data/ in the tree)
+
+install() {  # FOLDER: stage the last wheel folder and .whl, install into /tmp/site, copy the tree to /tmp/src
+  cp "$1"/* .whl/*.whl /tmp/acc/
+  bash "$here/device-install.sh" | tail -3
+  echo "installed after ${SECONDS}s"
+  rm -rf /tmp/src && mkdir -p /tmp/src
+  tar cf - --exclude='./.gpu*' --exclude=./.whl --exclude=./.git . | tar xf - -C /tmp/src
+  (cd /tmp/src && python3 -c "import os; from autotune.engine.server import EngineSpec, server_env
+os.environ.update({k: v for k, v in server_env(EngineSpec('m'), {}).items() if 'TRITON' in k})
+import triton; from triton.runtime.cache import get_cache_manager
+print('triton', triton.__version__, 'cache', get_cache_manager('ab12').cache_dir)") || exit 3
+}
+
+launch() {  # NAME COMMAND...: COMMAND from /tmp/src in its own session (it outlives the call), to $GPURUN/NAME.out
+  local name=$1; shift
+  (cd /tmp/src && setsid nohup "$@" >"$GPURUN/$name.out" 2>&1 </dev/null &)
+  sleep 20; tail -5 "$GPURUN/$name.out"; echo "started after ${SECONDS}s"
+}
+
+wait_for() {  # PATTERN SECONDS: wait up to SECONDS while a process matches PATTERN, then say whether it ended
+  local end=$((SECONDS + $2))
+  while [ $SECONDS -lt $end ] && pgrep -f "$1" >/dev/null; do sleep 5; done
+  pgrep -f "$1" >/dev/null && echo "still running" || echo "finished"
+}
+
 case $phase in
   stage)
     cp ".gpu$2"/* /tmp/acc/ && ls /tmp/acc | wc -l ;;
@@ -69,27 +98,30 @@ case $phase in
     cp "$GPURUN/chat.db" "$OUT/" 2>/dev/null
     tar czf "$OUT/chat.tgz" -C "$GPURUN" --exclude chat.db . ;;
   chat-start)
-    # One study across calls (better than `chat` once per call): stages .gpu5 and .whl, installs, then starts
-    # `autotune run --budget $2` in its own session (it outlives the call) from a copy of the tree in /tmp/src.
-    # Follow it with `chat-wait` calls, back to back.
-    cp "$3"/* .whl/*.whl /tmp/acc/
-    bash "$here/device-install.sh" | tail -3
-    echo "installed after ${SECONDS}s"
-    rm -rf /tmp/src && mkdir -p /tmp/src
-    tar cf - --exclude='./.gpu*' --exclude=./.whl --exclude=./.git . | tar xf - -C /tmp/src
-    (cd /tmp/src && python3 -c "import os; from autotune.engine.server import EngineSpec, server_env
-os.environ.update({k: v for k, v in server_env(EngineSpec('m'), {}).items() if 'TRITON' in k})
-import triton; from triton.runtime.cache import get_cache_manager
-print('triton', triton.__version__, 'cache', get_cache_manager('ab12').cache_dir)") || exit 3
-    (cd /tmp/src && setsid nohup python3 -m benchmarks.h200.run_h200 chat "$2" >"$GPURUN/chat.out" 2>&1 </dev/null &)
-    sleep 20; tail -5 "$GPURUN/chat.out"; echo "started after ${SECONDS}s" ;;
+    # One study across calls (better than `chat` once per call): installs (the last wheel folder $3 and .whl),
+    # then starts `autotune run --budget $2` in the background. Follow it with `chat-wait` calls, back to back.
+    install "$3"
+    launch chat python3 -m benchmarks.h200.run_h200 chat "$2" ;;
   chat-wait)
     # Waits up to $2 s for the run chat-start began, then brings back chat.db, its output and the server logs.
-    end=$((SECONDS + $2))
-    while [ $SECONDS -lt $end ] && pgrep -f "benchmarks.h200.run_h200 chat" >/dev/null; do sleep 5; done
-    pgrep -f "benchmarks.h200.run_h200 chat" >/dev/null && echo "still running" || echo "finished"
+    wait_for "benchmarks.h200.run_h200 chat" "$2"
     grep -v '^\[' "$GPURUN/chat.out" | tail -40
     cp "$GPURUN/chat.db" "$OUT/" 2>/dev/null
     tar czf "$OUT/chat.tgz" -C "$GPURUN" --exclude chat.db --exclude ./qwen3.5-27b-awq-dummy . ;;
+  surface-start)
+    # The GPU response surface across calls: installs (the last wheel folder $3 and .whl), then records the
+    # planned configurations for $2 s in the background. It resumes the surface a previous start on this machine
+    # left in $GPURUN, else the one the tree carries in benchmarks/data/ (a later session's), else starts one.
+    install "$3"
+    [ -f "$GPURUN/$SURFACE" ] || cp "benchmarks/data/$SURFACE" "$GPURUN/" 2>/dev/null
+    launch surface python3 -m benchmarks.record_surface --plan benchmarks/data/surface-plan-rtx3090.json \
+      --out "$GPURUN/$SURFACE" --logs "$GPURUN/surface-logs" --stop-after "$2" ;;
+  surface-wait)
+    # Waits up to $2 s for the recording surface-start began, then brings back the surface file (rewritten after
+    # every configuration), the recorder's output and the server logs.
+    wait_for "benchmarks.record_surface" "$2"
+    tail -30 "$GPURUN/surface.out"
+    cp "$GPURUN/$SURFACE" "$OUT/" 2>/dev/null
+    tar czf "$OUT/surface.tgz" -C "$GPURUN" surface.out surface-logs ;;
   *) echo "unknown phase $phase"; exit 2 ;;
 esac

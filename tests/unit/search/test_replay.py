@@ -102,3 +102,18 @@ def test_nearest_snaps_in_log_scale(tmp_path: Path) -> None:
     assert surface.nearest({"max_num_seqs": 1, "max_num_batched_tokens": 80}).params == {
         "max_num_seqs": 1, "max_num_batched_tokens": 64}
 
+
+
+def test_a_configuration_booted_cold_then_warm_costs_both_boots(tmp_path: Path) -> None:
+    cold_s = 115.0
+    warm = _measured(4, 128, 400.0)
+    missed = {**warm["levels"][0], "concurrency": 8, "passed": False, "misses": {"ttft_p95_ms": 2.0}}
+    doc = json.loads(_surface(tmp_path).read_text())
+    doc["configs"] = [{**warm, "levels": [*warm["levels"], missed], "cold_boot": {"status": "booted",
+                       "boot_s": cold_s}, "wall_s": cold_s + BOOT_S + 2 * RUNG_S}]
+    path = tmp_path / "cold.json"
+    path.write_text(json.dumps(doc))
+    (point,) = load_surface(path).points
+    assert point.boot_s == cold_s + BOOT_S
+    # the first level costs both boots and itself: the cold boot is not spread over the levels as overhead
+    assert point.cost_s(1) == pytest.approx(cold_s + BOOT_S + RUNG_S)
