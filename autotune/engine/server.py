@@ -168,8 +168,13 @@ class Server:
         except (urllib.error.URLError, OSError):
             return False
 
-    def died(self) -> Failure | None:
-        """After boot: a failure seen in the log, or the process gone (e.g. killed or out of memory under load)."""
+    def died(self, grace_s: float = 0.0) -> Failure | None:
+        """After boot: a failure seen in the log, or the process gone (e.g. killed or out of memory under load).
+        `grace_s`: how long a process that may be on its way out is given to exit (its sockets close before the
+        kernel reports it gone: a level that ends on the first refused connection can ask too soon)."""
+        if grace_s > 0 and self.failure is None and self._proc is not None:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self._proc.wait(timeout=grace_s)
         if self.failure is not None and self.failure.kind is FailureKind.CRASH and self._proc is not None:
             # "engine died" comes before the traceback that names its cause: let the server finish writing it.
             with contextlib.suppress(subprocess.TimeoutExpired):

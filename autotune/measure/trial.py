@@ -242,7 +242,8 @@ def run_trial(
             stage(f"level {k + 1}: {plan.objective.load.mode} {value:g}")
             outcome = _measure(server, plan, value, seed_offset=k, cancel=cancel, exact=exact)
             levels.append((value, outcome))
-            if (failure := server.died()) is not None:
+            refused = any(e.startswith("connection error") for e in outcome.stats.errors)
+            if (failure := server.died(grace_s=3.0 if refused else 0.0)) is not None:
                 raise ServerDied(failure)
             at = f"{plan.objective.load.mode} {value:g}"
             if outcome.stats.completed == 0 and outcome.stats.failed > 0:
