@@ -136,9 +136,9 @@ class _Finished:
             # A server that fails every request (answering errors) has said all a level can say.
             self.reason = f"the first {len(self.records)} request(s) all failed"
         elif self.enough is not None:
-            self.reason = self.enough(self.records, list(self.in_flight.values()), time.perf_counter()) or ""
+            now = time.perf_counter()
+            self.reason = self.enough(self.records, list(self.in_flight.values()), now) or ""
             if isinstance(self.reason, Abandon):
-                now = time.perf_counter()
                 self.dropped = tuple(RequestRecord(r.start, r.ttft if r.ttft is not None else now - r.start, [], now,
                                                    r.prompt_tokens, 0, DROPPED) for r in self.in_flight.values())
                 self.abandoned.set()

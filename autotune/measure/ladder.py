@@ -137,9 +137,9 @@ def _exceedances_by_start(finished: Sequence[RequestRecord], in_flight: Sequence
     if key not in _ELAPSED or now == -math.inf:
         return None
     cut = now - limit / 1000.0
-    values = [r.end - r.start if key == "e2e_p95_ms" else r.ttft for r in finished if r.start <= cut]
+    values = _SAMPLES[key]([r for r in finished if r.start <= cut])
     values += [_ELAPSED[key](r, now) for r in in_flight if r.start <= cut]
-    return sum(v is not None and v * 1000.0 > limit for v in values), len(values)
+    return sum(v * 1000.0 > limit for v in values), len(values)
 
 
 @dataclass(frozen=True)

@@ -226,7 +226,7 @@ def run_trial(
                     return done(status, failure=e.failure)
 
     hung = False
-    watch = _memory_watch(plan)
+    watch = _memory_watch(plan, build)
     stage("booting")
     try:
         booted = boot_server()
@@ -311,9 +311,9 @@ def _kv_may_bind(plan: TrialPlan, boot: BootInfo) -> bool:
     return boot.max_concurrency < running
 
 
-def _memory_watch(plan: TrialPlan) -> MemoryWatch:
+def _memory_watch(plan: TrialPlan, build: Build) -> MemoryWatch:
     """NVML whenever vLLM is the CUDA build (hardware.memory_watch), on the GPUs the server may use."""
-    cuda = detect_build() is Build.CUDA
+    cuda = build is Build.CUDA
     visible = plan.engine.env.get("CUDA_VISIBLE_DEVICES", os.environ.get("CUDA_VISIBLE_DEVICES"))
     return memory_watch(cuda, plan.gpu_indices, visible, detect_gpus() if cuda else [])
 
