@@ -38,7 +38,9 @@ the PIECEWISE (mixed-batch) graphs go up to the pinned size.
 from __future__ import annotations
 
 import functools
+import hashlib
 import importlib.metadata
+import json
 import re
 from collections.abc import Mapping
 from pathlib import Path
@@ -111,6 +113,50 @@ def boot_again_before_measuring(build: Build, lines: list[str]) -> bool:
 
 
 CAPTURE_SIZE = "max_cudagraph_capture_size"
+
+
+# Flags read by no compile-key factor (the hashes listed above, vLLM 0.25.0-0.32.0): a change of them boots warm.
+# Anything not listed counts as a factor: a flag wrongly counted only makes a warm boot look new (key_is_new).
+_NOT_IN_KEY = frozenset({
+    "gpu_memory_utilization", "kv_cache_memory_bytes", "num_gpu_blocks_override", "enable_prefix_caching",
+    "enable_chunked_prefill", "scheduling_policy", "async_scheduling", "max_num_partial_prefills",
+    "long_prefill_token_threshold", "disable_log_stats", "max_num_seqs",
+})
+
+
+def compile_key(model: str, flags: Mapping[str, object], env: Mapping[str, str]) -> str:
+    """autotune's stand-in for vLLM's compile hash, which cannot be computed without importing vLLM: the model, the
+    vLLM version, the VLLM_* environment and every flag that may be a factor. max_num_seqs is one where the
+    installed vLLM hashes it or the capture sizes follow it (no pin)."""
+    seqs_matter = CAPTURE_SIZE not in flags or max_num_seqs_in_compile_key()
+    factors = {k: v for k, v in flags.items() if k not in _NOT_IN_KEY or (k == "max_num_seqs" and seqs_matter)}
+    vllm_env = {k: v for k, v in env.items() if k.startswith("VLLM_") and k != "VLLM_CACHE_ROOT"}
+    try:
+        version = installed_vllm()[1]
+    except EngineError:
+        version = None
+    text = json.dumps([model, version, vllm_env, factors], sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:20]
+
+
+KEYS_FILE = "autotune-compiled-keys.txt"  # in the compile cache's root: cleared with it
+
+
+def key_is_new(root: Path, key: str) -> bool:
+    """Whether no boot with this compile cache has compiled `key` yet: its next boot compiles (cold)."""
+    try:
+        return key not in (root / KEYS_FILE).read_text(encoding="utf-8").split()
+    except OSError:
+        return True
+
+
+def remember_key(root: Path, key: str) -> None:
+    """Note that a boot compiled (or loaded) `key`, so its artifacts are in the cache now."""
+    if key_is_new(root, key):
+        root.mkdir(parents=True, exist_ok=True)
+        with (root / KEYS_FILE).open("a", encoding="utf-8") as f:
+            f.write(key + "\n")
+
 
 
 # Flags with which the user decides the CUDA graphs (or that there are none): a pin would overrule them.

@@ -71,6 +71,10 @@ _KV_TOKENS = re.compile(r"(?:GPU|CPU|XPU|TPU) KV cache size: ([\d,]+) tokens")
 _MAX_CONCURRENCY = re.compile(r"Maximum concurrency for ([\d,]+) tokens per request: ([\d.]+)x")
 
 
+# kv_cache_utils.py, when --num-gpu-blocks-override is given: vLLM's own figure, then the one used.
+_OVERRIDDEN = re.compile(r"Overriding num_gpu_blocks=(\d+) with num_gpu_blocks_override=(\d+)")
+
+
 _WEIGHTS = re.compile(r"Model loading took ([\d.]+) GiB")
 
 
@@ -123,18 +127,21 @@ class BootInfo:
     max_concurrency: float | None = None
     max_concurrency_len: int | None = None
     weights_gib: float | None = None
+    profiled_blocks: int | None = None  # what vLLM sized the KV cache at when it was given another (override)
 
 
 def parse_boot_info(lines: list[str], boot_s: float) -> BootInfo:
-    kv = conc = conc_len = weights = None
+    kv = conc = conc_len = weights = profiled = None
     for line in lines:
+        if m := _OVERRIDDEN.search(line):
+            profiled = int(m.group(1))
         if m := _KV_TOKENS.search(line):
             kv = int(m.group(1).replace(",", ""))
         if m := _MAX_CONCURRENCY.search(line):
             conc_len, conc = int(m.group(1).replace(",", "")), float(m.group(2))
         if m := _WEIGHTS.search(line):
             weights = float(m.group(1))
-    return BootInfo(boot_s, kv, conc, conc_len, weights)
+    return BootInfo(boot_s, kv, conc, conc_len, weights, profiled)
 
 
 def _reason(kind: FailureKind, line: str) -> str:

@@ -89,12 +89,13 @@ COLD = "cold"  # the trial user attr compile_cache: "cold" | "warm" (absent on o
 
 
 def observations(trials: Sequence[FrozenTrial]) -> list[Observation]:
-    """Booted trials that teach the estimator: never a cold-cache boot (its figures and failures are the compile's)."""
+    """Booted trials that teach the estimator: never a cold-cache boot (its figures and failures are the compile's)
+    nor one given the estimate's KV cache (its figures are the estimate's)."""
     out = []
     for t in trials:
         a = t.user_attrs
         if (t.state != TrialState.COMPLETE or not a.get("booted", True) or "flags" not in a
-                or a.get("compile_cache") == COLD):
+                or a.get("compile_cache") == COLD or "kv_blocks_set" in a):
             continue
         memory_failed = a.get("failure_kind") in MEMORY_FAILURE_KINDS
         if "kv_cache_tokens" not in a and not memory_failed:

@@ -7,6 +7,7 @@ stop the server. Every way this can go wrong becomes a field of the result, neve
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import threading
 import time
@@ -20,6 +21,9 @@ from autotune.engine.compile_cache import (
     boot_again_before_measuring,
     boot_again_warm,
     compile_cache_state,
+    compile_key,
+    key_is_new,
+    remember_key,
 )
 from autotune.engine.flags import (
     Build,
@@ -27,7 +31,7 @@ from autotune.engine.flags import (
 )
 from autotune.engine.logs import BootInfo, Failure, FailureKind
 from autotune.engine.models import model_vocab_size, resolve_model
-from autotune.engine.server import BootFailed, EngineSpec, Server
+from autotune.engine.server import BootFailed, EngineSpec, Server, server_env
 from autotune.fit import memcap
 from autotune.fit.hardware import GpuProfile, detect_gpus
 from autotune.measure.client import STALLED, LoadLevel, measure_level
@@ -70,6 +74,7 @@ class TrialPlan:
     log_path: Path
     gpu_indices: tuple[int, ...] = ()  # the slot's GPUs (NVML indices); empty: every GPU the server may use
     prior: Prior = NO_PRIOR  # where the load search starts, and whether it screens at the incumbent's level
+    warm_kv_blocks: int | None = None  # the estimator's KV blocks for a warm boot: what a compiling boot is given
 
 
 def configured(model: str, flags: Mapping[str, object]) -> tuple[str, dict[str, object]]:
@@ -82,7 +87,7 @@ def configured(model: str, flags: Mapping[str, object]) -> tuple[str, dict[str, 
 def plan_trial(model_path: str, flags: Mapping[str, object], objective: Objective, log_path: Path, *,
                env: Mapping[str, str], boot_timeout_s: float, gpu_indices: tuple[int, ...] = (),
                memory_cap: memcap.MemoryCap | None = None, real_gpu: GpuProfile | None = None,
-               prior: Prior = NO_PRIOR) -> TrialPlan:
+               prior: Prior = NO_PRIOR, warm_kv_blocks: int | None = None) -> TrialPlan:
     """The one assembly of a trial from a configured model and flags: under a memory cap the flags are translated
     for the card present (`real_gpu`), so that the server behaves as on the capped card."""
     if memory_cap is not None:
@@ -90,13 +95,14 @@ def plan_trial(model_path: str, flags: Mapping[str, object], objective: Objectiv
         flags = memcap.engine_flags(flags, memory_cap, real_gpu)
     engine = EngineSpec(model=model_path, flags=flags, env=env, boot_timeout_s=boot_timeout_s,
                         cuda_visible_devices=",".join(map(str, gpu_indices)) if gpu_indices else None)
-    return TrialPlan(engine, objective, model_vocab_size(model_path), log_path, gpu_indices, prior)
+    return TrialPlan(engine, objective, model_vocab_size(model_path), log_path, gpu_indices, prior, warm_kv_blocks)
 
 
 @dataclass(frozen=True)
 class ColdBoot:
-    """A first boot that compiled cold, failed for memory or came up short of KV cache (failure None); the trial
-    booted again (warm) after it and measured that one."""
+    """A first boot that compiled cold, failed for memory or came up short of KV cache (failure None), or that was
+    given the estimator's KV cache and ran out of memory; the trial booted again (warm, sized by vLLM) after it
+    and measured that one."""
 
     failure: Failure | None
     boot_s: float
@@ -124,6 +130,7 @@ class TrialResult:
     log_error: str | None = None
     compile_cache: CompileCache | None = None  # the (last) boot's: "cold" compiled, "warm" loaded, None eager
     cold_boot: ColdBoot | None = None  # a cold boot's memory failure that was booted again warm
+    kv_blocks_set: int | None = None  # the KV blocks the measured server was given (warm_kv_blocks), if it was
 
     @property
     def best(self) -> LevelOutcome | None:
@@ -169,13 +176,18 @@ def run_trial(
 ) -> TrialResult:
     stage = on_stage or (lambda _s: None)
     t0 = time.monotonic()
-    server = Server(plan.engine, plan.log_path)
+    build = detect_build()
+    cache_root, key = _compile_key(plan)
+    # A boot that will compile is given the KV cache its warm boots get (compile_cache: vLLM profiles memory while
+    # it compiles, 1-2 GiB short), so that one boot measures the configuration; vLLM's own sizing comes back on
+    # any boot after.
+    blocks = blocks_for_first_boot(plan, build, key_is_new(cache_root, key))
+    server = Server(_given_blocks(plan.engine, blocks), plan.log_path)
     sampler: MemorySampler | None = None
     memory: MemoryPeak | None = None
     levels: list[tuple[float, LevelOutcome]] = []
     cold: ColdBoot | None = None
     cold_log = plan.log_path.with_suffix(".cold.log")
-    build = detect_build()
 
     def done(status: Status, **kw) -> TrialResult:
         nonlocal memory
@@ -183,19 +195,27 @@ def run_trial(
             memory = sampler.stop()
         return TrialResult(status, levels=tuple(levels), duration_s=time.monotonic() - t0,
                            log_path=plan.log_path, memory=memory, log_error=server.log_error,
-                           compile_cache=compile_cache_state(list(server.lines)), cold_boot=cold, **kw)
+                           compile_cache=compile_cache_state(list(server.lines)), cold_boot=cold,
+                           kv_blocks_set=blocks, **kw)
 
     def again(why: str, first_boot: ColdBoot | None = None) -> None:
-        """Stop this server and make the next; a cold first boot's log is kept beside the trial's."""
-        nonlocal server, cold
+        """Stop this server and make the next; a first boot's log is kept beside the trial's, and the next one
+        is sized by vLLM."""
+        nonlocal server, cold, blocks
         assert sampler is not None
         sampler.stop()
         server.stop()
         if first_boot is not None:
-            cold = first_boot
+            cold, blocks = first_boot, None
             plan.log_path.replace(cold_log)
-        server = Server(plan.engine, plan.log_path)
+        server = Server(_given_blocks(plan.engine, blocks), plan.log_path)
         stage(why)
+
+    def compiled() -> list[str]:
+        lines = list(server.lines)
+        if compile_cache_state(lines) is not None:  # compiled or loaded: its artifacts are in the cache now
+            remember_key(cache_root, key)
+        return lines
 
     def boot_server() -> BootInfo | TrialResult:
         """The server up (its BootInfo), or the trial's result if it cannot boot."""
@@ -207,17 +227,22 @@ def run_trial(
                                     source=watch.source).start()
             try:
                 boot = server.wait_ready(cancel)
-                if cold is not None or not boot_again_before_measuring(build, list(server.lines)) \
+                lines = compiled()
+                if blocks is not None or cold is not None or not boot_again_before_measuring(build, lines) \
                         or not _kv_may_bind(plan, boot):
                     return boot
                 again("booting again: a cold boot (compiling) has less KV cache than this configuration; warm now",
                       ColdBoot(None, boot.boot_s, cold_log))
             except BootFailed as e:
+                lines = compiled()
                 if e.failure.kind is FailureKind.PORT_IN_USE and not port_retried:
                     # Another program took the free port between our check and the server's bind: once more.
                     port_retried = True
                     again("booting (the port was taken; on another one)")
-                elif cold is None and boot_again_warm(e.failure, list(server.lines)):
+                elif blocks is not None and e.failure.kind.is_memory:
+                    again(f"booting again: given the estimate's {blocks:,} KV blocks it ran out of memory; now "
+                          "sized by vLLM", ColdBoot(e.failure, e.boot_s, cold_log))
+                elif cold is None and boot_again_warm(e.failure, lines):
                     # A cold compile's memory failure is no verdict: the cache is warm now (compile_cache.py).
                     again("booting again: the cold boot (compiling) ran out of memory; the cache is warm now",
                           ColdBoot(e.failure, e.boot_s, cold_log))
@@ -235,7 +260,7 @@ def run_trial(
         boot = booted
         # A cold CUDA server whose KV cache holds the first level judges a failure there as well as a warm one; a
         # pass is measured further, where its short KV cache would bind: on a warm boot (compile_cache.py).
-        warm_for_passes = cold is None and boot_again_before_measuring(build, list(server.lines))
+        warm_for_passes = cold is None and blocks is None and boot_again_before_measuring(build, list(server.lines))
 
         def measure(value: float, exact: bool) -> LevelOutcome:
             k = len(levels)
@@ -277,6 +302,15 @@ def run_trial(
                 # wins.
                 seen = server.died()
                 failure = seen if seen is not None and seen.kind.is_memory else e.failure
+                if blocks is not None and failure.kind.is_memory:  # the estimate's KV cache, not vLLM's, ran out
+                    levels.clear()
+                    again(f"booting again: given the estimate's {blocks:,} KV blocks it ran out of memory; now "
+                          "sized by vLLM", ColdBoot(failure, boot.boot_s, cold_log))
+                    booted = boot_server()
+                    if isinstance(booted, TrialResult):
+                        return booted
+                    boot = booted
+                    continue
                 status: Status = "infeasible" if failure.kind.is_memory else "failed"
                 return done(status, boot=boot, failure=failure)
             except _Stop as e:
@@ -293,6 +327,33 @@ def run_trial(
             sampler.stop()
         # A failed boot or a hung server has nothing to drain.
         server.stop(grace_s=15.0 if server.healthy() and not hung else 3.0)
+
+
+def _compile_key(plan: TrialPlan) -> tuple[Path, str]:
+    """The compile cache's folder the server will use, and the trial's key in it (compile_cache.compile_key)."""
+    env = server_env(plan.engine, os.environ)
+    return Path(env["VLLM_CACHE_ROOT"]), compile_key(plan.engine.model, plan.engine.flags, env)
+
+
+def blocks_for_first_boot(plan: TrialPlan, build: Build, compiles: bool) -> int | None:
+    """The KV blocks a trial's first boot is given: the estimate's for a warm boot, where the boot will compile on
+    the CUDA build (the CPU build's KV cache is VLLM_CPU_KVCACHE_SPACE either way) and the configuration does not
+    size its KV cache itself."""
+    if build is not Build.CUDA or not compiles or any(plan.engine.flags.get(f) for f in _OWN_KV_SIZE):
+        return None
+    return plan.warm_kv_blocks
+
+
+_OWN_KV_SIZE = ("num_gpu_blocks_override", "kv_cache_memory_bytes")  # a configuration that sizes its KV cache itself
+
+
+def _given_blocks(engine: EngineSpec, blocks: int | None) -> EngineSpec:
+    """The engine with its KV cache set to `blocks`: vLLM still profiles (and compiles), then logs the figure it
+    overrides ("Overriding num_gpu_blocks=X with num_gpu_blocks_override=Y"); the flag is in no compile key
+    (config/cache.py, 0.25.0 and 0.32.0), so the next boot finds the artifacts this one compiled."""
+    if blocks is None:
+        return engine
+    return dataclasses.replace(engine, flags={**engine.flags, "num_gpu_blocks_override": blocks})
 
 
 def _kv_may_bind(plan: TrialPlan, boot: BootInfo) -> bool:

@@ -102,6 +102,10 @@ def result_attrs(result: TrialResult) -> dict[str, object]:
             attrs["kv_cache_tokens"] = result.boot.kv_cache_tokens
         if result.boot.weights_gib is not None:
             attrs["weights_gib"] = result.boot.weights_gib
+        if result.boot.profiled_blocks is not None:
+            attrs["kv_blocks_profiled"] = result.boot.profiled_blocks
+    if result.kv_blocks_set is not None:  # its KV cache is the estimate's, not vLLM's: not an observation of it
+        attrs["kv_blocks_set"] = result.kv_blocks_set
     if result.memory is not None:
         attrs["peak_memory_gib"] = round(result.memory.peak_bytes / GiB, 3)
         attrs["memory_source"] = result.memory.source

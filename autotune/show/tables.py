@@ -117,6 +117,9 @@ def print_trial(console: Console, result: TrialResult, objective: Objective) -> 
         kv = f"{b.kv_cache_tokens:,} KV-cache tokens" if b.kv_cache_tokens else "KV-cache size not reported"
         cache = f" ({result.compile_cache} compile cache)" if result.compile_cache else ""
         console.print(f"boot {b.boot_s:.0f} s{cache}, {kv}")
+        if result.kv_blocks_set is not None:
+            own = f"; vLLM sized it at {b.profiled_blocks:,} while compiling" if b.profiled_blocks else ""
+            console.print(f"KV cache given the estimate's {result.kv_blocks_set:,} blocks for a warm boot{own}")
     if result.cold_boot is not None:
         c = result.cold_boot
         why = f"failed: {c.failure.reason}" if c.failure is not None else "came up short of KV cache (compiling)"

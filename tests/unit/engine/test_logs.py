@@ -52,6 +52,15 @@ def test_boot_info_is_parsed_from_a_real_log() -> None:
     assert info.kv_cache_tokens == 524_288
     assert info.max_concurrency == 64.0
     assert info.max_concurrency_len == 8192
+    assert info.profiled_blocks is None
+
+
+def test_a_boot_given_its_blocks_says_what_vllm_would_have_sized() -> None:
+    """vLLM 0.32 (CPU build), --num-gpu-blocks-override 300: "Overriding num_gpu_blocks=23403 with
+    num_gpu_blocks_override=300", then the KV cache of the 300 blocks it was given (128 tokens each)."""
+    info = parse_boot_info(lines("cpu-blocks-override.log"), boot_s=40.0)
+    assert info.profiled_blocks == 23_403
+    assert info.kv_cache_tokens == 300 * 128
 
 
 def test_gpu_wordings_from_vllm_sources_are_classified() -> None:

@@ -86,6 +86,9 @@ def test_observations_read_what_the_run_loop_records(study, dense, tmp_path) -> 
     # 5: booted and then died of out-of-memory under load: both a KV figure and a memory failure
     died = Failure(FailureKind.OUT_OF_MEMORY, "out of memory", "")
     add(study, booted(dense, ok_flags, TrialResult("infeasible", boot=BootInfo(40.0, 524_288), failure=died), kv_env))
+    # 6: a compiling boot given the estimate's KV blocks (trial.py): its figure is the estimate's own
+    add(study, booted(dense, ok_flags, TrialResult("ok", 90.0, boot=BootInfo(40.0, 524_288, profiled_blocks=3000),
+                                                   kv_blocks_set=4096), kv_env))
 
     stored = optuna.load_study(study_name="feasibility", storage=f"sqlite:///{tmp_path / 'study.db'}")
     seen = observations(stored.trials)

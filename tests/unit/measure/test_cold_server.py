@@ -9,10 +9,11 @@ from pathlib import Path
 import pytest
 
 from autotune.config.objective import load_objective
+from autotune.engine.flags import Build, to_argv
 from autotune.engine.logs import BootInfo
 from autotune.engine.server import EngineSpec
 from autotune.measure.ladder import Prior
-from autotune.measure.trial import TrialPlan, _kv_may_bind
+from autotune.measure.trial import TrialPlan, _given_blocks, _kv_may_bind, blocks_for_first_boot
 
 CHAT = Path(__file__).parents[3] / "objectives" / "chat-p95.toml"
 
@@ -37,3 +38,24 @@ def test_the_kv_cache_binds_unless_it_holds_the_first_levels_running_requests_at
 
 def test_a_capacity_the_server_did_not_print_might_bind() -> None:
     assert _kv_may_bind(plan(1), BootInfo(100.0, kv_cache_tokens=500_000))
+
+
+def chat_plan(flags: dict[str, object], blocks: int | None = 1500) -> TrialPlan:
+    return TrialPlan(EngineSpec("m", flags=flags), load_objective(CHAT), 1000, Path("trial.log"),
+                     warm_kv_blocks=blocks)
+
+
+def test_a_cuda_boot_that_compiles_is_given_the_estimates_warm_kv_cache() -> None:
+    flags = {"max_num_seqs": 18, "max_model_len": 8192}
+    assert blocks_for_first_boot(chat_plan(flags), Build.CUDA, compiles=True) == 1500
+    assert blocks_for_first_boot(chat_plan(flags), Build.CUDA, compiles=False) is None  # vLLM sizes a warm one
+    assert blocks_for_first_boot(chat_plan(flags), Build.CPU, compiles=True) is None
+    assert blocks_for_first_boot(chat_plan(flags, blocks=None), Build.CUDA, compiles=True) is None
+    for own in ({"num_gpu_blocks_override": 900}, {"kv_cache_memory_bytes": 2 << 30}):  # the user's size boots
+        assert blocks_for_first_boot(chat_plan({**flags, **own}), Build.CUDA, compiles=True) is None
+
+
+def test_the_blocks_go_to_vllm_as_its_override_flag() -> None:
+    engine = EngineSpec("m", flags={"max_num_seqs": 18})
+    assert _given_blocks(engine, None) == engine
+    assert to_argv(_given_blocks(engine, 1500).flags) == ["--max-num-seqs", "18", "--num-gpu-blocks-override", "1500"]
