@@ -277,7 +277,7 @@ def remeasure_top(study: optuna.Study, budget: Budget, reserved: Reserve, run_on
             budget.release()
         else:
             booted += 1
-            budget.record(float(getattr(result, "duration_s", 0.0)))
+            budget.record(float(getattr(result, "duration_s", 0.0)), searched=False)
         done.append(t.number)
     if done:
         study.set_user_attr(SUMMARY_ATTR, summary(study.get_trials(deepcopy=False)))

@@ -199,9 +199,10 @@ def run_study(
     artifacts_dir = artifacts_dir or spec.path.parent / f"{spec.name}-artifacts"
     reap_leftover_servers()
     reserved = remeasure.reserve(budget, spec.remeasure)  # spent at the end
-    budget.durations.extend(
-        t.user_attrs["duration_s"] for t in study.trials if "duration_s" in t.user_attrs and t.state.is_finished()
-    )
+    for t in study.trials:
+        if "duration_s" in t.user_attrs and t.state.is_finished():
+            budget.record(t.user_attrs["duration_s"],
+                          searched=BASELINE_ATTR not in t.user_attrs and REMEASURE_ATTR not in t.user_attrs)
     remeasure.hold(budget, study.get_trials(deepcopy=False), spec.remeasure)
     real_profile = feasibility.resolve_profile(spec.hardware, detect_build() is Build.CPU)
     # Under a memory cap, plan as on the capped card; boot with flags translated for the real one.
@@ -239,7 +240,7 @@ def run_study(
             rejected_in_a_row = 0
             with run.asking:
                 counts["booted"] += 1
-            budget.record(result.duration_s)
+            budget.record(result.duration_s, searched=result.searched)
             remeasure.hold(budget, study.get_trials(deepcopy=False), spec.remeasure)
 
     interrupted = False
@@ -340,13 +341,27 @@ def stored_observations(spec: StudySpec, storage_url: str | None) -> list[feasib
         return []
 
 
-def _one_trial(run: _Run, slot: Slot) -> TrialResult | None:
+@dataclass(frozen=True)
+class _Booted:
+    """A trial that booted: its result, and whether it was the search's own (sampled, and so screened: not a
+    baseline or a re-measurement, which are searched in full), whose lengths say what the next one costs."""
+
+    result: TrialResult
+    searched: bool
+
+    @property
+    def duration_s(self) -> float:
+        return self.result.duration_s
+
+
+def _one_trial(run: _Run, slot: Slot) -> _Booted | None:
     """Ask, judge before boot, boot and measure, tell. None when the configuration was refused before boot."""
     spec, study = run.spec, run.study
     with run.asking:
         optuna.storages.fail_stale_trials(study)  # another worker died mid-trial: mark it, and it is retried once
         trial = study.ask()
     baseline = trial_baseline(trial)
+    searched = baseline is None and REMEASURE_ATTR not in trial.user_attrs
     params = suggest(trial, spec.space)
     config = engine_config(spec, params, baseline=baseline)
     model_path, flags = configured(config.model, config.flags)
@@ -400,11 +415,11 @@ def _one_trial(run: _Run, slot: Slot) -> TrialResult | None:
     if run.stop.is_set():  # whatever the trial saw after Ctrl-C says nothing about the configuration
         tell.tell_interrupted(study, trial)
         run.ended(trial, TrialState.FAIL, "interrupted")
-        return result
+        return _Booted(result, searched)
     state = tell.tell_result(study, trial, result)
     run.ended(trial, state, _summary(result))
     tell.abort_if_model_missing(result, config.model)
-    return result
+    return _Booted(result, searched)
 
 
 def _warm_kv_blocks(run: _Run, est: Estimate) -> int | None:

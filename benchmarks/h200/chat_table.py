@@ -20,8 +20,8 @@ def main() -> None:
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     study = optuna.load_study(study_name=STUDY, storage=f"sqlite:///{db}")
     print("| trial | configuration | cold boot s | boot s (cache) | levels (concurrency x requests) | trial s |"
-          " KV tokens printed | predicted (range) | out tok/s | outcome |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+          " KV tokens printed | predicted (range) | KV blocks given (vLLM's own) | out tok/s | outcome |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     durations = []
     for t in study.trials:
         a = t.user_attrs
@@ -36,9 +36,10 @@ def main() -> None:
         cold += " (failed)" if "cold_boot_failure" in a else ""
         pred = f"{a.get('predicted_kv_tokens', 0):,} ({a.get('predicted_kv_tokens_low', 0):,}-" \
                f"{a.get('predicted_kv_tokens_high', 0):,})"
+        given = f"{a['kv_blocks_set']:,} ({a.get('kv_blocks_profiled', 0):,})" if "kv_blocks_set" in a else "-"
         out = f"{a['output_tok_s']:,.0f} at {a['best_level']:g}" if a.get("best_level") else "-"
         print(f"| {t.number} | {flags} | {cold} | {a.get('boot_s', 0):.0f} ({a.get('compile_cache', '-')}) |"
-              f" {levels} | {a['duration_s']:.0f} | {a.get('kv_cache_tokens', 0):,} | {pred} | {out} |"
+              f" {levels} | {a['duration_s']:.0f} | {a.get('kv_cache_tokens', 0):,} | {pred} | {given} | {out} |"
               f" {a.get('reason') or a.get('status', '')} |")
     if durations:
         print(f"\n{len(durations)} trials booted; median trial {statistics.median(durations):.0f} s;"

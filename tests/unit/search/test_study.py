@@ -232,6 +232,24 @@ def test_budget_arithmetic_with_a_fake_clock() -> None:
     assert counted.next_trial_fits() == (False, "2 trial(s) done")
 
 
+def test_the_next_trial_is_expected_to_cost_what_the_searchs_own_trials_cost() -> None:
+    """The device's chat study (benchmarks/data/h200-chat-as-3090-s20): two baselines searched in full (379 s,
+    256 s), two sampled configurations screened out (159 s, 157 s), a re-measurement (265 s); it stopped with
+    200 s left, "less than one trial (~256 s)", where a sampled trial took 158 s."""
+    now = [0.0]
+    budget = Budget(seconds=1450, clock=lambda: now[0])
+    for length, searched in ((379, False), (256, False), (159, True), (157, True)):
+        budget.record(length, searched=searched)
+    budget.record(265, searched=False)
+    assert budget.expected_trial_s() == 158.0
+    now[0] = 1250  # 200 s left
+    assert budget.next_trial_fits() == (True, "")
+    only_baselines = Budget(seconds=1450, clock=lambda: 0.0)
+    only_baselines.record(379, searched=False)
+    only_baselines.record(256, searched=False)
+    assert only_baselines.expected_trial_s() == 317.5  # nothing sampled yet: every trial says what one costs
+
+
 def test_run_rejects_a_bad_budget_with_one_line_and_exit_2(spec) -> None:
     out = CliRunner().invoke(main, ["run", str(spec.path), "--budget", "4x"])
     assert out.exit_code == 2
