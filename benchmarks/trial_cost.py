@@ -1,14 +1,19 @@
 """The old load ladder against the new one, on the same real vLLM CPU servers and configurations.
 
 For each configuration (the two baselines of studies/tiny-cpu.toml, then a sampled one with a small batch),
-one server is booted and both ladders measure it, one after the other, in alternating order:
-  - old: the ladder of commit 02e0249 (levels from `start` = 1, doubling, then bisection; every level at least
-    min_requests, the narrow-interval rule), loaded from git as it was;
-  - new: autotune.measure.ladder as a study runs it: the first configuration with no history (its capacity
-    sets the first level), the next ones with what the earlier ones reached (the incumbent's best level; the
-    sampled configuration is screened there), the sequential verdict on every level that does not decide.
-It prints, per configuration and ladder, measurement seconds, requests (warm-up included), levels, the chosen
-level and its throughput; then medians and ratios, and whether both chose the same level within one bisection
+one server is booted and both ladders measure it, one after the other, in alternating order, from the same prior:
+the first configuration with no history (its capacity sets the first level), the next ones with what the
+earlier ones reached (the incumbent's best level; the sampled configuration is screened there). On the first
+server both also re-measure it from its best level, as a study's re-measurement of its incumbent does.
+  - old: the ladder of commit 8069757, loaded from git as it was: the ramp judged sequentially, every bisection
+    level exact, the best level measured exactly once more when only the sequential verdict passed it (so a
+    re-measurement's first level, most often its answer, twice);
+  - new: autotune.measure.ladder: bisection levels judged sequentially too (only the answer is exact), and a
+    re-measurement's first level measured exactly at once (Prior.exact_first).
+(Until this change the old ladder was commit 02e0249's, from 1 with every level in full; see git history.)
+It prints, per configuration and ladder, measurement seconds, requests (warm-up included), levels (+ passed,
+- failed, ~ judged sequentially, else exact; requests in brackets), the chosen level and its throughput;
+then medians and ratios, and whether both chose the same level within one bisection
 step (|old - new| <= max(tolerance x the larger, 1)).
 
     PYTHONPATH=. .venv/bin/python -m benchmarks.trial_cost [--configs 3]
@@ -42,7 +47,7 @@ from autotune.search.space import engine_config
 from benchmarks.engine_lock import engine_lock
 
 REPO = Path(__file__).resolve().parents[1]
-OLD_COMMIT = "02e0249"
+OLD_COMMIT = "8069757"
 SAMPLED = {"max_num_seqs": 2, "max_num_batched_tokens": 512, "enable_chunked_prefill": True,
            "enable_prefix_caching": False, "max_model_len": 1024}
 
@@ -63,7 +68,7 @@ def old_ladder() -> ModuleType:
 class Run:
     seconds: float
     requests: int
-    levels: list[tuple[float, bool, int]]  # (level, passed, requests)
+    levels: list[tuple[float, bool, bool, int]]  # (level, passed, exact, requests)
     best_level: float | None
     throughput: float
     screened_out: bool = False
@@ -83,17 +88,17 @@ def measure_with(plan: TrialPlan, base_url: str, model: str, rule, counter: list
         requests = workload.requests(stop.max_requests + w, plan.vocab_size, seed_offset=seed, decode=decode)
         run = measure_level(base_url, model, requests[w:], LoadLevel(objective.load.mode, value), warmup=requests[:w],
                             seed=workload.arrival_seed(seed),
-                            enough=lambda done, flying, now: stop.reason(done, limits, flying, now)
-                            if isinstance(stop, ladder.StopRule) else stop.reason(done, limits))  # the old one's
+                            enough=lambda done, flying, now: stop.reason(done, limits, flying, now))
         stats = level_stats(run, limits)
         return LevelOutcome(stats, judge(stats, limits), hung=run.hung)
     return measure
 
 
 def summarise(t0: float, sla, warmup: int, screened: bool = False) -> Run:
-    steps = [(s.level, s.passed, s.outcome.stats.completed + s.outcome.stats.failed + warmup) for s in sla.steps]
+    steps = [(s.level, s.passed, s.exact, s.outcome.stats.completed + s.outcome.stats.failed + warmup)
+             for s in sla.steps]
     best = sla.best
-    return Run(time.monotonic() - t0, sum(n for _, _, n in steps), steps, sla.best_level,
+    return Run(time.monotonic() - t0, sum(n for *_, n in steps), steps, sla.best_level,
                best.stats.output_tok_s if best else 0.0, screened)
 
 
@@ -130,23 +135,36 @@ def main() -> None:
                 new_measure = measure_with(plan, server.base_url, server.model,
                                            objective.load.stop_rule, counter)
                 old_measure = measure_with(plan, server.base_url, server.model,
-                                           lambda v, _exact: old_search.stop_rule(v), counter)
-                runs: dict[str, Run] = {}
-                order = ("old", "new") if i % 2 == 0 else ("new", "old")
-                for which in order:
-                    t0 = time.monotonic()
-                    if which == "old":
-                        sla = old.find_sustainable(old_measure, lambda o: o.verdict.passed, old_search)
-                        runs["old"] = summarise(t0, sla, objective.load.warmup_requests)
-                    else:
-                        sla = ladder.find_sustainable(new_measure, lambda o: o.verdict.passed, objective.load, prior)
-                        runs["new"] = summarise(t0, sla, objective.load.warmup_requests, sla.screened_out)
-                    r = runs[which]
-                    print(f"  {which}: {r.seconds:.0f} s, {r.requests} requests, levels "
-                          + " ".join(f"{lv:g}{'+' if ok else '-'}({n})" for lv, ok, n in r.levels)
-                          + (" -> screened out" if r.screened_out else f" -> best {r.best_level}, "
-                             f"{r.throughput:.0f} tok/s"), flush=True)
-            results.append((label, runs["old"], runs["new"]))
+                                           old_search.stop_rule, counter)
+
+                def both(prior: ladder.Prior, order: tuple[str, str], old_measure=old_measure,
+                         new_measure=new_measure) -> dict[str, Run]:
+                    """Both ladders on this server from one prior, in that order."""
+                    old_prior = old.Prior(incumbent=prior.incumbent, similar=prior.similar, cap=prior.cap,
+                                          screen=prior.screen)  # exact_first is the new ladder's
+                    runs: dict[str, Run] = {}
+                    for which in order:
+                        t0 = time.monotonic()
+                        if which == "old":
+                            sla = old.find_sustainable(old_measure, lambda o: o.verdict.passed, old_search, old_prior)
+                        else:
+                            sla = ladder.find_sustainable(new_measure, lambda o: o.verdict.passed, objective.load,
+                                                          prior)
+                        r = runs[which] = summarise(t0, sla, objective.load.warmup_requests, sla.screened_out)
+                        print(f"  {which}: {r.seconds:.0f} s, {r.requests} requests, levels "
+                              + " ".join(f"{lv:g}{'+' if ok else '-'}{'' if ex else '~'}({n})"
+                                         for lv, ok, ex, n in r.levels)
+                              + (" -> screened out" if r.screened_out else f" -> best {r.best_level}, "
+                                 f"{r.throughput:.0f} tok/s"), flush=True)
+                    return runs
+
+                runs = both(prior, ("old", "new") if i % 2 == 0 else ("new", "old"))
+                results.append((label, runs["old"], runs["new"]))
+                if i == 0 and runs["new"].best_level is not None:  # a study's re-measurement of its incumbent
+                    again = ladder.Prior(incumbent=runs["new"].best_level, cap=cap, exact_first=True)
+                    print(f"  re-measurement: new ladder's prior {again}", flush=True)
+                    remeasured = both(again, ("new", "old"))
+                    results.append((f"re-measure {label.split()[-1]}", remeasured["old"], remeasured["new"]))
             if incumbent is None or (runs["new"].best_level or 0) > incumbent:
                 incumbent = runs["new"].best_level
     tol = objective.load.tolerance
@@ -157,9 +175,8 @@ def main() -> None:
         for which, r in (("old", o), ("new", n)):
             same = ""
             if which == "new":
-                if n.screened_out:
-                    same = ("screened out; old best level " f"{o.best_level} < incumbent's"
-                            if (o.best_level or 0) < (n.levels[0][0]) else "screened out, but old passed it")
+                if n.screened_out or o.screened_out:
+                    same = "both screened out" if n.screened_out and o.screened_out else "NO (one screened out)"
                 elif o.best_level is not None and n.best_level is not None:
                     ok = abs(o.best_level - n.best_level) <= max(tol * max(o.best_level, n.best_level), 1)
                     same = "yes (within one bisection step)" if ok else "NO"

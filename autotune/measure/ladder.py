@@ -21,7 +21,7 @@ How long a level runs (`StopRule`). Two rules, whichever ends it first:
     a level with p >= 15% is passed, or one with p <= 2% failed, with probability at most e / (1 - e) ~ 5.3%
     (Wald's bound, e = 0.05; computed exactly: 4.9% and 2.6%; tests/unit/measure/test_measurement.py counts
     them on 20,000 simulated levels each). In between it may take either verdict (at p = 5%, the p95 at the
-    limit, 75% pass early), which is why the levels that decide the answer are exact (below);
+    limit, 75% pass early): the answer is therefore always a level measured exactly (below);
     A TTFT or end-to-end limit is judged on every request that started at least the limit ago, finished or still
     in flight (one still waiting for its first token past the TTFT limit is over it, whatever comes): in a closed
     loop the requests after the first round finish only after that whole round, and a queueing server's level
@@ -29,9 +29,19 @@ How long a level runs (`StopRule`). Two rules, whichever ends it first:
     (client.Abandon): its requests in flight are cancelled, not waited for;
   - the exact rule (the former one): after `min_requests`, at min x 1.25^k requests, each limited p95's
     order-statistics interval at `p95_confidence` is within +-`p95_margin` or clear of its limit.
-  Levels that decide the answer are measured exactly (`exact=True`: no sequential verdict): every bisection
-  level, and the best level once more if it was only passed by the sequential test, so that the figure a
-  trial reports is an exact p95 and a throughput over the full count of requests.
+  Only the answer is measured exactly (`exact=True`: no sequential verdict): the best level once more if it was
+  only passed by the sequential test, so that the figure a trial reports is an exact p95 and a throughput over
+  the full count of requests; if it fails there, the search goes below it again. Bisection levels are judged
+  sequentially like the others: a mid clearly over its limit stops after a dozen requests, where an exact
+  level ran ~200 on the device (55 at a p95 TTFT far over its limit). The error rates above hold for each of
+  them (requests at a level do not depend on how it was chosen), but mids lie near the limit by construction,
+  where the test may go either way (computed exactly, with no cap on requests: a level with p = 3% or 4% fails
+  with probability 7% or 15%, one with p = 7% or 10% passes with 50% or 22%). A false pass costs one exact
+  level: the answer is re-measured and the search comes back below it. A false fail (p between 2% and 5%)
+  closes the bracket there: the answer is the highest exact pass below it, lower than exact bisection would
+  find by at most the bracket being bisected (the same risk the ramp's levels always had).
+  A re-measurement (`Prior.exact_first`) measures its first level, its original's best, exactly at once: it is
+  most often the answer, and would otherwise be measured twice.
 
 Compared with the tools the issue names. GuideLLM's sweep measures a synchronous run (concurrency 1) and a
 throughput run (everything at once), then spreads its rates linearly between the two; vLLM 0.32's
@@ -257,6 +267,9 @@ class Prior:
     similar: tuple[float, ...] = ()  # best levels of the most similar configurations measured
     cap: float | None = None  # the most the configuration holds at once (max_num_seqs, KV tokens / request)
     screen: bool = False  # measure at `incumbent` first and stop there if it fails
+    # Measure the first level exactly: a re-measurement's first level, its original's best, is most often the
+    # answer, which is measured exactly anyway; judged sequentially first, it would be measured twice.
+    exact_first: bool = False
 
 
 NO_PRIOR = Prior()  # nothing known: start from the geometric middle of [start, max]
@@ -376,7 +389,7 @@ def find_sustainable(
     level = min(max(first_level(search, prior), bottom), top)
     lo: float | None = None
     hi: float | None = None
-    if step(level, False):
+    if step(level, prior.exact_first):
         lo = level
         while lo < top:
             nxt = up(lo)
@@ -391,7 +404,7 @@ def find_sustainable(
     while lo is not None:
         while hi is not None and hi - lo > max(search.tolerance * lo, 1 if ints else 0):
             mid = (lo + hi) // 2 if ints else (lo + hi) / 2
-            if step(mid, True):
+            if step(mid, False):  # judged sequentially: only the answer needs an exact figure
                 lo = mid
             else:
                 hi = mid

@@ -434,7 +434,7 @@ def load_prior(study: optuna.Study, trial: optuna.Trial, flags: dict[str, object
     measured configurations that differ from this one in the fewest parameters, and what this configuration
     holds at once. A sampled configuration is screened at the incumbent's level; a baseline (a reference the
     user reads) and a re-measurement (of the incumbent's figure) are searched in full, the latter from its own
-    first best level."""
+    first best level, measured exactly at once (it is most often the answer: measured once, not twice)."""
     trials = [t for t in study.get_trials(deepcopy=False)
               if feasible(t) and t.number != trial.number and view(t).best_level is not None]
     of = trial.user_attrs.get(REMEASURE_ATTR)
@@ -453,7 +453,8 @@ def load_prior(study: optuna.Study, trial: optuna.Trial, flags: dict[str, object
     cap = capacity(float(seqs) if isinstance(seqs, int | float) else None, kv_tokens,
                    w.input_len.mean + w.output_len.mean)
     screen = level is not None and of is None and trial_baseline(trial) is None
-    return Prior(incumbent=level, similar=() if original else similar, cap=cap, screen=screen)
+    return Prior(incumbent=level, similar=() if original else similar, cap=cap, screen=screen,
+                 exact_first=original is not None)
 
 
 def _check_gpu_free(run: _Run, trial: optuna.Trial, slot: Slot, wait_s: float = 30.0) -> None:

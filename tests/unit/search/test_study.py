@@ -23,7 +23,7 @@ from autotune.measure.stats import LevelStats, Limits, Percentiles, Verdict
 from autotune.measure.trial import SCREENED, LevelOutcome, TrialResult
 from autotune.search import record, tell
 from autotune.search.budget import Budget
-from autotune.search.record import feasible, trial_baseline
+from autotune.search.record import REMEASURE_ATTR, feasible, trial_baseline
 from autotune.search.remeasure import best_trial
 from autotune.search.space import suggest
 from autotune.search.study import load_prior, open_study
@@ -344,7 +344,18 @@ def test_a_sampled_configuration_is_screened_at_the_incumbents_level_and_a_basel
     sampled = study.ask()
     suggest(sampled, spec.space)
     prior = load_prior(study, sampled, {"max_num_seqs": 64}, spec, kv_tokens=None)
-    assert prior.screen and prior.incumbent == 2 and prior.cap == 64
+    assert prior.screen and prior.incumbent == 2 and prior.cap == 64 and not prior.exact_first
+
+
+def test_a_remeasurement_starts_exactly_at_its_originals_best_level(spec) -> None:
+    """Its first level is most often its answer, which is measured exactly: judged early first, it ran twice."""
+    study = open_study(spec)
+    told(study, ok_result(400.0))  # the first baseline: best level 2
+    study.tell(study.ask(), state=TrialState.FAIL)  # the second baseline
+    study.enqueue_trial(study.trials[0].params, user_attrs={REMEASURE_ATTR: 0})
+    again = study.ask()
+    prior = load_prior(study, again, {"max_num_seqs": 16}, spec, kv_tokens=320 * 4)
+    assert prior == Prior(incumbent=2, similar=(), cap=4.0, screen=False, exact_first=True)
 
 
 def test_a_baseline_refused_on_the_memory_estimate_is_judged_again_when_the_study_resumes(spec) -> None:
