@@ -7,15 +7,17 @@ methods compare over many seeds in minutes (most of it the GP sampler's model fi
 
     .venv/bin/python -m benchmarks.search_efficiency [--surface PATH] [--seeds 50] [--limit ttft_p95_ms=150]
 
-Reported per method, under the recorded limits and under each `--limit` (the rungs judged again from the
-requests' own timings; tighter only): the median number of booted trials (and engine minutes) until a
-configuration within 5% of the surface's best has been measured; the best found after 10, 20 and 40 booted trials
-(anytime curve: its recorded throughput / the best, mean over seeds; capped at the surface's size); the share of
-engine time spent on configurations that met no limit or did not boot. Replay rules: a sampled configuration is the
-nearest recorded one (Surface.nearest; on the CPU grid: the grid point, ties going up); a trial's value is its
-highest passing ladder rung (the real search would bisect towards the next one: its time is counted, its finer
-value is not recorded); with the estimator, a configuration it refuses costs nothing and is no trial; without it,
-it is booted and costs its recorded boot. The grid in vLLM's auto_tune order boots everything in order.
+Reported per method, under the recorded limits and under each `--limit` (the rungs judged again from the requests'
+own timings; tighter only, and on a GPU surface no tighter than the `tightest_limits` it was recorded down to): the
+median number of booted trials (and engine minutes) until a configuration within 5% of the surface's best has been
+measured; the best found after 10, 20 and 40 booted trials (anytime curve: its recorded throughput / the best, mean
+over seeds; capped at the surface's size); the share of engine time spent on configurations that met no limit or did
+not boot. Replay rules: a sampled configuration is the nearest recorded one (Surface.nearest; on the CPU grid: the
+grid point, ties going up); a trial measures the rungs a load search from the configuration's recorded start would
+(up while they pass, down while they fail: surface.py says what is assumed of levels not recorded) and its value is
+its highest passing rung (the real search would bisect towards the next one: its time is counted, its finer value is
+not recorded); with the estimator, a configuration it refuses costs nothing and is no trial; without it, it is
+booted and costs its recorded boot. The grid in vLLM's auto_tune order boots everything in order.
 """
 
 from __future__ import annotations
@@ -105,7 +107,8 @@ def tell(study: optuna.Study, trial: optuna.Trial, point: Point, method: Method,
         study.tell(trial, point.value * gain)
         return Step(point, point.cost_s(), point.value * gain, False)
     # no rung passed: latency violated by the worst miss at the lowest rung
-    _tell_infeasible(study, trial, method, latency=max(max(point.rungs[0].misses.values(), default=2.0) - 1.0, 1e-3))
+    lowest = min(point.rungs, key=lambda r: r.concurrency)
+    _tell_infeasible(study, trial, method, latency=max(max(lowest.misses.values(), default=2.0) - 1.0, 1e-3))
     return Step(point, point.cost_s(), 0.0, False)
 
 
@@ -322,8 +325,9 @@ def spread(doc: dict) -> tuple[str, float]:
     """The repeated measurements of the top configurations: each one's figures, and the pooled relative
     standard deviation (a configuration's figure / the mean of its figures)."""
     def value(c: dict) -> float:
-        passing = [lv["output_tok_s"] for lv in c.get("levels", []) if lv["passed"]]
-        return passing[-1] if passing and c["status"] == "measured" else 0.0
+        passing = [lv for lv in c.get("levels", []) if lv["passed"]]
+        top = max(passing, key=lambda lv: lv["concurrency"]) if passing else None
+        return top["output_tok_s"] if top and c["status"] == "measured" else 0.0
 
     def params(c: dict) -> dict[str, object]:
         return c.get("params") or {k: c[k] for k in ("max_num_seqs", "max_num_batched_tokens")}

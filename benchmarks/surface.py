@@ -7,6 +7,15 @@ max_num_batched_tokens at the top of each configuration; a planned surface (`"fo
 verdict per configuration (`refused`: what autotune would refuse before boot). Every rung keeps its requests'
 timings, so a tighter p95 limit can be judged again from them (a looser one cannot: the ladder stopped at the
 first miss under the recorded limits).
+
+Which rungs a configuration has under given limits (`_rungs`): those autotune's load search would measure from the
+recorded `start` (the GPU surface's: where the recorder's walk began, near the configuration's capacity; the CPU
+grid's and older files': their lowest level): up from it while a rung passes, or down from it while one fails.
+What the replay assumes about levels it has no record of: above a rung that misses, every level misses; below one
+that passes, every level passes (the search's own assumption). The GPU recorder measured down to a rung that meets
+its `tightest_limits` (or concurrency 1), so limits between those and the recorded ones never need an unmeasured
+level; tighter ones are refused. A rung the recording failed fails any tighter limits whatever its records say (an
+abandoned rung's records are its first requests and the lower bounds of those it dropped).
 """
 
 from __future__ import annotations
@@ -48,6 +57,9 @@ class Point:
     boot_s: float
     wall_s: float
     baseline: str | None = None  # the baseline's name when this configuration is one
+    # Per level, the recorded wall time that was neither boot nor a level's requests (warm-ups, stop), over every
+    # level recorded, also those a search under other limits would not measure. None: over `rungs`.
+    overhead_s: float | None = None
 
     @property
     def key(self) -> tuple[tuple[str, object], ...]:
@@ -55,9 +67,10 @@ class Point:
 
     @property
     def value(self) -> float:
-        """Throughput of the highest passing rung (rungs stop at the first miss); 0 when none passed."""
-        passing = [r.output_tok_s for r in self.rungs if r.passed]
-        return passing[-1] if passing and self.status == "measured" else 0.0
+        """Throughput of the highest passing rung (the search stopped at the first miss); 0 when none passed."""
+        passing = [r for r in self.rungs if r.passed]
+        return max(passing, key=lambda r: r.concurrency).output_tok_s if passing and self.status == "measured" \
+            else 0.0
 
     @property
     def feasible(self) -> bool:
@@ -67,21 +80,24 @@ class Point:
 
     def schedule(self) -> list[tuple[float, float]]:
         """(value reported to the pruner, engine seconds) per load level the real search would measure: the
-        recorded rungs, then, when a rung failed after one passed, the 2 bisection levels autotune's SLA search
-        adds between them (factor 2, tolerance 0.25; not recorded: each costs the mean of the two rungs, and
-        reports the best passing figure so far). Each rung also carries its share of the recorded wall time
-        that was neither boot nor measurement (warm-ups, stop)."""
+        rungs in the search's order, then, when one passed and the next one up failed, the 2 bisection levels
+        autotune's SLA search adds between them (factor 2, tolerance 0.25; not recorded: each costs the mean of the
+        two rungs, and reports the best passing figure so far). Each rung also carries its share of the recorded
+        wall time that was neither boot nor measurement (warm-ups, stop)."""
         if not self.rungs:
             return []
-        overhead = max(0.0, self.wall_s - self.boot_s - sum(r.duration_s for r in self.rungs)) / len(self.rungs)
-        out, best = [], 0.0
+        overhead = self.overhead_s if self.overhead_s is not None else \
+            max(0.0, self.wall_s - self.boot_s - sum(r.duration_s for r in self.rungs)) / len(self.rungs)
+        out: list[tuple[float, float]] = []
+        top: Rung | None = None  # the highest passing rung so far: its throughput is the value reported
         for r in self.rungs:
-            best = r.output_tok_s if r.passed else best
-            out.append((best, r.duration_s + overhead))
-        last = self.rungs[-1]
-        if not last.passed and len(self.rungs) > 1:
-            between = (self.rungs[-2].duration_s + last.duration_s) / 2 + overhead
-            out += [(best, between)] * BISECTION_LEVELS
+            top = r if r.passed and (top is None or r.concurrency > top.concurrency) else top
+            out.append((top.output_tok_s if top else 0.0, r.duration_s + overhead))
+        best = out[-1][0]
+        above = [r for r in self.rungs if not r.passed and top is not None and r.concurrency > top.concurrency]
+        if top is not None and above:
+            miss = min(above, key=lambda r: r.concurrency)
+            out += [(best, (top.duration_s + miss.duration_s) / 2 + overhead)] * BISECTION_LEVELS
         return out
 
     def cost_s(self, levels: int | None = None) -> float:
@@ -153,29 +169,50 @@ def distance(space: tuple[Param, ...], a: Mapping[str, object], b: Mapping[str, 
     return total
 
 
-def _records(level: dict) -> list[RequestRecord]:
-    """A recorded rung's requests as the client saw them (record_surface.compact: times from the rung's start)."""
-    return [RequestRecord(r[0], r[1], [], r[2], 0, r[3], r[4]) for r in level["records"]]
+def _records(level: dict, key: str = "records") -> list[RequestRecord]:
+    """A recorded rung's requests as the client saw them (record_surface.compact: times from the rung's start);
+    `key` "dropped": those an abandoned rung cancelled, as far as they got."""
+    return [RequestRecord(r[0], r[1], [], r[2], 0, r[3], r[4]) for r in level.get(key, [])]
 
 
 def rejudge(level: dict, limits: Limits) -> tuple[bool, dict[str, float]]:
-    """A recorded rung's verdict under other limits, from its per-request records (metrics.judge, as the
-    recording judged it)."""
-    run = LevelRun(LoadLevel("concurrency", level["concurrency"]), _records(level), 0.0, level["duration_s"])
+    """A recorded rung's verdict under other (tighter) limits, from its per-request records (metrics.judge, as
+    the recording judged it). A rung the recording failed fails them too, with its recorded misses."""
+    if not level["passed"]:
+        return False, dict(level.get("misses", {}))
+    run = LevelRun(LoadLevel("concurrency", level["concurrency"]), _records(level), 0.0, level["duration_s"],
+                   dropped=tuple(_records(level, "dropped")))
     verdict = judge(level_stats(run, limits), limits)
     return verdict.passed, verdict.misses
 
 
-def _rungs(levels: list[dict], limits: Limits | None) -> tuple[Rung, ...]:
-    """The recorded rungs, or under `limits` the rungs up to the first one they fail (where the ladder would have
-    stopped)."""
-    out = []
-    for lv in levels:
+def _rungs(levels: list[dict], limits: Limits | None, start: int | None = None) -> tuple[Rung, ...]:
+    """The rungs a load search from `start` (default: the lowest recorded) measures, in its order, judged as
+    recorded or under `limits`: up the recorded levels while they pass, or down while they fail."""
+    if not levels:
+        return ()
+    by_level = {lv["concurrency"]: lv for lv in levels}  # one record per level
+    order = sorted(by_level)
+    i = order.index(start) if start in by_level else 0
+
+    def rung(c: int) -> Rung:
+        lv = by_level[c]
         passed, misses = (lv["passed"], lv.get("misses", {})) if limits is None else rejudge(lv, limits)
-        out.append(Rung(lv["concurrency"], passed, lv["output_tok_s"], misses, lv["duration_s"]))
-        if not passed:
-            break
+        return Rung(c, passed, lv["output_tok_s"], misses, lv["duration_s"])
+
+    out = [rung(order[i])]
+    step = 1 if out[0].passed else -1
+    j = i + step
+    while 0 <= j < len(order) and out[-1].passed == out[0].passed:
+        out.append(rung(order[j]))
+        j += step
     return tuple(out)
+
+
+def _overhead(c: dict, boot_s: float) -> float | None:
+    """Point.overhead_s of a recorded configuration: its wall time less its boots and every level it recorded."""
+    levels = c.get("levels") or []
+    return max(0.0, c["wall_s"] - boot_s - sum(lv["duration_s"] for lv in levels)) / len(levels) if levels else None
 
 
 def _nearest_on_axis(axis: list[int], v: float) -> int:
@@ -190,7 +227,7 @@ def _read_grid(doc: dict, limits: Limits | None) -> tuple[tuple[Point, ...], tup
     points = tuple(
         Point({"max_num_seqs": c["max_num_seqs"], "max_num_batched_tokens": c["max_num_batched_tokens"]},
               c["status"], c.get("precheck"), _rungs(c.get("levels", []), limits), c.get("boot_s", 0.0), c["wall_s"],
-              names.get((c["max_num_seqs"], c["max_num_batched_tokens"])))
+              names.get((c["max_num_seqs"], c["max_num_batched_tokens"])), _overhead(c, c.get("boot_s", 0.0)))
         for c in doc["configs"])
     space = tuple(Param(name, "int", low=min(axis), high=max(axis), log=True)
                   for name, axis in (("max_num_seqs", seqs), ("max_num_batched_tokens", tokens)))
@@ -198,25 +235,34 @@ def _read_grid(doc: dict, limits: Limits | None) -> tuple[tuple[Point, ...], tup
 
 
 def _read_planned(doc: dict, limits: Limits | None) -> tuple[tuple[Point, ...], tuple[Param, ...]]:
-    """A planned surface's layout. A configuration booted cold first and then warm (`cold_boot`) cost both boots,
-    as a trial that meets a new compile key does."""
+    """A planned surface's layout. A configuration booted twice (`cold_boot`: cold, then warm; or given the
+    estimate's KV blocks, then sized by vLLM) cost both boots, as such a trial does. Its walk began at `start`."""
     space = tuple(Param(**{**d, "choices": tuple(d.get("choices", ()))}) for d in doc["provenance"]["space"])
+
+    def boots(c: dict) -> float:
+        return c.get("boot_s", 0.0) + c.get("cold_boot", {}).get("boot_s", 0.0)
+
     points = tuple(
-        Point(dict(c["params"]), c["status"], c.get("refused"), _rungs(c.get("levels", []), limits),
-              c.get("boot_s", 0.0) + c.get("cold_boot", {}).get("boot_s", 0.0), c["wall_s"], c.get("baseline"))
+        Point(dict(c["params"]), c["status"], c.get("refused"), _rungs(c.get("levels", []), limits, c.get("start")),
+              boots(c), c["wall_s"], c.get("baseline"), _overhead(c, boots(c)))
         for c in doc["configs"] if c["status"] != "pending")
     return points, space
 
 
 def load_surface(path: Path, limits: Limits | None = None) -> Surface:
-    """The recorded surface; with `limits`, each rung judged again under them (tighter limits than the recording's
-    only: a rung the recording failed was the last one measured)."""
+    """The recorded surface; with `limits`, each rung judged again under them: no looser than the recording's
+    (above a rung the recording failed nothing was measured), and no tighter than its `tightest_limits`, where it
+    names them (below the lowest rung of each configuration nothing was)."""
     doc = json.loads(path.read_text())
     recorded = doc["provenance"].get("limits", {})
+    tightest = doc["provenance"].get("tightest_limits", {})
     if limits is not None:
         for key, value in dataclasses.asdict(limits).items():
             if value is not None and recorded.get(key) is not None and value > recorded[key]:
                 raise ValueError(f"{key}: {value} is looser than the recorded {recorded[key]}")
+            if value is not None and tightest.get(key) is not None and value < tightest[key]:
+                raise ValueError(f"{key}: {value} is tighter than the {tightest[key]} the surface was recorded down "
+                                 "to (no level below each configuration's lowest was measured)")
     points, space = (_read_planned if doc.get("format") == 2 else _read_grid)(doc, limits)
     if not any(p.feasible for p in points):
         raise ValueError(f"{path}: no recorded configuration meets the limits")

@@ -33,6 +33,7 @@ from autotune.engine.logs import BootInfo, Failure, FailureKind
 from autotune.engine.models import model_vocab_size, resolve_model
 from autotune.engine.server import BootFailed, EngineSpec, Server, server_env
 from autotune.fit import memcap
+from autotune.fit.estimate import Estimate
 from autotune.fit.hardware import GpuProfile, detect_gpus
 from autotune.measure.client import STALLED, LoadLevel, measure_level
 from autotune.measure.ladder import NO_PRIOR, LoadSearch, Prior, find_sustainable, first_level
@@ -177,12 +178,12 @@ def run_trial(
     stage = on_stage or (lambda _s: None)
     t0 = time.monotonic()
     build = detect_build()
-    cache_root, key = _compile_key(plan)
     # A boot that will compile is given the KV cache its warm boots get (compile_cache: vLLM profiles memory while
     # it compiles, 1-2 GiB short), so that one boot measures the configuration; vLLM's own sizing comes back on
     # any boot after.
-    blocks = blocks_for_first_boot(plan, build, key_is_new(cache_root, key))
-    server = Server(_given_blocks(plan.engine, blocks), plan.log_path)
+    first = plan_first_boot(plan, build)
+    blocks = first.blocks
+    server = Server(first.engine, plan.log_path)
     sampler: MemorySampler | None = None
     memory: MemoryPeak | None = None
     levels: list[tuple[float, LevelOutcome]] = []
@@ -213,8 +214,7 @@ def run_trial(
 
     def compiled() -> list[str]:
         lines = list(server.lines)
-        if compile_cache_state(lines) is not None:  # compiled or loaded: its artifacts are in the cache now
-            remember_key(cache_root, key)
+        first.note(lines)
         return lines
 
     def boot_server() -> BootInfo | TrialResult:
@@ -333,6 +333,38 @@ def _compile_key(plan: TrialPlan) -> tuple[Path, str]:
     """The compile cache's folder the server will use, and the trial's key in it (compile_cache.compile_key)."""
     env = server_env(plan.engine, os.environ)
     return Path(env["VLLM_CACHE_ROOT"]), compile_key(plan.engine.model, plan.engine.flags, env)
+
+
+@dataclass(frozen=True)
+class FirstBoot:
+    """How a configuration's first server boots (plan_first_boot): its engine, given the estimate's KV blocks where
+    it will compile (`blocks`; None: sized by vLLM), and its compile key in the cache, noted once a boot has compiled
+    or loaded it. Shared by run_trial and benchmarks/record_surface.py."""
+
+    engine: EngineSpec
+    blocks: int | None
+    cache_root: Path
+    key: str
+
+    def note(self, lines: list[str]) -> None:
+        """After a boot: one that compiled or loaded the key leaves its artifacts in the cache, so the key's next
+        boot is warm (and sized by vLLM)."""
+        if compile_cache_state(lines) is not None:
+            remember_key(self.cache_root, self.key)
+
+
+def plan_first_boot(plan: TrialPlan, build: Build) -> FirstBoot:
+    """The first boot of `plan`: given plan.warm_kv_blocks where its compile key is new (blocks_for_first_boot)."""
+    cache_root, key = _compile_key(plan)
+    blocks = blocks_for_first_boot(plan, build, key_is_new(cache_root, key))
+    return FirstBoot(_given_blocks(plan.engine, blocks), blocks, cache_root, key)
+
+
+def warm_kv_blocks(estimate: Estimate, cuda: bool) -> int | None:
+    """The KV blocks the estimator predicts for a warm boot, which a boot that compiles is given (TrialPlan's
+    warm_kv_blocks): on a GPU, where the central prediction fits (one that fits only at the band's optimistic end
+    is left to vLLM)."""
+    return estimate.num_blocks if cuda and estimate.fits and estimate.num_blocks > 0 else None
 
 
 def blocks_for_first_boot(plan: TrialPlan, build: Build, compiles: bool) -> int | None:

@@ -112,8 +112,11 @@ case $phase in
     # The GPU response surface across calls: installs (the last wheel folder $3 and .whl), then records the
     # planned configurations for $2 s in the background. It resumes the surface a previous start on this machine
     # left in $GPURUN, else the one the tree carries in benchmarks/data/ (a later session's), else starts one.
+    # First it prints what the configurations to go are expected to cost (--estimate: boots nothing).
     install "$3"
     [ -f "$GPURUN/$SURFACE" ] || cp "benchmarks/data/$SURFACE" "$GPURUN/" 2>/dev/null
+    (cd /tmp/src && python3 -m benchmarks.record_surface --plan benchmarks/data/surface-plan-rtx3090.json \
+      --out "$GPURUN/$SURFACE" --estimate | tail -3)
     launch surface python3 -m benchmarks.record_surface --plan benchmarks/data/surface-plan-rtx3090.json \
       --out "$GPURUN/$SURFACE" --logs "$GPURUN/surface-logs" --stop-after "$2" ;;
   surface-wait)

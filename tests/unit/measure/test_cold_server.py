@@ -13,7 +13,7 @@ from autotune.engine.flags import Build, to_argv
 from autotune.engine.logs import BootInfo
 from autotune.engine.server import EngineSpec
 from autotune.measure.ladder import Prior
-from autotune.measure.trial import TrialPlan, _given_blocks, _kv_may_bind, blocks_for_first_boot
+from autotune.measure.trial import TrialPlan, _given_blocks, _kv_may_bind, blocks_for_first_boot, plan_first_boot
 
 CHAT = Path(__file__).parents[3] / "objectives" / "chat-p95.toml"
 
@@ -59,3 +59,29 @@ def test_the_blocks_go_to_vllm_as_its_override_flag() -> None:
     engine = EngineSpec("m", flags={"max_num_seqs": 18})
     assert _given_blocks(engine, None) == engine
     assert to_argv(_given_blocks(engine, 1500).flags) == ["--max-num-seqs", "18", "--num-gpu-blocks-override", "1500"]
+
+
+S20 = Path(__file__).parents[3] / "benchmarks" / "data" / "h200-chat-as-3090-s20"
+
+
+def test_the_first_boot_of_a_new_key_is_given_blocks_and_once_it_compiled_the_next_is_sized_by_vllm(
+        tmp_path: Path) -> None:
+    """plan_first_boot, shared by run_trial and benchmarks/record_surface.py: the compile cache's ledger (here a
+    folder of its own, named by the server's VLLM_CACHE_ROOT) decides, and a boot that compiled is noted in it."""
+    flags = {"max_num_seqs": 64, "max_model_len": 32768}
+    plan = TrialPlan(EngineSpec("m", flags=flags, env={"VLLM_CACHE_ROOT": str(tmp_path)}), load_objective(CHAT),
+                     1000, Path("trial.log"), warm_kv_blocks=142)
+    first = plan_first_boot(plan, Build.CUDA)
+    assert first.blocks == 142 and first.engine.flags == {**flags, "num_gpu_blocks_override": 142}
+    first.note((S20 / "trial-0001.log").read_text().splitlines())  # the device's boot given 142: compiled
+    again = plan_first_boot(plan, Build.CUDA)
+    assert again.blocks is None and again.engine == plan.engine
+    assert plan_first_boot(plan, Build.CPU).blocks is None
+
+
+def test_a_boot_that_neither_compiled_nor_loaded_leaves_the_key_new(tmp_path: Path) -> None:
+    plan = TrialPlan(EngineSpec("m", flags={"max_num_seqs": 8}, env={"VLLM_CACHE_ROOT": str(tmp_path)}),
+                     load_objective(CHAT), 1000, Path("trial.log"), warm_kv_blocks=40)
+    eager = (Path(__file__).parents[3] / "tests" / "data" / "gpu" / "cuda-0.25-boot-eager.log").read_text()
+    plan_first_boot(plan, Build.CUDA).note(eager.splitlines())
+    assert plan_first_boot(plan, Build.CUDA).blocks == 40

@@ -1,26 +1,31 @@
 """The GPU surface's recorder (benchmarks/record_surface.py --plan) without booting anything: the plan file read
-into the configurations it boots on the device, the surface file resumed, and the second (warm) boot after a cold
-one, decided on the device's own server logs (benchmarks/data/h200-chat-as-3090)."""
+into the configurations it boots on the device (with the estimator's warm KV blocks), the surface file resumed, the
+boots decided on the device's own server logs (benchmarks/data/h200-chat-as-3090 and -s20), the walk over load
+levels and when a level ends, and what a configuration is expected to cost."""
 
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import pytest
 
 from autotune.engine.defaults import DEFAULT_UTILIZATION
 from autotune.engine.flags import Build
-from autotune.engine.logs import BootInfo, classify_log, parse_boot_info
+from autotune.engine.logs import BootInfo, Failure, FailureKind, classify_log, parse_boot_info
 from autotune.engine.server import BootFailed
 from autotune.fit import memcap
 from autotune.fit.hardware import get_profile
+from autotune.measure.client import Abandon, RequestRecord
+from autotune.measure.stats import Limits
 from benchmarks import record_surface as rs
 from benchmarks.h200.run_h200 import DEVICE_FLAGS
 
 REPO = Path(__file__).parents[3]
 PLAN = REPO / "benchmarks" / "data" / "surface-plan-rtx3090.json"
 CHAT_RUN = REPO / "benchmarks" / "data" / "h200-chat-as-3090"
+S20 = REPO / "benchmarks" / "data" / "h200-chat-as-3090-s20"  # the first boots given the estimate's KV blocks
 GPU_BOOTS = REPO / "tests" / "data" / "gpu-boots"
 MODEL = "/tmp/gpurun/qwen3.5-27b-awq-dummy"  # the device's model folder; nothing here reads it
 H200 = get_profile("h200")
@@ -97,14 +102,15 @@ def test_a_surface_of_another_plan_is_not_resumed(planned, tmp_path: Path) -> No
         rs.surface_doc(out, PLAN, plan, spec, H200)
 
 
-@pytest.mark.parametrize(("walls", "reserve"), [
-    ([], rs.BOOT_RESERVE_S),  # nothing recorded yet
-    ([120.0, 200.0], rs.BOOT_RESERVE_S),  # two quick boot failures
-    ([120.0, 650.0, 700.0], 650.0),  # configurations booted cold, then warm, and measured
+@pytest.mark.parametrize(("recorded", "reserve"), [
+    ([], 200.0),  # nothing recorded yet: as expected
+    ([(50.0, 100.0), (300.0, 250.0), (90.0, 100.0)], 200.0),  # quicker than expected: never less
+    ([(130.0, 100.0), (300.0, 200.0), (260.0, 200.0)], 260.0),  # 1.3 x longer (the median): scaled up
 ])
-def test_a_new_configuration_starts_only_with_the_median_recorded_time_left(walls: list[float],
-                                                                             reserve: float) -> None:
-    assert rs.reserve_s({"configs": [{"wall_s": w} for w in walls]}) == reserve
+def test_a_new_configuration_starts_only_with_its_expected_time_left(recorded: list[tuple[float, float]],
+                                                                     reserve: float) -> None:
+    doc = {"configs": [{"wall_s": w, "expected_s": e} for w, e in recorded] + [{"wall_s": 999.0}]}  # an old entry
+    assert rs.reserve_s(doc, 200.0) == pytest.approx(reserve)
 
 
 def lines(path: Path) -> list[str]:
@@ -117,7 +123,8 @@ def test_a_cold_cuda_boot_that_came_up_is_booted_again_warm() -> None:
     assert rs.warm_boot_due(Build.CUDA, booted, cold)
     assert not rs.warm_boot_due(Build.CPU, booted, cold)  # the CPU build's KV cache does not depend on it
     assert rs.boot_fields(booted, cold) == {"status": "booted", "boot_s": 118.0, "kv_cache_tokens": 22_755,
-                                            "compile_cache": "cold"}
+                                            "compile_cache": "cold", "kv_blocks_given": None,
+                                            "kv_blocks_profiled": None}
 
 
 def test_a_cold_boot_that_failed_for_memory_is_booted_again_and_both_boots_are_kept() -> None:
@@ -132,7 +139,8 @@ def test_a_cold_boot_that_failed_for_memory_is_booted_again_and_both_boots_are_k
     booted = parse_boot_info(warm, 77.0)
     assert not rs.warm_boot_due(Build.CUDA, booted, warm)
     assert rs.boot_fields(booted, warm) == {"status": "booted", "boot_s": 77.0, "kv_cache_tokens": 30_427,
-                                            "compile_cache": "warm"}
+                                            "compile_cache": "warm", "kv_blocks_given": None,
+                                            "kv_blocks_profiled": None}
 
 
 def test_a_warm_memory_failure_stands() -> None:
@@ -145,3 +153,164 @@ def test_a_warm_memory_failure_stands() -> None:
 def test_an_eager_boot_is_not_booted_again() -> None:
     eager = lines(REPO / "tests" / "data" / "gpu" / "cuda-0.25-boot-eager.log")
     assert not rs.warm_boot_due(Build.CUDA, BootInfo(60.0), eager)
+
+
+def test_a_boot_given_the_estimates_blocks_is_measured_cold_and_keeps_both_figures() -> None:
+    given = lines(S20 / "trial-0001.log")  # s64-fp8-32k's first boot: compiled, given 142 blocks, vLLM sized 58
+    booted = parse_boot_info(given, 129.0)
+    assert not rs.warm_boot_due(Build.CUDA, booted, given, given=142)
+    assert rs.warm_boot_due(Build.CUDA, booted, given)  # the same boot, sized by vLLM: booted again warm
+    assert rs.boot_fields(booted, given, 142) == {"status": "booted", "boot_s": 129.0, "kv_cache_tokens": 105_751,
+                                                  "compile_cache": "cold", "kv_blocks_given": 142,
+                                                  "kv_blocks_profiled": 58}
+
+
+def test_a_boot_given_blocks_that_ran_out_of_memory_is_booted_again_sized_by_vllm() -> None:
+    cold = lines(CHAT_RUN / "trial-0000.cold.log")  # a memory failure of a compiling boot
+    assert rs.warm_boot_due(Build.CUDA, BootFailed(classify_log(cold), 200.0), cold, given=51)
+    crash = BootFailed(Failure(FailureKind.CRASH, "an error"), 30.0)
+    assert not rs.warm_boot_due(Build.CUDA, crash, [], given=51)
+
+
+def test_the_configurations_the_estimator_expects_to_fit_are_given_its_warm_kv_blocks(planned) -> None:
+    _, _, configs = planned
+    by_index = {c.index: c for c in configs}
+    recipe = next(c for c in configs if c.baseline == "recipe")
+    # the recipe's flags were given 51 blocks on the device too (S20, trial 0: vLLM sized 29 while compiling)
+    assert (recipe.boots, recipe.warm_kv_blocks, recipe.now.fits) == ("given", 51, True)
+    for c in configs:
+        assert (c.warm_kv_blocks is not None) == (c.now.fits and c.now.num_blocks > 0)
+        assert c.warm_kv_blocks is None or c.warm_kv_blocks == c.now.num_blocks
+    assert by_index[0].boots == "refused"  # vLLM's defaults: 262k context, out of memory
+    assert by_index[2].boots == "rejected"  # chunked prefill off with 2,799 batched tokens < 4,096
+    assert by_index[21].boots == "sized"  # inside the estimate's band: vLLM sizes it, cold then warm
+    assert sum(c.boots == "given" for c in configs) >= 14
+
+
+@pytest.mark.parametrize(("seqs", "kv_tokens", "start"), [
+    (48, 29_842, 16),  # the recipe as given its blocks: 42 chat requests of ~704 tokens -> 21 -> 16 (answered 15)
+    (64, 105_751, 32),  # s64-fp8-32k: 64 sequences -> 32 (answered 37)
+    (1, 3_640, 1),
+    (256, None, 64),  # nothing known but the batch
+])
+def test_the_walk_starts_where_autotunes_load_search_would(seqs: int, kv_tokens: int | None, start: int) -> None:
+    spec = rs.read_plan(PLAN)[1]
+    assert rs.gpu_ladder(spec.objective).start(seqs, kv_tokens, spec.objective.workload) == start
+    assert rs.CPU_LADDER.start(seqs, kv_tokens, spec.objective.workload) == 4  # the CPU grid: from its bottom
+
+
+LADDER = (1, 2, 4, 8, 16, 32, 64, 128)
+
+
+def walked(start: int, loose: int, tight: int) -> tuple[list[int], list[int]]:
+    """The levels a walk measures, and in which order, on a server that meets the recorded limits up to `loose`
+    and the tightest up to `tight`."""
+    seen: list[int] = []
+
+    def measure(c: int) -> tuple[bool, bool]:
+        seen.append(c)
+        return c <= loose, c <= tight
+    return rs.walk(LADDER, start, measure), seen
+
+
+@pytest.mark.parametrize(("start", "loose", "tight", "order"), [
+    (16, 37, 20, [16, 32, 64]),  # climbs to the first miss; the start meets the tightest: nothing below
+    (32, 37, 20, [32, 64, 16]),  # the start misses the tightest: down until a level meets it
+    (16, 15, 10, [16, 8]),  # the start misses: down to a level that meets the tightest
+    (16, 15, 3, [16, 8, 4, 2]),  # ... which may be below the recorded limits' answer
+    (4, 0, 0, [4, 2, 1]),  # nothing passes: down to 1
+    (64, 200, 200, [64, 128]),  # the ladder's top passes: nothing above it
+])
+def test_the_walk_measures_every_level_a_search_from_its_start_needs(start: int, loose: int, tight: int,
+                                                                     order: list[int]) -> None:
+    done, seen = walked(start, loose, tight)
+    assert done == seen == order
+    # for any limits between the two, the levels a search from `start` measures were measured
+    for answer in range(tight, loose + 1):
+        need = [start] if start <= answer else []
+        c = start
+        while c <= answer and c < LADDER[-1]:
+            c *= 2
+            need.append(c)
+        c = start
+        while c > answer and c > 1:
+            c //= 2
+            need.append(c)
+        assert set(need) <= set(done), answer
+
+
+def record(start: float, ttft: float, e2e: float = 2.2, tokens: int = 192) -> RequestRecord:
+    return RequestRecord(start, ttft, [], start + e2e, 512, tokens, None)
+
+
+LIMITS = Limits(ttft_p95_ms=2000, tpot_p95_ms=100)
+TIGHT = Limits(ttft_p95_ms=1000, tpot_p95_ms=50)
+
+
+def test_a_level_far_inside_the_tightest_limits_ends_after_wald_has_seen_enough() -> None:
+    end = rs.level_end(4, 72, LIMITS, TIGHT, 0.05)
+    fast = [record(i * 0.5, 0.1) for i in range(40)]
+    # the first round (4) is not judged; Wald's test needs 21 requests inside after it (called as each finishes)
+    assert end(fast[:24], [], fast[23].end) is None
+    assert end(fast[:25], [], fast[24].end) == rs.INSIDE
+    near = [record(i * 0.5, 0.1 if i % 10 else 1.2) for i in range(40)]  # one in ten over the tightest TTFT
+    assert all(end(near[:n], [], near[n - 1].end) is None for n in range(1, 40))
+
+
+def test_a_level_that_clearly_misses_the_recorded_limits_is_abandoned() -> None:
+    end = rs.level_end(8, 72, LIMITS, TIGHT, 0.05)
+    done = [record(i * 0.3, 0.2) for i in range(8)]  # the first round
+    waiting = [record(3.0 + i * 0.1, None) for i in range(8)]  # started after it, no first token 2.5 s on
+    assert isinstance(end(done, waiting, 6.0), Abandon)
+    assert end(done, waiting, 4.0) is None  # not waited 2 s yet: nothing known
+
+
+def test_a_level_ends_at_its_count() -> None:
+    end = rs.level_end(2, 72, LIMITS, TIGHT, 0.05)
+    slow = [record(i * 1.0, 1.5) for i in range(72)]  # meets the recorded limits, misses the tightest
+    assert end(slow[:71], [], 71.0) is None
+    assert end(slow, [], 72.0) == "count"
+
+
+def test_a_configuration_given_its_blocks_is_expected_to_take_a_third_of_what_it_took_before(planned) -> None:
+    _, spec, configs = planned
+    recipe = next(c for c in configs if c.baseline == "recipe")
+    ladder, workload = rs.gpu_ladder(spec.objective), spec.objective.workload
+    now = rs.expected(recipe, ladder, workload)
+    before = rs.expected(recipe, ladder, workload, before=True)
+    assert now.levels == ((16, "full"), (32, "abandoned"), (8, "full"))  # one boot, three levels
+    assert now.boots_s == rs.COST.boot_new_s and before.boots_s == rs.COST.boot_new_s + rs.COST.boot_warm_s
+    assert [c for c, _ in before.levels] == [1, 2, 4, 8, 16, 32]  # from 1 up to the first miss, all in full
+    # 72 requests at 16 at 4.1 s each, and 4 warm-up requests at once
+    assert rs.COST.level_s(ladder, 16, "full") == pytest.approx(72 * rs.COST.e2e(16) / 16 + rs.COST.e2e(4))
+    assert 180 < now.seconds < 240 < 600 < before.seconds  # ~3.5 min against ~10.5
+    rejected = next(c for c in configs if c.boots == "rejected")
+    assert rs.expected(rejected, ladder, workload).levels == ()
+
+
+def test_the_end_to_end_model_runs_through_the_devices_figures() -> None:
+    for c, seconds in rs.COST.e2e_points:
+        assert rs.COST.e2e(c) == pytest.approx(seconds)
+    last, e2e = rs.COST.e2e_points[-1]
+    assert rs.COST.e2e(64) == pytest.approx(e2e * 64 / last)  # saturated: as many requests per second
+    assert rs.COST.e2e(2) == pytest.approx(2.2 + math.log(2) / math.log(10) * 1.1)
+
+
+def test_a_session_records_what_fits_after_the_machines_first_compile() -> None:
+    first = rs.SESSION_S - rs.COST.first_key_extra_s
+    per = int(first // 200)  # each started only with its time left; each session compiles Triton once
+    assert rs.sessions([200.0] * 20) == [per, per, per, 20 - 3 * per]
+    assert rs.sessions([first, 1.0]) == [1, 1]
+
+
+def test_a_new_surface_names_the_limits_it_is_recorded_for_and_an_entry_what_its_first_boot_was_given(
+        planned, tmp_path: Path) -> None:
+    plan, spec, configs = planned
+    prov = rs.surface_doc(tmp_path / "surface.json", PLAN, plan, spec, H200)["provenance"]
+    assert prov["limits"] == {"ttft_p95_ms": 2000, "tpot_p95_ms": 100}  # the climb's: the loosest replayed
+    assert prov["tightest_limits"] == {"ttft_p95_ms": 1000, "tpot_p95_ms": 50}  # the descent's: the tightest
+    assert prov["ladder"] == [1, 2, 4, 8, 16, 32, 64, 128]
+    recipe = next(c for c in configs if c.baseline == "recipe")
+    entry = rs.plan_entry(recipe, H200, {"status": "measured", "kv_blocks_given": 51, "kv_blocks_profiled": 29}, 206.0)
+    assert (entry["warm_kv_blocks"], entry["estimate_now"]["num_blocks"], entry["expected_s"]) == (51, 51, 206.0)
+    assert entry["estimate"] == recipe.estimate  # the plan's verdict, kept beside today's

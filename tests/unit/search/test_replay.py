@@ -11,8 +11,9 @@ from pathlib import Path
 import optuna
 import pytest
 
+from autotune.measure.stats import Limits
 from benchmarks import search_efficiency as se
-from benchmarks.surface import load_surface
+from benchmarks.surface import load_surface, rejudge
 
 BOOT_S, RUNG_S, FAIL_WALL_S = 10.0, 5.0, 30.0
 
@@ -117,3 +118,78 @@ def test_a_configuration_booted_cold_then_warm_costs_both_boots(tmp_path: Path) 
     assert point.boot_s == cold_s + BOOT_S
     # the first level costs both boots and itself: the cold boot is not spread over the levels as overhead
     assert point.cost_s(1) == pytest.approx(cold_s + BOOT_S + RUNG_S)
+
+
+# A GPU surface's configuration as benchmarks/record_surface.py walks it: started at 32 (near its capacity), which
+# met the recorded limits but not the tightest (p95 TTFT 1.3 s against 2 and 1 s), climbed to 64 (abandoned: it
+# clearly missed; its first requests happened to be quick) and went down to 16 (0.5 s: meets the tightest).
+WALK_BOOT_S, WALL_S = 140.0, 190.0
+D32, D64, D16 = 20.0, 5.0, 19.0
+OVERHEAD_S = (WALL_S - WALK_BOOT_S - D32 - D64 - D16) / 3  # per recorded level
+
+
+def _level(c: int, passed: bool, ttft: float, duration: float, tok_s: float, n: int = 72) -> dict:
+    records = [[round(i * 0.1, 4), ttft, round(i * 0.1 + ttft + 2.0, 4), 192, None] for i in range(n)]
+    return {"concurrency": c, "passed": passed, "misses": {} if passed else {"ttft_p95_ms": 2.2},
+            "duration_s": duration, "output_tok_s": tok_s, "records": records, "dropped": []}
+
+
+def _walked(tmp_path: Path) -> Path:
+    levels = [_level(32, True, 1.3, D32, 900.0), _level(64, False, 0.2, D64, 500.0, n=10),
+              _level(16, True, 0.5, D16, 700.0)]
+    config = {"params": {"max_num_seqs": 64, "max_num_batched_tokens": 2048}, "status": "measured", "refused": None,
+              "boot_s": WALK_BOOT_S, "wall_s": WALL_S, "start": 32, "levels": levels}
+    space = [{"name": "max_num_seqs", "type": "int", "low": 1, "high": 128, "log": True},
+             {"name": "max_num_batched_tokens", "type": "int", "low": 1024, "high": 16384, "log": True}]
+    doc = {"format": 2, "provenance": {"limits": {"ttft_p95_ms": 2000.0, "tpot_p95_ms": 100.0},
+                                       "tightest_limits": {"ttft_p95_ms": 1000.0, "tpot_p95_ms": 50.0},
+                                       "space": space}, "configs": [config]}
+    path = tmp_path / "walked.json"
+    path.write_text(json.dumps(doc))
+    return path
+
+
+def test_a_walked_configuration_replays_the_levels_a_search_from_its_start_measures(tmp_path: Path) -> None:
+    (point,) = load_surface(_walked(tmp_path)).points
+    assert [(r.concurrency, r.passed) for r in point.rungs] == [(32, True), (64, False)]  # 16: not needed
+    assert point.value == 900.0
+    # the two levels, then autotune's two bisection levels between them; the level at 16 is no part of it
+    bisection = (D32 + D64) / 2 + OVERHEAD_S
+    assert point.cost_s() == pytest.approx(WALK_BOOT_S + D32 + D64 + 2 * OVERHEAD_S + 2 * bisection)
+
+
+def test_under_the_tightest_limits_the_search_goes_down_from_the_start(tmp_path: Path) -> None:
+    (point,) = load_surface(_walked(tmp_path), Limits(ttft_p95_ms=1000.0, tpot_p95_ms=50.0)).points
+    assert [(r.concurrency, r.passed) for r in point.rungs] == [(32, False), (16, True)]
+    assert point.value == 700.0
+    bisection = (D16 + D32) / 2 + OVERHEAD_S
+    assert point.cost_s() == pytest.approx(WALK_BOOT_S + D32 + D16 + 2 * OVERHEAD_S + 2 * bisection)
+
+
+def test_limits_tighter_than_the_surface_was_recorded_down_to_are_refused(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="tighter than the 1000.0"):
+        load_surface(_walked(tmp_path), Limits(ttft_p95_ms=900.0, tpot_p95_ms=100.0))
+    with pytest.raises(ValueError, match="looser"):
+        load_surface(_walked(tmp_path), Limits(ttft_p95_ms=2500.0, tpot_p95_ms=100.0))
+
+
+def test_a_rung_the_recording_failed_fails_tighter_limits_whatever_its_records_say() -> None:
+    abandoned = _level(64, False, 0.2, D64, 500.0, n=10)  # its first requests were quick
+    assert rejudge(abandoned, Limits(ttft_p95_ms=1000.0)) == (False, {"ttft_p95_ms": 2.2})
+    assert rejudge({**abandoned, "passed": True}, Limits(ttft_p95_ms=1000.0))[0]  # as the records alone say
+
+
+def test_an_infeasible_configuration_tells_its_lowest_rungs_miss(tmp_path: Path) -> None:
+    doc = json.loads(_walked(tmp_path).read_text())
+    missed = [{**lv, "passed": False, "misses": {"ttft_p95_ms": m}} for lv, m in zip(doc["configs"][0]["levels"],
+                                                                                     (3.0, 6.0, 1.5), strict=True)]
+    doc["configs"] = [{**doc["configs"][0], "params": {"max_num_seqs": 1, "max_num_batched_tokens": 1024},
+                       "levels": missed}, *json.loads(_walked(tmp_path).read_text())["configs"]]
+    path = tmp_path / "infeasible.json"
+    path.write_text(json.dumps(doc))
+    point = load_surface(path).points[0]
+    assert [r.concurrency for r in point.rungs] == [32, 16]  # down from the start, none passing
+    study = optuna.create_study(direction="maximize", sampler=optuna.samplers.RandomSampler(0))
+    trial = study.ask()
+    se.tell(study, trial, point, se.Method("m", lambda s: optuna.samplers.RandomSampler(s)))
+    assert study.trials[0].constraints["latency"] == pytest.approx(0.5)  # 16's miss: 1.5 x the limit
