@@ -25,10 +25,9 @@ from autotune.engine.flags import Build, detect_build, invalid_reason, value_tex
 from autotune.engine.server import reap_leftover_servers
 from autotune.errors import EngineError, SpecError, StorageError
 from autotune.fit import feasibility, memcap
-from autotune.fit.estimate import Estimate
 from autotune.fit.hardware import GpuProfile, detect_gpus
 from autotune.measure.ladder import Prior, capacity
-from autotune.measure.trial import LevelOutcome, TrialResult, configured, plan_trial, run_trial
+from autotune.measure.trial import LevelOutcome, TrialResult, configured, plan_trial, run_trial, warm_kv_blocks
 from autotune.search import record, remeasure, tell
 from autotune.search.budget import Budget
 from autotune.search.record import BASELINE_ATTR, REMEASURE_ATTR, feasible, save_trial_note, trial_baseline, view
@@ -391,7 +390,7 @@ def _one_trial(run: _Run, slot: Slot) -> _Booted | None:
     plan = plan_trial(model_path, flags, spec.objective, log_path, env=spec.env,
                       boot_timeout_s=max(1.0, min(spec.boot_timeout_s, run.budget.remaining())),
                       gpu_indices=slot.gpu_indices, memory_cap=spec.memory_cap, real_gpu=run.real_profile,
-                      prior=prior, warm_kv_blocks=_warm_kv_blocks(run, verdict.estimate))
+                      prior=prior, warm_kv_blocks=warm_kv_blocks(verdict.estimate, run.profile.kind == "cuda"))
     if spec.memory_cap is not None:
         trial.set_user_attr("engine_flags", json.dumps(plan.engine.flags, sort_keys=True))
 
@@ -420,12 +419,6 @@ def _one_trial(run: _Run, slot: Slot) -> _Booted | None:
     run.ended(trial, state, _summary(result))
     tell.abort_if_model_missing(result, config.model)
     return _Booted(result, searched)
-
-
-def _warm_kv_blocks(run: _Run, est: Estimate) -> int | None:
-    """The KV blocks the estimator predicts for a warm boot, which a boot that compiles is given (trial.py): on a
-    GPU, where the central prediction fits (one that fits only at the band's optimistic end is left to vLLM)."""
-    return est.num_blocks if run.profile.kind == "cuda" and est.fits and est.num_blocks > 0 else None
 
 
 def load_prior(study: optuna.Study, trial: optuna.Trial, flags: dict[str, object], spec: StudySpec,
