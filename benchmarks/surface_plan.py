@@ -4,8 +4,9 @@ benchmarks/data/surface-plan-rtx3090.json and recorded by benchmarks/record_surf
 The space is studies/qwen3.5-27b-h200-as-3090.toml's (the 3090 study's, capped to 24 GiB on a larger card) without
 its `model` choice: the model is the Qwen3.5-27B AWQ shape the device runs (random weights). Three sources:
   1. the study's baselines (vLLM's defaults, expected not to fit; the recipe);
-  2. SOBOL_POINTS configurations of a scrambled Sobol sequence (scipy.stats.qmc, seed 0) over the space, each
-     coordinate mapped to a parameter in the space's own scale (log for log ints), so the set covers it evenly;
+  2. the first SOBOL_POINTS configurations of a scrambled Sobol sequence (scipy.stats.qmc, seed 0) over the space
+     that vLLM accepts (flags.invalid_reason: the others autotune refuses before any boot), each coordinate
+     mapped to a parameter in the space's own scale (log for log ints), so the set covers it evenly;
   3. UNSURE configurations the estimator is least sure about, out of CANDIDATES more Sobol points: those it boots
      to learn (not refused, yet the central prediction does not fit), then those whose pessimistic KV capacity
      (`kv_tokens_low`) is nearest one max_model_len request.
@@ -26,6 +27,7 @@ from scipy.stats import qmc
 
 from autotune.config.params import Param
 from autotune.config.study_file import load_study
+from autotune.engine.flags import invalid_reason
 from autotune.fit import feasibility, memcap
 from autotune.fit.hardware import get_profile
 from autotune.measure.trial import configured
@@ -62,6 +64,13 @@ def from_unit(space: tuple[Param, ...], u: list[float]) -> dict[str, object]:
     return out
 
 
+def rejected(spec, params: dict[str, object]) -> bool:
+    """Whether vLLM refuses these flags at startup (flags.invalid_reason): autotune refuses them before any boot,
+    so booting them would record nothing a search pays for."""
+    config = engine_config(spec, {**params, "model": MODEL})
+    return invalid_reason(configured(config.model, config.flags)[1]) is not None
+
+
 def verdict(spec, profile, params: dict[str, object], baseline: dict[str, object] | None = None) -> dict[str, object]:
     config = engine_config(spec, {**params, "model": MODEL}, baseline=baseline)
     path, flags = configured(config.model, config.flags)
@@ -81,11 +90,11 @@ def plan() -> dict[str, object]:
         configs.append({"params": params, "origin": "baseline", "baseline": b.name,
                         "estimate": verdict(spec, profile, params, {**b.flags, "model": MODEL})})
     sobol = qmc.Sobol(d=len(space), scramble=True, seed=0).random_base2(11)  # 2048: balanced prefixes
-    for u in sobol[:SOBOL_POINTS]:
-        params = from_unit(space, list(u))
+    points = [from_unit(space, list(u)) for u in sobol]
+    valid = [params for params in points if not rejected(spec, params)]
+    for params in valid[:SOBOL_POINTS]:
         configs.append({"params": params, "origin": "sobol", "estimate": verdict(spec, profile, params)})
-    candidates = [(params, verdict(spec, profile, params))
-                  for params in (from_unit(space, list(u)) for u in sobol[SOBOL_POINTS:SOBOL_POINTS + CANDIDATES])]
+    candidates = [(params, verdict(spec, profile, params)) for params in valid[SOBOL_POINTS:SOBOL_POINTS + CANDIDATES]]
 
     def unsure(c: tuple[dict, dict]) -> tuple[bool, float]:
         e = c[1]
@@ -97,8 +106,10 @@ def plan() -> dict[str, object]:
     return {"format": 2, "study": str(STUDY.relative_to(REPO)), "model": MODEL, "card": CARD,
             "memory_cap_gib": spec.memory_cap.gib if spec.memory_cap else None,  # type: ignore[attr-defined]
             "space": space_as_json(space),
-            "how": (f"the study's {len(spec.baselines)} baselines; {SOBOL_POINTS} scrambled Sobol points "
-                    f"(scipy.stats.qmc, seed 0) over the space without `model`, log-scaled where the parameter is; "
+            "how": (f"the study's {len(spec.baselines)} baselines; the first {SOBOL_POINTS} scrambled Sobol points "
+                    f"(scipy.stats.qmc, seed 0) over the space without `model`, log-scaled where the parameter is, "
+                    f"that vLLM accepts ({len(points) - len(valid)} of the {len(points)} it refuses at startup, "
+                    f"as autotune does before booting, are left out); "
                     f"the {UNSURE} of "
                     f"{CANDIDATES} further Sobol points the estimator is least sure about (booted to learn first, "
                     f"then pessimistic KV tokens nearest one max_model_len request). Estimates: uncalibrated, "
