@@ -61,12 +61,12 @@ tightest limits (Wald's test passes them: >= 21 requests after the closed loop's
 finished meets them) stops there, its records meeting every limit the replay may use (a one-sequence level costs ~50 s,
 not ~160 s).
 Time per configuration (`--estimate`, from COST: a boot 140 s, a warm one 100 s, a chat request 2.2 s end to end
-alone, 4.1 s at 15, 7.2 s at 37 where the server saturates near 5 requests/s). On the plan's 42, modelled: the 14
-the estimator expects to fit, booted once and measured at their start, the level above (abandoned) and one or two
-below, 196-249 s (median 211) against 563-678 s before (two boots; every level from 1 at 72+ requests up to the
-first miss, which also ran in full); the 9 inside its band (cold and warm boots) ~310 s against 508-637; the 6 it
-refuses, two failed boots, 245 s, and the 13 vLLM rejects ~50 s, as before. All 42: 7 sessions of 1,500 s, where
-the recorder needed 14.
+alone, 4.1 s at 15, 7.2 s at 37 where the server saturates near 5 requests/s). On the plan's 42 (drawn from flags vLLM
+accepts), modelled: the 18 the estimator expects to fit, booted once and measured at their start, the level above
+(abandoned) and one or two below, 196-249 s (median 213) against 508-678 s before (two boots; every level from 1 at
+72+ requests up to the first miss, which also ran in full); the 10 inside its band (cold and warm boots) 306-314 s;
+the 14 it refuses, two failed boots, 245 s, as before. All 42: 9 sessions of 1,500 s, where the recorder needed 18;
+the first 30: 6 against 13.
 
 On the CPU build each configuration is booted through autotune's engine and measured at a fixed ladder of levels
 (4, 8, ... 64; a fixed number of requests per level) until the first level that misses the objective's limits.
