@@ -19,9 +19,11 @@
 #   (the first five are what `autotune trial` and `autotune run` import; the rest are for reports and the
 #   dashboard. There is no Chrome or Chromium on the image, so PNG export cannot run there.)
 # Device calls, back to back on one warm machine (each carries one folder; /tmp survives between them, and the
-# machine is given back after about 30 s idle). Seen 2026-12-03, the whole chat study in one session: stage 1..N-1
-# (the first call, with the machine's start, at 91 s held; each further stage 4 s), then chat-start SECONDS .gpuN
-# (45 s: install, then the study in the background), then chat-wait 540 calls until it has finished:
+# machine is given back after about 30 s idle). Seen 2026-12-03 (second session), the whole chat study in one
+# session: stage 6..10 (the first call, with the machine's start, held at 85 s; each further stage 4 s), then
+# chat-start 1450 .gpu11 carry [".gpu11", ".whl"] (held 164 s: install 35 s, the study started at 55 s; device-install
+# now also compiles the bytecode, time not yet seen), then chat-wait 540, 540, 440 back to back (copy each call's
+# files_at away before the next: it ended at held 1,409 s). A session leaves room for chat-start of about 1,500 s.
 #   1-4: bash benchmarks/h200/run_h200.sh stage 1   ... stage 4         carry [".gpuN"]
 #   5:   bash benchmarks/h200/run_h200.sh trials                          carry [".gpu5", ".whl"]
 #        (stages .gpu5 and .whl, installs, reads the idle card, then: `autotune trial --memory-cap 24` of vLLM's
