@@ -158,7 +158,6 @@ def remember_key(root: Path, key: str) -> None:
             f.write(key + "\n")
 
 
-
 # Flags with which the user decides the CUDA graphs (or that there are none): a pin would overrule them.
 _GRAPH_FLAGS = (CAPTURE_SIZE, "cudagraph_capture_sizes", "compilation_config", "enforce_eager")
 

@@ -240,8 +240,7 @@ def run_trial(
                     port_retried = True
                     again("booting (the port was taken; on another one)")
                 elif blocks is not None and e.failure.kind.is_memory:
-                    again(f"booting again: given the estimate's {blocks:,} KV blocks it ran out of memory; now "
-                          "sized by vLLM", ColdBoot(e.failure, e.boot_s, cold_log))
+                    again(_ran_out(blocks), ColdBoot(e.failure, e.boot_s, cold_log))
                 elif cold is None and boot_again_warm(e.failure, lines):
                     # A cold compile's memory failure is no verdict: the cache is warm now (compile_cache.py).
                     again("booting again: the cold boot (compiling) ran out of memory; the cache is warm now",
@@ -249,6 +248,13 @@ def run_trial(
                 else:
                     status: Status = "infeasible" if e.failure.kind.is_memory else "failed"
                     return done(status, failure=e.failure)
+
+    def boot_anew(why: str, first_boot: ColdBoot) -> BootInfo | TrialResult:
+        """The same flags booted again, sized by vLLM, after a first server whose figures are not this
+        configuration's: they are dropped."""
+        levels.clear()
+        again(why, first_boot)
+        return boot_server()
 
     hung = False
     watch = _memory_watch(plan, build)
@@ -288,11 +294,9 @@ def run_trial(
                 sla = find_sustainable(measure, lambda o: o.verdict.passed, plan.objective.load, plan.prior)
                 break
             except _BootWarm:
-                levels.clear()  # the cold server's figures are not this configuration's
                 warm_for_passes = False
-                again("booting again: it passed on a cold boot, whose KV cache is short; measuring it warm",
-                      ColdBoot(None, boot.boot_s, cold_log))
-                booted = boot_server()
+                booted = boot_anew("booting again: it passed on a cold boot, whose KV cache is short; measuring it "
+                                   "warm", ColdBoot(None, boot.boot_s, cold_log))
                 if isinstance(booted, TrialResult):
                     return booted
                 boot = booted
@@ -303,10 +307,7 @@ def run_trial(
                 seen = server.died()
                 failure = seen if seen is not None and seen.kind.is_memory else e.failure
                 if blocks is not None and failure.kind.is_memory:  # the estimate's KV cache, not vLLM's, ran out
-                    levels.clear()
-                    again(f"booting again: given the estimate's {blocks:,} KV blocks it ran out of memory; now "
-                          "sized by vLLM", ColdBoot(failure, boot.boot_s, cold_log))
-                    booted = boot_server()
+                    booted = boot_anew(_ran_out(blocks), ColdBoot(failure, boot.boot_s, cold_log))
                     if isinstance(booted, TrialResult):
                         return booted
                     boot = booted
@@ -327,6 +328,10 @@ def run_trial(
             sampler.stop()
         # A failed boot or a hung server has nothing to drain.
         server.stop(grace_s=15.0 if server.healthy() and not hung else 3.0)
+
+
+def _ran_out(blocks: int) -> str:
+    return f"booting again: given the estimate's {blocks:,} KV blocks it ran out of memory; now sized by vLLM"
 
 
 def _compile_key(plan: TrialPlan) -> tuple[Path, str]:

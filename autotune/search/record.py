@@ -274,6 +274,11 @@ WARM_START_ATTR = "warm_start"  # {"study": name, "trial": number, "output_tok_s
 BASELINE_ATTR = "baseline"
 
 
+def searched_trial(trial: optuna.Trial | optuna.trial.FrozenTrial) -> bool:
+    """One of the search's own (sampled) trials: not a baseline or a re-measurement, which search in full."""
+    return BASELINE_ATTR not in trial.user_attrs and REMEASURE_ATTR not in trial.user_attrs
+
+
 def trial_baseline(trial: optuna.Trial | optuna.trial.FrozenTrial) -> Mapping[str, object] | None:
     """The baseline flags a trial must boot with, or None for an ordinary sampled trial."""
     mark = trial.user_attrs.get(BASELINE_ATTR)

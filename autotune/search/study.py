@@ -30,7 +30,15 @@ from autotune.measure.ladder import Prior, capacity
 from autotune.measure.trial import LevelOutcome, TrialResult, configured, plan_trial, run_trial, warm_kv_blocks
 from autotune.search import record, remeasure, tell
 from autotune.search.budget import Budget
-from autotune.search.record import BASELINE_ATTR, REMEASURE_ATTR, feasible, save_trial_note, trial_baseline, view
+from autotune.search.record import (
+    BASELINE_ATTR,
+    REMEASURE_ATTR,
+    feasible,
+    save_trial_note,
+    searched_trial,
+    trial_baseline,
+    view,
+)
 from autotune.search.remeasure import best_trial
 from autotune.search.samplers import make_sampler
 from autotune.search.slots import Slot
@@ -200,8 +208,7 @@ def run_study(
     reserved = remeasure.reserve(budget, spec.remeasure)  # spent at the end
     for t in study.trials:
         if "duration_s" in t.user_attrs and t.state.is_finished():
-            budget.record(t.user_attrs["duration_s"],
-                          searched=BASELINE_ATTR not in t.user_attrs and REMEASURE_ATTR not in t.user_attrs)
+            budget.record(t.user_attrs["duration_s"], searched=searched_trial(t))
     remeasure.hold(budget, study.get_trials(deepcopy=False), spec.remeasure)
     real_profile = feasibility.resolve_profile(spec.hardware, detect_build() is Build.CPU)
     # Under a memory cap, plan as on the capped card; boot with flags translated for the real one.
@@ -360,7 +367,7 @@ def _one_trial(run: _Run, slot: Slot) -> _Booted | None:
         optuna.storages.fail_stale_trials(study)  # another worker died mid-trial: mark it, and it is retried once
         trial = study.ask()
     baseline = trial_baseline(trial)
-    searched = baseline is None and REMEASURE_ATTR not in trial.user_attrs
+    searched = searched_trial(trial)
     params = suggest(trial, spec.space)
     config = engine_config(spec, params, baseline=baseline)
     model_path, flags = configured(config.model, config.flags)
