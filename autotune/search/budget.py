@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 
 from autotune.config.toml import parse_duration
 from autotune.errors import SpecError
+from autotune.units import format_hms
 
 if TYPE_CHECKING:
     from autotune.config.study_file import StudySpec
@@ -61,7 +62,22 @@ class Budget:
         return held if held <= RESERVE_MAX_SHARE * self.seconds else 0.0
 
     def remaining(self) -> float:
+        """Seconds the search has left: the budget's, less what is held for re-measuring."""
         return float("inf") if self.deadline is None else max(0.0, self.deadline - self.clock())
+
+    def time_left(self) -> float:
+        """Seconds the whole budget has left (the search's and the re-measurements')."""
+        return float("inf") if self.seconds is None else max(0.0, self.start + self.seconds - self.clock())
+
+    def left_text(self) -> str:
+        """'17m04s left, 3m45s of it for re-measuring': what the progress lines print. The budget's own clock,
+        which only runs down; the search's share alone jumped as the reserve was sized anew (seen on the device:
+        13m19s, 12m54s, then 6m18s after a 112 s trial)."""
+        left = self.time_left()
+        if left == float("inf"):
+            return "no time limit"
+        kept = min(self.held(), left)
+        return f"{format_hms(left)} left" + (f", {format_hms(kept)} of it for re-measuring" if kept >= 1 else "")
 
     def expected_trial_s(self) -> float | None:
         """What the next trial is likely to take: the median of the search's trials so far (a sampled one is

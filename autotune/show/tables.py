@@ -21,13 +21,6 @@ from autotune.search.remeasure import Best
 from autotune.units import MiB, format_gib
 
 
-def _hms(seconds: float) -> str:
-    if seconds == float("inf"):
-        return "no time limit"
-    s = int(seconds)
-    return f"{s // 3600}h{s % 3600 // 60:02d}m" if s >= 3600 else f"{s // 60}m{s % 60:02d}s"
-
-
 class LiveProgress:
     """A live status block (one line per running trial) above the finished trials' one-line summaries;
     plain lines when the output is not a terminal."""
@@ -51,7 +44,7 @@ class LiveProgress:
     def _render(self) -> Group:
         best = f"{self.best.figure:,.0f} tok/s (trial {self.best.trial.number})" if self.best else "none feasible yet"
         lines: list[RenderableType] = [
-            Text(f"best {best}  ·  {self.done} done  ·  {_hms(self.budget.remaining())} left", style="bold")]
+            Text(f"best {best}  ·  {self.done} done  ·  {self.budget.left_text()}", style="bold")]
         for number, (label, slot, stage) in sorted(self.running.items()):
             where = f"[slot {slot}] " if len(self.running) > 1 or slot != "0" else ""
             lines.append(Spinner("dots", text=Text.assemble(f"{where}trial {number}: ", (stage, "cyan"), "  ",
@@ -76,7 +69,7 @@ class LiveProgress:
         colour = {TrialState.COMPLETE: "green", TrialState.PRUNED: "yellow"}.get(state, "red")
         # the summary carries flag values and vLLM's own words: text, never markup
         self.console.print(f"[{colour}]trial {number}[/] {escape(summary)}  "
-                           f"[dim]({_hms(self.budget.remaining())} left)[/]", soft_wrap=True)
+                           f"[dim]({self.budget.left_text()})[/]", soft_wrap=True)
 
 
 def _gib(n: int | None) -> str:

@@ -260,9 +260,11 @@ def test_the_reserve_never_takes_more_than_a_quarter_of_the_budget():
     lab.run_one()
     hold(budget, lab.study.get_trials())  # a's re-measurement with a quarter to spare: 225 s, within the quarter
     assert budget.held() == 225.0 and budget.remaining() == 1000 - 180 - 225
+    assert budget.left_text() == "13m40s left, 3m45s of it for re-measuring"
     lab.run_one()
     hold(budget, lab.study.get_trials())  # b wins: 375 s with its quarter to spare, so the reserve would buy
     assert budget.held() == 0.0 and budget.remaining() == 1000 - 480  # nothing, and none is held
+    assert budget.left_text() == "8m40s left"  # what progress prints: the budget's clock, which only runs down
 
 
 def test_a_lone_clear_winner_is_confirmed_once_and_nothing_else_is_re_measured():
