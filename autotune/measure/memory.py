@@ -60,13 +60,17 @@ def memory_watch(cuda_build: bool, slot_gpus: Sequence[int], cuda_visible_device
 
 @dataclass(frozen=True)
 class MemoryPeak:
-    """What a MemorySampler saw. baseline_bytes is the first sample (taken at start)."""
+    """What a MemorySampler saw. baseline_bytes is the first sample (taken at start). Once the server was ready
+    (boot_peak_bytes set), peak_bytes is the peak while it served: what the configuration holds. A boot's own
+    peak can be higher and is not governed by gpu_memory_utilization (torch.compile and Triton while compiling:
+    31.96 GiB on the H200 capped to 24 GiB, which served at 23.65)."""
 
     peak_bytes: int
     source: Literal["nvml", "rss"]
     baseline_bytes: int
     samples: int
     process_peak_bytes: int | None = None  # NVML: peak summed usage of the watched processes, when reported
+    boot_peak_bytes: int | None = None  # the peak until the server was ready; None: it never was
 
 
 @dataclass(frozen=True)
@@ -86,6 +90,12 @@ class PeakTracker:
         self.baseline = 0
         self.peak = 0
         self.process_peak: int | None = None
+        self.boot_peak: int | None = None
+
+    def serving(self) -> None:
+        """The server is ready: what was seen so far is the boot's peak; the peak starts again."""
+        if self.boot_peak is None:
+            self.boot_peak, self.peak, self.process_peak = self.peak, 0, None
 
     def observe(self, reading: MemoryReading) -> None:
         if self.samples == 0:
@@ -96,7 +106,7 @@ class PeakTracker:
             self.process_peak = max(self.process_peak or 0, reading.process_bytes)
 
     def result(self) -> MemoryPeak:
-        return MemoryPeak(self.peak, self.source, self.baseline, self.samples, self.process_peak)
+        return MemoryPeak(self.peak, self.source, self.baseline, self.samples, self.process_peak, self.boot_peak)
 
 
 def tree_pids(root_pid: int) -> list[int]:
@@ -173,6 +183,7 @@ class MemorySampler:
         self._root_pid = root_pid
         self._reader = reader
         self._tracker = PeakTracker(self.source)
+        self._lock = threading.Lock()  # the sampling thread observes; the trial's thread marks serving
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._nvml_started = False
@@ -188,7 +199,9 @@ class MemorySampler:
 
     def _run(self) -> None:
         while not self._stop.wait(self.interval_s):
-            self._tracker.observe(self._read())
+            reading = self._read()
+            with self._lock:
+                self._tracker.observe(reading)
 
     def start(self) -> MemorySampler:
         if self._thread is not None:
@@ -200,6 +213,13 @@ class MemorySampler:
         self._thread = threading.Thread(target=self._run, name="memory-sampler", daemon=True)
         self._thread.start()
         return self
+
+    def serving(self) -> None:
+        """The server is ready: from here the peak is the serving one (MemoryPeak)."""
+        reading = self._read()
+        with self._lock:
+            self._tracker.observe(reading)
+            self._tracker.serving()
 
     def stop(self) -> MemoryPeak:
         if self._thread is None:

@@ -230,6 +230,8 @@ def run_trial(
                 lines = compiled()
                 if blocks is not None or cold is not None or not boot_again_before_measuring(build, lines) \
                         or not _kv_may_bind(plan, boot):
+                    assert sampler is not None
+                    sampler.serving()
                     return boot
                 again("booting again: a cold boot (compiling) has less KV cache than this configuration; warm now",
                       ColdBoot(None, boot.boot_s, cold_log))

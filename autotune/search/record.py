@@ -40,6 +40,10 @@ def trial_note(t: FrozenTrial, has_log: bool = False) -> str:
         head = f"**{kind.get(v.kind) or 'Not feasible: ' + v.why_not}**" + (f". {v.reason}" if v.reason else "")
     if v.peak_memory_gib is not None:
         head += f"; peak {memory_text(v.peak_memory_gib, v.memory_source)}"
+        if v.boot_peak_memory_gib is not None:
+            head += " while serving"
+            if v.boot_peak_memory_gib > v.peak_memory_gib:
+                head += f" ({v.boot_peak_memory_gib:.2f} GiB while booting)"
     what = f"Baseline **{v.baseline}**" if v.baseline else "Configuration"
     body = f"{head}\n\n{what}, booted as:\n\n```\n{_one_flag_a_line(v.command)}\n```\n" if v.command else head
     return body + ("\nThe server log is attached below (Artifacts).\n" if has_log else "")
@@ -109,6 +113,8 @@ def result_attrs(result: TrialResult) -> dict[str, object]:
     if result.memory is not None:
         attrs["peak_memory_gib"] = round(result.memory.peak_bytes / GiB, 3)
         attrs["memory_source"] = result.memory.source
+        if result.memory.boot_peak_bytes is not None:
+            attrs["boot_peak_memory_gib"] = round(result.memory.boot_peak_bytes / GiB, 3)
     best = result.best
     if best is not None:
         s = best.stats
@@ -162,6 +168,8 @@ class TrialView:
     tpot_p95_ms: float | None
     peak_memory_gib: float | None
     memory_source: str | None  # "nvml" (GPU) or "rss" (host): what peak_memory_gib measured
+    # The peak until the server was ready, where recorded (then peak_memory_gib is the peak while it served)
+    boot_peak_memory_gib: float | None
     reason: str
     completed: datetime | None
     command: str
@@ -213,7 +221,8 @@ def view(t: FrozenTrial) -> TrialView:
         throughput=t.value if kind == "feasible" else at.get("output_tok_s"), level=level,
         level_unit="req/s" if any("rate_req_s" in lv for lv in levels) else "concurrency",
         ttft_p95_ms=at.get("ttft_p95_ms"), tpot_p95_ms=at.get("tpot_p95_ms"),
-        peak_memory_gib=a.get("peak_memory_gib"), memory_source=a.get("memory_source"), reason=a.get("reason", ""),
+        peak_memory_gib=a.get("peak_memory_gib"), memory_source=a.get("memory_source"),
+        boot_peak_memory_gib=a.get("boot_peak_memory_gib"), reason=a.get("reason", ""),
         completed=t.datetime_complete, command=a.get("vllm_command", ""), levels=levels,
         duration_s=a.get("duration_s"), cold_boot_s=a.get("cold_boot_s"),
         status=a.get("status") or t.state.name.lower(),

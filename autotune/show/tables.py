@@ -120,7 +120,9 @@ def print_trial(console: Console, result: TrialResult, objective: Objective) -> 
     if result.memory is not None:
         m = result.memory
         what = "GPU memory (NVML)" if m.source == "nvml" else "resident memory of the server's processes (RSS)"
-        console.print(f"peak {what}: {_gib(m.peak_bytes)}")
+        serving = " while serving" if m.boot_peak_bytes is not None else ""
+        booting = f" (booting: {_gib(m.boot_peak_bytes)})" if (m.boot_peak_bytes or 0) > m.peak_bytes else ""
+        console.print(f"peak {what}{serving}: {_gib(m.peak_bytes)}{booting}")
     if result.status == "ok":
         best = result.best
         assert best is not None

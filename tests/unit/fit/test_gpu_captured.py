@@ -109,6 +109,23 @@ def test_nvml_peak_against_nvidia_smi():
     assert within_cap(peak.process_peak_bytes, memcap.parse_cap(24))
 
 
+def test_a_compiling_boot_peaks_over_the_cap_and_serves_under_it():
+    """Trial 2 of the stop-21 chat study (H200 capped as a 24 GiB card, state dtype auto): NVML saw 31.36 GiB
+    while it compiled, which the cap (gpu_memory_utilization) does not govern, and at most 23 GiB while it
+    served. The trial's figure is the serving one; the boot's is kept beside it."""
+    head, *rows = [json.loads(line) for line in (DATA / "nvml-chat-as-3090-trial2.jsonl").read_text().splitlines()]
+    tracker = PeakTracker("nvml")
+    for row in rows:
+        if row["t"] >= head["ready_t"] and tracker.boot_peak is None:
+            tracker.serving()
+        tracker.observe(MemoryReading(row["v2_used"]))
+    peak = tracker.result()
+    assert peak.boot_peak_bytes is not None
+    assert round(peak.boot_peak_bytes / GiB, 3) == head["peak_memory_gib_recorded"] == 31.362  # what it recorded
+    cap = memcap.parse_cap(24)
+    assert peak.boot_peak_bytes > 24 * GiB > cap.cuda_total_bytes > peak.peak_bytes > 22 * GiB
+
+
 # ---- the memory cap -------------------------------------------------------------------------------------------
 
 

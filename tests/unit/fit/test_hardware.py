@@ -109,6 +109,20 @@ def test_peak_tracker_keeps_first_as_baseline_and_the_maximum():
         500, 900, 4, 600, "nvml")
 
 
+def test_once_serving_the_peak_starts_again_and_the_boots_is_kept():
+    t = PeakTracker("nvml")
+    for total in (500, 3000, 900):  # booting: compiling peaks high
+        t.observe(MemoryReading(total, total - 100))
+    t.serving()
+    for total in (2000, 2400, 2200):
+        t.observe(MemoryReading(total, total - 100))
+    t.serving()  # only the first mark counts
+    peak = t.result()
+    assert (peak.boot_peak_bytes, peak.peak_bytes, peak.process_peak_bytes, peak.baseline_bytes, peak.samples) == (
+        3000, 2400, 2300, 500, 6)
+    assert PeakTracker("rss").result().boot_peak_bytes is None  # never ready: the whole trial's peak alone
+
+
 def test_sampler_runs_a_reader_on_its_thread():
     values = iter(range(1, 10_000))
     sampler = MemorySampler(reader=lambda: MemoryReading(next(values)), source="nvml", interval_s=0.01)

@@ -10,9 +10,11 @@ from optuna.trial import TrialState
 
 from autotune.engine.flags import serve_command
 from autotune.engine.logs import BootInfo, Failure, FailureKind, classify_log
+from autotune.measure.memory import MemoryPeak
 from autotune.measure.trial import ColdBoot, TrialResult
 from autotune.search import record, tell
 from autotune.search.record import result_attrs
+from autotune.units import GiB
 
 GPU_BOOTS = Path(__file__).parents[2] / "data" / "gpu-boots"
 
@@ -51,3 +53,15 @@ def test_the_recorded_command_is_the_one_export_prints():
     stored = json.loads(attrs["flags"])
     assert attrs["vllm_command"] == serve_command("/models/tiny", stored, json.loads(attrs["env"]))
     assert attrs["vllm_command"].index("--enforce-eager") < attrs["vllm_command"].index("--load-format")
+
+
+def test_the_trial_figure_is_the_serving_peak_and_a_higher_boot_peak_is_said() -> None:
+    study = optuna.create_study(storage=optuna.storages.InMemoryStorage())
+    trial = study.ask()
+    peak = MemoryPeak(int(23.05 * GiB), "nvml", 0, 500, boot_peak_bytes=int(31.36 * GiB))
+    tell.tell_result(study, trial, TrialResult("infeasible", boot=BootInfo(104.5), memory=peak))
+    frozen = study.trials[0]
+    assert (frozen.user_attrs["peak_memory_gib"], frozen.user_attrs["boot_peak_memory_gib"]) == (23.05, 31.36)
+    assert "peak 23.05 GiB GPU memory (NVML) while serving (31.36 GiB while booting)" in record.trial_note(frozen)
+    never_ready = result_attrs(TrialResult("infeasible", memory=MemoryPeak(GiB, "nvml", 0, 5)))
+    assert never_ready["peak_memory_gib"] == 1.0 and "boot_peak_memory_gib" not in never_ready
