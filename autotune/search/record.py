@@ -264,6 +264,8 @@ def why_not(t: FrozenTrial) -> str:
     """The category of a trial that is not feasible, as the infeasible figure and table name it."""
     c, a = t.constraints or {}, t.user_attrs
     if t.state == TrialState.PRUNED:
+        if a.get("booted") is False:  # measure/queueing.py
+            return "screened out before boot (cannot sustain the incumbent's level)"
         return "screened out (did not sustain the incumbent's level)"
     if t.state == TrialState.FAIL:
         return "failed (not the configuration's fault)"

@@ -27,6 +27,7 @@ from autotune.errors import EngineError, SpecError, StorageError
 from autotune.fit import feasibility, memcap
 from autotune.fit.hardware import GpuProfile, detect_gpus
 from autotune.measure.ladder import Prior, capacity
+from autotune.measure.queueing import cannot_sustain
 from autotune.measure.trial import LevelOutcome, TrialResult, configured, plan_trial, run_trial, warm_kv_blocks
 from autotune.search import record, remeasure, tell
 from autotune.search.budget import Budget
@@ -79,7 +80,9 @@ class RunSummary:
     """What one `run_study` did, counted as it did it, and the study's winner afterwards."""
 
     booted: int  # trials of the search that booted a server
-    refused: int  # refused before boot (vLLM would reject the flags, or predicted not to fit): cost nothing
+    # refused before boot (vLLM would reject the flags, predicted not to fit, or screened out before boot: it cannot
+    # sustain the incumbent's level, measure/queueing.py): cost nothing
+    refused: int
     remeasured: int  # re-measurements that booted
     stopped_because: str  # why the run ended ("" when the search and the re-measuring ran their course)
     best: remeasure.Best | None
@@ -361,7 +364,8 @@ class _Booted:
 
 
 def _one_trial(run: _Run, slot: Slot) -> _Booted | None:
-    """Ask, judge before boot, boot and measure, tell. None when the configuration was refused before boot."""
+    """Ask, judge before boot, boot and measure, tell. None when the configuration was refused (or screened out)
+    before boot."""
     spec, study = run.spec, run.study
     with run.asking:
         optuna.storages.fail_stale_trials(study)  # another worker died mid-trial: mark it, and it is retried once
@@ -389,11 +393,15 @@ def _one_trial(run: _Run, slot: Slot) -> _Booted | None:
         tell.tell_rejected(study, trial, f"{PREDICTED_NOT_TO_FIT}: {verdict.reason}", memory_excess=verdict.excess_gib)
         run.ended(trial, TrialState.COMPLETE, f"pruned before boot: {verdict.reason}")
         return None
+    prior = load_prior(study, trial, flags, spec, verdict.estimate.kv_tokens)
+    if why := screen_before_boot(prior, flags, verdict.estimate.weights_bytes, run.profile, spec):
+        tell.tell_screened_before_boot(study, trial, why)
+        run.ended(trial, TrialState.PRUNED, f"{tell.SCREENED_BEFORE_BOOT}: {why}")
+        return None
     if run.profile.kind == "cuda":
         _check_gpu_free(run, trial, slot)
 
     log_path = run.artifacts_dir / f"trial-{trial.number:04d}.log"
-    prior = load_prior(study, trial, flags, spec, verdict.estimate.kv_tokens)
     plan = plan_trial(model_path, flags, spec.objective, log_path, env=spec.env,
                       boot_timeout_s=max(1.0, min(spec.boot_timeout_s, run.budget.remaining())),
                       gpu_indices=slot.gpu_indices, memory_cap=spec.memory_cap, real_gpu=run.real_profile,
@@ -426,6 +434,16 @@ def _one_trial(run: _Run, slot: Slot) -> _Booted | None:
     run.ended(trial, state, _summary(result))
     tell.abort_if_model_missing(result, config.model)
     return _Booted(result, searched)
+
+
+def screen_before_boot(prior: Prior, flags: dict[str, object], weights_bytes: int, profile: GpuProfile,
+                       spec: StudySpec) -> str | None:
+    """Why a sampled configuration, screened at the incumbent's level, must fail there (measure/queueing.py):
+    then it is screened out without a boot. None: it boots."""
+    o = spec.objective
+    if not prior.screen or prior.incumbent is None or o.load.mode != "concurrency":
+        return None
+    return cannot_sustain(prior.incumbent, flags, weights_bytes, profile.bandwidth_gbs, o.workload, o.limits)
 
 
 def load_prior(study: optuna.Study, trial: optuna.Trial, flags: dict[str, object], spec: StudySpec,

@@ -13,6 +13,8 @@ violated constraint (value > 0), never a bare FAIL. FAIL is kept for what says n
     unresponsive (hung, timeout) tell_result          COMPLETE   boots=1                    failed
     screened out (failed at the  tell_result          PRUNED     -                          stopped
       incumbent's level)                                         (0 everywhere)
+    screened out before boot     tell_screened_before PRUNED     - (0 everywhere)           stopped
+      (measure/queueing.py)        _boot
     stopped at the budget's end  tell_result          FAIL       -                          stopped
     interrupted (Ctrl-C)         tell_interrupted     FAIL       -                          failed
     GPU busy (before boot)       tell_gpu_busy        FAIL       -                          failed
@@ -49,6 +51,9 @@ CONSTRAINTS = (MEMORY, LATENCY, BOOTS)
 
 
 INTERRUPTED = "interrupted by the user"
+
+
+SCREENED_BEFORE_BOOT = "screened out before boot"
 
 
 _NOT_THE_CONFIGS_FAULT = (FailureKind.MEMORY_HELD, FailureKind.PORT_IN_USE, FailureKind.MODEL_NOT_FOUND,
@@ -104,6 +109,17 @@ def tell_rejected(study: optuna.Study, trial: optuna.Trial, reason: str, *, memo
     else:
         set_constraints(trial, boots=1.0)
     study.tell(trial, 0.0, state=TrialState.COMPLETE)
+
+
+def tell_screened_before_boot(study: optuna.Study, trial: optuna.Trial, reason: str) -> None:
+    """A sampled configuration that must fail the incumbent's level (measure/queueing.py): screened out as if it
+    had booted and failed there with nothing delivered (goodput 0: the lowest of the screened), at no cost."""
+    trial.set_user_attr("status", "stopped")
+    trial.set_user_attr("reason", f"{SCREENED_BEFORE_BOOT}: {reason}")
+    trial.set_user_attr("booted", False)
+    trial.report(0.0, 0)
+    set_constraints(trial)
+    study.tell(trial, state=TrialState.PRUNED)
 
 
 def tell_interrupted(study: optuna.Study, trial: optuna.Trial) -> None:

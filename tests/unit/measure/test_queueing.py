@@ -1,0 +1,77 @@
+"""The queue wait no kernel can shorten (measure/queueing.py), on the stop-21 device run's figures: the
+Qwen3.5-27B AWQ shape (17.246 GiB of weights predicted and loaded), the chat objective, the incumbent's level 36."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+import optuna
+import pytest
+from optuna.trial import TrialState
+
+from autotune.config.objective import load_objective
+from autotune.config.study_file import load_study
+from autotune.fit.hardware import PROFILES
+from autotune.measure.ladder import Prior
+from autotune.measure.queueing import cannot_sustain, least_queue_wait
+from autotune.measure.stats import Limits
+from autotune.search import record, tell
+from autotune.search.study import screen_before_boot
+from autotune.units import GiB
+
+ROOT = Path(__file__).resolve().parents[3]
+CHAT = load_objective(ROOT / "objectives" / "chat-p95.toml")
+WEIGHTS = int(17.246 * GiB)
+
+
+@pytest.mark.parametrize(("card", "screened"), [("h200", {1, 6}), ("rtx3090", {1, 6, 16, 18})])
+def test_the_device_runs_screened_configurations_that_need_not_have_booted(card, screened) -> None:
+    """The four sampled configurations below the level were all screened out after booting (99-123 s each)."""
+    bandwidth = PROFILES[card].bandwidth_gbs
+    said = {seqs for seqs in (1, 6, 16, 18, 36, 64, 106)
+            if cannot_sustain(36, {"max_num_seqs": seqs}, WEIGHTS, bandwidth, CHAT.workload, CHAT.limits)}
+    assert said == screened
+
+
+def test_the_wait_is_littles_law_on_the_least_service_time() -> None:
+    wait = least_queue_wait(36, {"max_num_seqs": 6}, WEIGHTS, 4800.0, CHAT.workload)
+    assert wait is not None
+    assert wait.step_s == pytest.approx(WEIGHTS / 4.8e12)  # 3.9 ms: the weights read once per decode step
+    assert wait.service_s == pytest.approx(127 * wait.step_s)  # the chat objective's answers are >= 128 tokens
+    assert wait.wait_s == pytest.approx(30 / 6 * wait.service_s)
+    text = cannot_sustain(36, {"max_num_seqs": 6}, WEIGHTS, 4800.0, CHAT.workload, CHAT.limits)
+    assert text is not None and "max_num_seqs 6 holds 6 of the incumbent's 36" in text and "2.4 s each" in text
+
+
+def test_nothing_is_said_without_a_certain_bound() -> None:
+    w, lim = CHAT.workload, CHAT.limits
+    assert cannot_sustain(36, {}, WEIGHTS, 936.0, w, lim) is None  # vLLM's own max_num_seqs
+    assert cannot_sustain(36, {"max_num_seqs": 1}, WEIGHTS, 0.0, w, lim) is None  # no bandwidth: the CPU build
+    assert cannot_sustain(36, {"max_num_seqs": 1}, WEIGHTS, 936.0, w, Limits(tpot_p95_ms=100)) is None
+    assert cannot_sustain(36, {"max_num_seqs": 1}, WEIGHTS, 936.0, replace(w, dataset=Path("p.jsonl")), lim) is None
+    # speculative decoding: up to 1 + k tokens a step, so the least service time shrinks as much
+    spec = {"max_num_seqs": 18, "speculative_config": {"method": "mtp", "num_speculative_tokens": 3}}
+    plain = least_queue_wait(36, {"max_num_seqs": 18}, WEIGHTS, 936.0, w)
+    drafted = least_queue_wait(36, spec, WEIGHTS, 936.0, w)
+    assert plain is not None and drafted is not None and drafted.wait_s == pytest.approx(plain.wait_s / 4)
+    assert cannot_sustain(36, spec, WEIGHTS, 936.0, w, lim) is None
+
+
+def test_only_a_screened_sampled_configuration_is_screened_before_boot() -> None:
+    spec = load_study(ROOT / "studies" / "qwen3.5-27b-rtx3090.toml")
+    card, flags = PROFILES["rtx3090"], {"max_num_seqs": 16}
+    assert screen_before_boot(Prior(incumbent=36, screen=True), flags, WEIGHTS, card, spec) is not None
+    assert screen_before_boot(Prior(incumbent=36, screen=False), flags, WEIGHTS, card, spec) is None  # a baseline
+    assert screen_before_boot(Prior(screen=True), flags, WEIGHTS, card, spec) is None  # no incumbent yet
+
+
+def test_a_configuration_screened_before_boot_is_pruned_with_nothing_delivered() -> None:
+    study = optuna.create_study(storage=optuna.storages.InMemoryStorage())
+    tell.tell_screened_before_boot(study, study.ask(), "max_num_seqs 1 holds 1 of 36")
+    t = study.trials[0]
+    assert t.state is TrialState.PRUNED and t.intermediate_values == {0: 0.0}
+    assert t.user_attrs["booted"] is False and t.user_attrs["status"] == "stopped"
+    assert t.user_attrs["reason"] == "screened out before boot: max_num_seqs 1 holds 1 of 36"
+    assert t.constraints == {"memory": 0.0, "latency": 0.0, "boots": 0.0}
+    assert record.why_not(t) == "screened out before boot (cannot sustain the incumbent's level)"
