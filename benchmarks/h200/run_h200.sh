@@ -24,6 +24,11 @@
 # chat-start 1450 .gpu11 carry [".gpu11", ".whl"] (held 164 s: install 35 s, the study started at 55 s; device-install
 # now also compiles the bytecode, time not yet seen), then chat-wait 540, 540, 440 back to back (copy each call's
 # files_at away before the next: it ended at held 1,409 s). A session leaves room for chat-start of about 1,500 s.
+# Seen 2026-12-04 (stop 21): fetch-wheels.sh made .gpu1-.gpu6 (vLLM in five parts, then the rest); .gpu6 and .whl
+# together were too big to carry in one call, so one wheel went to .gpu7. stage 1, then a pause over 30 s: the
+# machine was given back and stage 1's files with it (stage it again last). stage 1..6, then chat-start 1350 .gpu7
+# carry [".gpu7", ".whl"] (install 37 s with the bytecode compiled; study started at held ~274 s), chat-wait 530,
+# 530, 370: the run ended at held 1,615 s with 7 configurations booted.
 #   1-4: bash benchmarks/h200/run_h200.sh stage 1   ... stage 4         carry [".gpuN"]
 #   5:   bash benchmarks/h200/run_h200.sh trials                          carry [".gpu5", ".whl"]
 #        (stages .gpu5 and .whl, installs, reads the idle card, then: `autotune trial --memory-cap 24` of vLLM's
