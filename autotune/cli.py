@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import signal
 import sys
 from pathlib import Path
 
@@ -165,6 +166,10 @@ def _run(spec, plan, storage: str | None, slots) -> None:
     from autotune.show.tables import LiveProgress, study_table
 
     open_study(spec, storage, say=console.print)  # a changed study is refused here; new baselines are said
+    # Started in the background by a script, a process inherits SIGINT ignored and Python never raises
+    # KeyboardInterrupt: then `kill -INT` (the signal Ctrl-C sends) was lost and the run went on (seen: the fault
+    # suite under `make test &`). A run stops cleanly on it however it was started.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     with LiveProgress(console, plan) as progress:
         summary = run_study(spec, plan, storage_url=storage, progress=progress, slots=slots)
     study = _load_study(spec.name, storage) if storage else _load_study(str(spec.path), None)

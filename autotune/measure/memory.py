@@ -63,7 +63,7 @@ class MemoryPeak:
     """What a MemorySampler saw. baseline_bytes is the first sample (taken at start). Once the server was ready
     (boot_peak_bytes set), peak_bytes is the peak while it served: what the configuration holds. A boot's own
     peak can be higher and is not governed by gpu_memory_utilization (torch.compile and Triton while compiling:
-    31.96 GiB on the H200 capped to 24 GiB, which served at 23.65)."""
+    31.36 GiB recorded on the H200 capped to 24 GiB, which served at 23.05)."""
 
     peak_bytes: int
     source: Literal["nvml", "rss"]
