@@ -144,6 +144,29 @@ def parse_boot_info(lines: list[str], boot_s: float) -> BootInfo:
     return BootInfo(boot_s, kv, conc, conc_len, weights, profiled)
 
 
+_AVAILABLE_KV = re.compile(r"Available KV cache memory: (-?[\d.]+) GiB")
+_KV_NEEDED = re.compile(r"\(([\d.]+) GiB KV cache is needed, which is larger than the available KV cache memory "
+                        r"\((-?[\d.]+) GiB\)")
+
+
+def kv_shortfall_gib(lines: list[str]) -> float | None:
+    """How much more KV cache memory a boot that failed for it would have needed, at least: what vLLM said was
+    needed for one max_model_len request less what it had ("16.17 GiB KV cache is needed, which is larger than the
+    available KV cache memory (0.88 GiB)"), or what it lacked ("Available KV cache memory: -1.38 GiB", then "No
+    available memory for the cache blocks"). None when the log says neither."""
+    needed = available = None
+    for line in lines:
+        if m := _KV_NEEDED.search(line):
+            needed, available = float(m.group(1)), float(m.group(2))
+        elif m := _AVAILABLE_KV.search(line):
+            available = float(m.group(1))
+    if needed is not None and available is not None:
+        return max(0.0, needed - available)
+    if available is not None and available <= 0:
+        return -available
+    return None
+
+
 def _reason(kind: FailureKind, line: str) -> str:
     labels = {
         FailureKind.OUT_OF_MEMORY: "out of memory",
