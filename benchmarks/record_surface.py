@@ -514,12 +514,12 @@ def planned_configs(plan: dict, spec: StudySpec, model: str, real: GpuProfile) -
 
 @dataclass(frozen=True)
 class Cost:
-    """What the device took (benchmarks/data/h200-chat-as-3090-s20 unless said): the figures --estimate and
-    --stop-after plan a configuration's time with."""
+    """What the device took (the GPU surface's first session, benchmarks/data/surface-rtx3090.json, s22; levels from
+    benchmarks/data/h200-chat-as-3090-s20): the figures --estimate and --stop-after plan a configuration's time with."""
 
-    boot_new_s: float = 140.0  # a new compile key, given blocks: 129-151 s (trials 1-3)
-    boot_warm_s: float = 100.0  # a key compiled before (trial 4); a cold boot's memory failure about as long again
-    first_key_extra_s: float = 114.0  # the machine's first key: 254 s (trial 0: Triton compiles its kernels once)
+    boot_new_s: float = 65.0  # a new compile key, given blocks: 59-69 s (#3, #6, #8; the session's second key 115)
+    boot_warm_s: float = 40.0  # a key compiled before: the warm boots of #2, #4, #5 and #7 failed in 34-45 s
+    first_key_extra_s: float = 190.0  # the machine's first key: 263 s (#0: Triton compiles its kernels once)
     rejected_s: float = 45.0  # vLLM's startup checks refuse the flags: assumed (24-29 s to each process's first line)
     abandon_s: float = 5.0  # a level that clearly misses: ended after 4.6-5.1 s (trials 0, 2, 3 at 21 and 37)
     stop_s: float = 5.0  # the server's stop and the gaps between levels
@@ -658,10 +658,12 @@ def to_record(configs: list[PlannedConfig], doc: dict) -> list[PlannedConfig]:
 
 
 def reserve_s(doc: dict, expected_s: float) -> float:
-    """The time a configuration expected to take `expected_s` is started with at least: that, scaled up by how
-    much longer the configurations recorded so far took than expected (the median ratio; never scaled down)."""
+    """The time a configuration expected to take `expected_s` is started with at least: that, scaled by how much
+    longer or shorter the configurations recorded so far took than expected (the median ratio). Scaled down too:
+    what the session's end cuts off is lost, but a recorder that stops early leaves the rest of the session idle
+    (s22: it stopped with 156 s left, where the next configuration was expected to take 245 s; it took 123)."""
     ratios = sorted(float(c["wall_s"]) / float(c["expected_s"]) for c in doc["configs"] if c.get("expected_s"))
-    return expected_s * max(1.0, ratios[len(ratios) // 2] if ratios else 1.0)
+    return expected_s * (ratios[len(ratios) // 2] if ratios else 1.0)
 
 
 def plan_entry(config: PlannedConfig, real: GpuProfile, recorded: dict[str, object],

@@ -105,7 +105,7 @@ def test_a_surface_of_another_plan_is_not_resumed(planned, tmp_path: Path) -> No
 
 @pytest.mark.parametrize(("recorded", "reserve"), [
     ([], 200.0),  # nothing recorded yet: as expected
-    ([(50.0, 100.0), (300.0, 250.0), (90.0, 100.0)], 200.0),  # quicker than expected: never less
+    ([(50.0, 100.0), (300.0, 250.0), (90.0, 100.0)], 180.0),  # 0.9 x as long (the median): scaled down
     ([(130.0, 100.0), (300.0, 200.0), (260.0, 200.0)], 260.0),  # 1.3 x longer (the median): scaled up
 ])
 def test_a_new_configuration_starts_only_with_its_expected_time_left(recorded: list[tuple[float, float]],
@@ -274,7 +274,7 @@ def test_a_level_ends_at_its_count() -> None:
     assert end(slow, [], 72.0) == "count"
 
 
-def test_a_configuration_given_its_blocks_is_expected_to_take_a_third_of_what_it_took_before(planned) -> None:
+def test_a_configuration_given_its_blocks_is_expected_to_take_a_quarter_of_what_it_took_before(planned) -> None:
     _, spec, configs = planned
     recipe = next(c for c in configs if c.baseline == "recipe")
     ladder, workload = rs.gpu_ladder(spec.objective), spec.objective.workload
@@ -285,7 +285,7 @@ def test_a_configuration_given_its_blocks_is_expected_to_take_a_third_of_what_it
     assert [c for c, _ in before.levels] == [1, 2, 4, 8, 16, 32]  # from 1 up to the first miss, all in full
     # 72 requests at 16 at 4.1 s each, and 4 warm-up requests at once
     assert rs.COST.level_s(ladder, 16, "full") == pytest.approx(72 * rs.COST.e2e(16) / 16 + rs.COST.e2e(4))
-    assert 180 < now.seconds < 240 < 600 < before.seconds  # ~3.5 min against ~10.5
+    assert 120 < now.seconds < 160 < 400 < before.seconds  # ~2.2 min against ~8.4 (the device: 145 s)
     off = dataclasses.replace(recipe, flags={**recipe.flags, "enable_chunked_prefill": False,
                                              "max_num_batched_tokens": 2048})  # < max_model_len 8192
     assert off.boots == "rejected" and rs.expected(off, ladder, workload).levels == ()
