@@ -6,6 +6,8 @@ given back after ~30 s idle: a session is one run of back-to-back calls, and /tm
 as it. Here, once: `bash benchmarks/h200/fetch-wheels.sh` (-> .gpu1 ... .gpuN, 50 MiB each) and the .whl folder
 (benchmarks/h200/run_h200.sh's header). Each session:
   1..N-1: bash benchmarks/h200/run_h200.sh stage K                            carry [".gpuK"]
+          (and, where the last session brought back triton-cache.tgz, unpacked into .triton here:
+          bash benchmarks/h200/run_h200.sh triton-cache                       carry [".triton"])
   N:      bash benchmarks/h200/run_h200.sh surface-start SECONDS .gpuN        carry [".gpuN", ".whl"]
           installs into /tmp/site, copies the tree to /tmp/src and starts this recorder there in the background:
           --plan benchmarks/data/surface-plan-rtx3090.json --out $GPURUN/surface-rtx3090.json --stop-after SECONDS
@@ -14,6 +16,7 @@ as it. Here, once: `bash benchmarks/h200/fetch-wheels.sh` (-> .gpu1 ... .gpuN, 5
   N+1..:  bash benchmarks/h200/run_h200.sh surface-wait 560
           waits, prints the recorder's last lines and brings back surface-rtx3090.json and surface.tgz (its output,
           the server logs NN.log / NN.cold.log by plan index); until it says "finished" or the session ends
+Session 1 (s22) recorded 9 (benchmarks/data/surface-rtx3090-logs/s22: the calls and what they printed).
 After each call copy surface-rtx3090.json from files_at into benchmarks/data/ (it is rewritten atomically after every
 configuration: the latest copy holds every finished one) and commit it after the session; the next session resumes
 from it, skipping the configurations it holds. Repeat until the recorder prints "0 to go". --stop-after starts no

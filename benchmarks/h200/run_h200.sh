@@ -29,6 +29,11 @@
 # machine was given back and stage 1's files with it (stage it again last). stage 1..6, then chat-start 1350 .gpu7
 # carry [".gpu7", ".whl"] (install 37 s with the bytecode compiled; study started at held ~274 s), chat-wait 530,
 # 530, 370: the run ended at held 1,615 s with 7 configurations booted.
+# Seen 2026-12-04 (s22, the GPU surface's first session): stage 1..6 back to back (held 50 s), surface-start 1400
+# .gpu7 carry [".gpu7", ".whl"] (install 46 s; recording from held 120 s), surface-wait 540, 540, 520: the recorder
+# stopped itself at held 1,349 s (156 s of --stop-after left, the next configuration expected to take 245 s). The
+# recorder run again in the foreground in the same call-chain (`timeout 400`, 450 s of device time left) recorded two
+# more. 9 configurations in all.
 #   1-4: bash benchmarks/h200/run_h200.sh stage 1   ... stage 4         carry [".gpuN"]
 #   5:   bash benchmarks/h200/run_h200.sh trials                          carry [".gpu5", ".whl"]
 #        (stages .gpu5 and .whl, installs, reads the idle card, then: `autotune trial --memory-cap 24` of vLLM's
@@ -58,6 +63,7 @@ export GPURUN=/tmp/gpurun PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1 VLLM_USE_FLASH
   HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 VLLM_NO_USAGE_STATS=1 DO_NOT_TRACK=1
 mkdir -p /tmp/acc "$GPURUN"
 SURFACE=surface-rtx3090.json  # the GPU response surface, resumed across sessions (benchmarks/data/ in the tree)
+CACHE=$HOME/.cache/autotune/vllm  # autotune's compile cache (autotune/engine/compile_cache.py), Triton's under it
 
 install() {  # FOLDER: stage the last wheel folder and .whl, install into /tmp/site, copy the tree to /tmp/src
   cp "$1"/* .whl/*.whl /tmp/acc/
@@ -132,6 +138,14 @@ case $phase in
     wait_for "benchmarks.record_surface" "$2"
     tail -30 "$GPURUN/surface.out"
     cp "$GPURUN/$SURFACE" "$OUT/" 2>/dev/null
-    tar czf "$OUT/surface.tgz" -C "$GPURUN" surface.out surface-logs ;;
+    tar czf "$OUT/surface.tgz" -C "$GPURUN" surface.out surface-logs
+    # The session's first key compiles Triton's kernels (s22: 263 s against 55-141 s for later cold boots); the
+    # Triton cache goes back (under 40 MiB) to be carried into the next session's machine with `triton-cache`.
+    du -sh "$CACHE"/* /tmp/torchinductor_* 2>/dev/null
+    [ -d "$CACHE/triton" ] && [ "$(du -sm "$CACHE/triton" | cut -f1)" -lt 40 ] \
+      && tar czf "$OUT/triton-cache.tgz" -C "$CACHE" triton ;;
+  triton-cache)
+    # carry [".triton"]: the Triton cache a previous session's surface-wait brought back (.triton/triton-cache.tgz)
+    mkdir -p "$CACHE" && tar xzf .triton/triton-cache.tgz -C "$CACHE" && du -sh "$CACHE/triton" ;;
   *) echo "unknown phase $phase"; exit 2 ;;
 esac
