@@ -28,6 +28,16 @@ def memory_text(gib: float | None, source: str | None, short: bool = False) -> s
                                 else memory_source_name(source))
 
 
+def peak_text(gib: float | None, boot_gib: float | None, source: str | None) -> str:
+    """A trial's memory figure as every view writes it: 'peak 23.05 GiB GPU memory (NVML) while serving (31.36 GiB
+    while booting)'. The peak while serving is the configuration's; a boot's own (compiling, which
+    gpu_memory_utilization does not govern) is named beside it when higher. No boot figure: a whole-run peak."""
+    text = f"peak {memory_text(gib, source)}"
+    if gib is None or boot_gib is None:
+        return text
+    return text + " while serving" + (f" ({boot_gib:.2f} GiB while booting)" if boot_gib > gib else "")
+
+
 class MemoryWatch(NamedTuple):
     source: MemorySource
     gpu_indices: tuple[int, ...]  # NVML indices; empty for RSS

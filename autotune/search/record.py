@@ -17,7 +17,7 @@ from optuna.artifacts import (
 from optuna.trial import FrozenTrial, TrialState
 
 from autotune.engine.flags import serve_command
-from autotune.measure.memory import memory_text
+from autotune.measure.memory import peak_text
 from autotune.measure.trial import TrialResult
 from autotune.units import GiB
 
@@ -39,11 +39,7 @@ def trial_note(t: FrozenTrial, has_log: bool = False) -> str:
         kind = {"pruned": "Pruned (stopped early)", "failed": "Failed (not the configuration's fault)"}
         head = f"**{kind.get(v.kind) or 'Not feasible: ' + v.why_not}**" + (f". {v.reason}" if v.reason else "")
     if v.peak_memory_gib is not None:
-        head += f"; peak {memory_text(v.peak_memory_gib, v.memory_source)}"
-        if v.boot_peak_memory_gib is not None:
-            head += " while serving"
-            if v.boot_peak_memory_gib > v.peak_memory_gib:
-                head += f" ({v.boot_peak_memory_gib:.2f} GiB while booting)"
+        head += "; " + peak_text(v.peak_memory_gib, v.boot_peak_memory_gib, v.memory_source)
     what = f"Baseline **{v.baseline}**" if v.baseline else "Configuration"
     body = f"{head}\n\n{what}, booted as:\n\n```\n{_one_flag_a_line(v.command)}\n```\n" if v.command else head
     return body + ("\nThe server log is attached below (Artifacts).\n" if has_log else "")

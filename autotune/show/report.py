@@ -18,7 +18,7 @@ import plotly.graph_objects as go
 from optuna.trial import FrozenTrial, TrialState
 from plotly.subplots import make_subplots
 
-from autotune.measure.memory import memory_source_name, memory_text
+from autotune.measure.memory import memory_source_name, peak_text
 from autotune.search.record import (
     TrialView,
     _level_of,
@@ -46,7 +46,7 @@ THROUGHPUT = "output tokens/s (best level within the limits)"
 
 
 def _memory_text(v: TrialView) -> str:
-    return f"peak {memory_text(v.peak_memory_gib, v.memory_source)}"
+    return peak_text(v.peak_memory_gib, v.boot_peak_memory_gib, v.memory_source)
 
 
 def pareto_front(points: Sequence[tuple[float, float]]) -> list[int]:

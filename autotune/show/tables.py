@@ -13,12 +13,12 @@ from rich.table import Table
 from rich.text import Text
 
 from autotune.fit.estimate import Estimate
-from autotune.measure.memory import memory_text
+from autotune.measure.memory import memory_text, peak_text
 from autotune.measure.trial import Objective, TrialResult
 from autotune.search.budget import Budget
 from autotune.search.record import TrialView, view
 from autotune.search.remeasure import Best
-from autotune.units import MiB, format_gib
+from autotune.units import GiB, MiB, format_gib
 
 
 class LiveProgress:
@@ -119,10 +119,8 @@ def print_trial(console: Console, result: TrialResult, objective: Objective) -> 
         console.print(f"booted again after a cold boot ({c.boot_s:.0f} s) {why}", markup=False)
     if result.memory is not None:
         m = result.memory
-        what = "GPU memory (NVML)" if m.source == "nvml" else "resident memory of the server's processes (RSS)"
-        serving = " while serving" if m.boot_peak_bytes is not None else ""
-        booting = f" (booting: {_gib(m.boot_peak_bytes)})" if (m.boot_peak_bytes or 0) > m.peak_bytes else ""
-        console.print(f"peak {what}{serving}: {_gib(m.peak_bytes)}{booting}")
+        boot = None if m.boot_peak_bytes is None else m.boot_peak_bytes / GiB
+        console.print(peak_text(m.peak_bytes / GiB, boot, m.source), markup=False)
     if result.status == "ok":
         best = result.best
         assert best is not None

@@ -7,16 +7,23 @@ from pathlib import Path
 
 import optuna
 from optuna.trial import TrialState
+from rich.console import Console
 
+from autotune.config.objective import load_objective
 from autotune.engine.flags import serve_command
 from autotune.engine.logs import BootInfo, Failure, FailureKind, classify_log
 from autotune.measure.memory import MemoryPeak
 from autotune.measure.trial import ColdBoot, TrialResult
 from autotune.search import record, tell
 from autotune.search.record import result_attrs
+from autotune.show import report
+from autotune.show.tables import print_trial
 from autotune.units import GiB
 
 GPU_BOOTS = Path(__file__).parents[2] / "data" / "gpu-boots"
+
+
+REPO = Path(__file__).parents[3]
 
 
 def test_a_warm_boot_after_a_cold_memory_failure_records_both() -> None:
@@ -62,6 +69,13 @@ def test_the_trial_figure_is_the_serving_peak_and_a_higher_boot_peak_is_said() -
     tell.tell_result(study, trial, TrialResult("infeasible", boot=BootInfo(104.5), memory=peak))
     frozen = study.trials[0]
     assert (frozen.user_attrs["peak_memory_gib"], frozen.user_attrs["boot_peak_memory_gib"]) == (23.05, 31.36)
-    assert "peak 23.05 GiB GPU memory (NVML) while serving (31.36 GiB while booting)" in record.trial_note(frozen)
+    said = "peak 23.05 GiB GPU memory (NVML) while serving (31.36 GiB while booting)"
+    assert said in record.trial_note(frozen)
+    # the same words where `autotune trial` prints it, and in the report's hover text
+    console = Console(record=True, width=200)
+    print_trial(console, TrialResult("infeasible", boot=BootInfo(104.5), memory=peak),
+                load_objective(REPO / "objectives" / "chat-p95.toml"))
+    assert said in console.export_text()
+    assert said in report._memory_text(record.view(frozen))
     never_ready = result_attrs(TrialResult("infeasible", memory=MemoryPeak(GiB, "nvml", 0, 5)))
     assert never_ready["peak_memory_gib"] == 1.0 and "boot_peak_memory_gib" not in never_ready
