@@ -17,7 +17,11 @@ grid point, ties going up); a trial measures the rungs a load search from the co
 (up while they pass, down while they fail: surface.py says what is assumed of levels not recorded) and its value is
 its highest passing rung (the real search would bisect towards the next one: its time is counted, its finer value is
 not recorded); with the estimator, a configuration it refuses costs nothing and is no trial; without it, it is
-booted and costs its recorded boot. The grid in vLLM's auto_tune order boots everything in order.
+booted and costs its recorded boot. autotune's methods screen a sampled configuration at the incumbent's best level
+(measure/ladder.py): one that fails there (known from its rungs: a level at or above a failing rung fails) is
+PRUNED after its boot and that one level, as a real trial is; the plain Optuna loops (random search, TPE and GP
+without constraints) and the grid measure every configuration in full. The grid in vLLM's auto_tune order boots
+everything in order.
 """
 
 from __future__ import annotations
@@ -74,6 +78,9 @@ class Method:
     constraints: bool = True  # False: infeasible trials are FAIL (what a plain Optuna objective that raises does)
     estimator: bool = True  # refuse before boot what autotune refuses (free, no trial); False: boot it
     pruner: Callable[[], optuna.pruners.BasePruner] | None = None
+    # autotune's screening (measure/ladder.py Prior.screen): a sampled configuration is measured at the incumbent's
+    # level first and, failing it, ends there (PRUNED, its figure there reported). False: a plain Optuna loop.
+    screen: bool = True
 
 
 def _tell_infeasible(study: optuna.Study, trial: optuna.Trial, method: Method, **violated: float) -> None:
@@ -84,15 +91,26 @@ def _tell_infeasible(study: optuna.Study, trial: optuna.Trial, method: Method, *
         study.tell(trial, state=TrialState.FAIL)
 
 
-def tell(study: optuna.Study, trial: optuna.Trial, point: Point, method: Method, gain: float = 1.0) -> Step | None:
+def tell(study: optuna.Study, trial: optuna.Trial, point: Point, method: Method, gain: float = 1.0,
+         screen_at: int | None = None) -> Step | None:
     """Replay one trial: the same outcomes tell.py gives a real one. None when refused before boot.
-    `gain` scales the throughputs the study sees (measurement noise; the Step keeps the recorded value)."""
+    `gain` scales the throughputs the study sees (measurement noise; the Step keeps the recorded value).
+    `screen_at`: the incumbent's level, where a sampled configuration is measured first (Method.screen)."""
     if point.refused is not None and method.estimator:  # tell_rejected: COMPLETE, value 0, constraint violated
         _tell_infeasible(study, trial, method, boots=1.0)
         return None
     if point.status != "measured" or not point.rungs:  # did not boot, or died: boots violated
         _tell_infeasible(study, trial, method, boots=1.0)
         return Step(point, point.cost_s(), 0.0, False)
+    if screen_at is not None and point.passes_at(screen_at) is False:
+        # tell.tell_result of a screened-out trial: PRUNED, its figure at the screening level reported (the
+        # recorded rung's throughput there, else 0: the level was abandoned or lies above the rungs recorded)
+        there = next((r.output_tok_s for r in point.rungs if r.concurrency == screen_at), 0.0)
+        trial.report(there * gain, 0)
+        if method.constraints:
+            search_tell.set_constraints(trial)
+        study.tell(trial, state=TrialState.PRUNED)
+        return Step(point, point.screened_cost_s(screen_at), 0.0, True)
     plan = point.schedule()
     for k, (best, _) in enumerate(plan):
         trial.report(best * gain, k)  # as study._one_trial does: the best passing throughput so far, per level
@@ -123,14 +141,19 @@ def replay(surface: Surface, method: Method, seed: int, target: float, max_boote
             study.enqueue_trial(p.params, user_attrs={POINT_ATTR: surface.points.index(p)})
     steps: list[Step] = []
     reached = False
+    incumbent: Step | None = None  # the best measured so far: its best level is where sampled ones are screened
     for _ in range(20 * max_booted):  # proposals; refusals before boot cost nothing but are bounded
         trial = study.ask()
         params = suggest(trial, surface.space)
         index = trial.user_attrs.get(POINT_ATTR)
         point = surface.points[index] if index is not None else surface.nearest(params)
-        step = tell(study, trial, point, method, noise())
+        # baselines (enqueued) are searched in full, as autotune does: they are the references a user reads
+        level = incumbent.point.best_level() if incumbent and method.screen and index is None else None
+        step = tell(study, trial, point, method, noise(), screen_at=level)
         if step is not None:
             steps.append(step)
+            if step.found > 0 and (incumbent is None or step.found > incumbent.found):
+                incumbent = step
             reached = reached or step.found >= target
             if (reached and len(steps) >= min_booted) or len(steps) >= max_booted:
                 break
@@ -233,18 +256,18 @@ def default_methods() -> list[Method]:
     gp = lambda seed: sampler_for("gp", seed)  # noqa: E731
     rnd = lambda seed: sampler_for("random", seed)  # noqa: E731
     return [
-        # No pruner: autotune screens a sampled configuration at the incumbent's level instead, which this replay
-        # of recorded ladders from concurrency 1 cannot play back.
+        # No pruner: autotune screens a sampled configuration at the incumbent's level instead (Method.screen).
         Method(DEFAULT + ", baselines first", tpe),
         Method(DEFAULT_BARE, tpe, baselines=False),
-        Method("random search, baselines first", rnd, constraints=False, estimator=False),
-        Method(RANDOM, rnd, baselines=False, constraints=False, estimator=False),
+        Method("random search, baselines first", rnd, constraints=False, estimator=False, screen=False),
+        Method(RANDOM, rnd, baselines=False, constraints=False, estimator=False, screen=False),
         Method("random search + estimator, no baselines", rnd, baselines=False, constraints=False),
-        Method("TPE without constraints or estimator, baselines first", tpe, constraints=False, estimator=False),
+        Method("TPE without constraints or estimator, baselines first", tpe, constraints=False, estimator=False,
+               screen=False),
         Method("TPE without constraints or estimator, no baselines", tpe, baselines=False, constraints=False,
-               estimator=False),
+               estimator=False, screen=False),
         Method("GP without constraints or estimator, no baselines", gp, baselines=False, constraints=False,
-               estimator=False),
+               estimator=False, screen=False),
     ]
 
 

@@ -100,6 +100,29 @@ class Point:
             out += [(best, (top.duration_s + miss.duration_s) / 2 + overhead)] * BISECTION_LEVELS
         return out
 
+    def best_level(self) -> int | None:
+        """The concurrency of the highest passing rung: the level a study's incumbent is screened at."""
+        passing = [r.concurrency for r in self.rungs if r.passed]
+        return max(passing) if passing and self.status == "measured" else None
+
+    def passes_at(self, level: int) -> bool | None:
+        """Whether it meets the limits at `level`, as every search assumes: a level at or below a passing rung
+        passes, one at or above a failing rung fails. None where the rungs say neither."""
+        if any(r.passed and r.concurrency >= level for r in self.rungs):
+            return True
+        if any(not r.passed and r.concurrency <= level for r in self.rungs):
+            return False
+        return None
+
+    def screened_cost_s(self, level: int) -> float:
+        """Engine seconds to boot it and fail `level`: the rung recorded there, else the highest failing rung
+        below it (on the GPU surface an abandoned level: ~5 s), each with its share of the overhead."""
+        overhead = self.overhead_s if self.overhead_s is not None else \
+            max(0.0, self.wall_s - self.boot_s - sum(r.duration_s for r in self.rungs)) / len(self.rungs)
+        failing = [r for r in self.rungs if not r.passed and r.concurrency <= level]
+        rung = max(failing, key=lambda r: r.concurrency)
+        return self.boot_s + rung.duration_s + overhead
+
     def cost_s(self, levels: int | None = None) -> float:
         """Engine seconds to boot it and measure its first `levels` load levels (all by default); a configuration
         that did not boot costs its recorded wall time (boot until the failure was classified, and the stop)."""

@@ -217,3 +217,36 @@ def test_the_recorded_gpu_surface_refuses_what_the_device_refused() -> None:
     assert len(points) == len(doc["configs"]) >= 9
     for c, p in zip(doc["configs"], points, strict=True):
         assert (p.refused is not None) == c["estimate_now"]["refused"]
+
+
+def test_a_sampled_configuration_failing_the_incumbents_level_is_pruned_after_that_level(tmp_path: Path) -> None:
+    (point,) = load_surface(_walked(tmp_path)).points  # passes 32, fails 64
+    assert (point.best_level(), point.passes_at(16), point.passes_at(32), point.passes_at(64)) == (32, True, True,
+                                                                                                  False)
+    assert point.passes_at(128) is False and point.passes_at(48) is None  # above a failing rung; between the two
+    screen = se.Method("autotune", lambda s: optuna.samplers.RandomSampler(s))
+    study = optuna.create_study(direction="maximize")
+    step = se.tell(study, study.ask(), point, screen, screen_at=64)
+    # PRUNED after its boot and the level at 64 (abandoned in D64), reporting what it delivered there
+    assert step == se.Step(point, WALK_BOOT_S + D64 + OVERHEAD_S, 0.0, True)
+    assert study.trials[0].state is optuna.trial.TrialState.PRUNED
+    assert study.trials[0].intermediate_values == {0: 500.0}
+    # screened above the rungs recorded (128: implied by 64's miss): nothing delivered is known there
+    study = optuna.create_study(direction="maximize")
+    assert se.tell(study, study.ask(), point, screen, screen_at=128).cost_s == WALK_BOOT_S + D64 + OVERHEAD_S
+    assert study.trials[0].intermediate_values == {0: 0.0}
+    # one that passes the incumbent's level is searched in full, as before
+    study = optuna.create_study(direction="maximize")
+    assert se.tell(study, study.ask(), point, screen, screen_at=32) == se.Step(point, point.cost_s(), 900.0, False)
+
+
+def test_a_replay_screens_sampled_configurations_at_the_incumbents_level_and_baselines_not(tmp_path: Path) -> None:
+    surface = load_surface(_surface(tmp_path))  # every configuration measured at 4 only; (1, 64) fails there
+    worst = surface.nearest({"max_num_seqs": 1, "max_num_batched_tokens": 64})
+    for screen in (True, False):
+        method = se.Method("m", lambda s: optuna.samplers.RandomSampler(s), screen=screen)
+        steps = se.replay(surface, method, 0, math.inf, max_booted=30)
+        assert steps[0].point.baseline == "recipe" and not steps[0].pruned  # the first incumbent
+        tried = [s for s in steps if s.point is worst]
+        assert tried and all(s.pruned == screen for s in tried)
+        assert all(not s.pruned for s in steps if s.point is not worst)
