@@ -738,7 +738,7 @@ def print_estimate(configs: list[PlannedConfig], todo: list[PlannedConfig], spec
 
 def estimate_plan(plan_path: Path, out: Path) -> None:
     """--estimate: what the planned configurations not yet in `out` are expected to cost (print_estimate), for the
-    plan's card and the device's vLLM (surface_plan.device_vllm: on the CPU build, 14 configurations are refused
+    plan's card and the device's vLLM (device_vllm: on the CPU build, the first plan had 14 configurations refused
     where the device refuses 23); boots nothing."""
     plan, spec = read_plan(plan_path)
     with device_vllm():
