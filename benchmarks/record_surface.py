@@ -117,13 +117,15 @@ from autotune.engine.logs import BootInfo, Failure, FailureKind, parse_boot_info
 from autotune.engine.models import model_vocab_size, resolve_model
 from autotune.engine.server import BootFailed, EngineSpec, Server
 from autotune.fit import feasibility, memcap
-from autotune.fit.hardware import GpuProfile, get_profile
+from autotune.fit.hardware import GpuProfile, detect_gpus, get_profile
 from autotune.measure.client import Abandon, Enough, LevelRun, LoadLevel, RequestRecord, measure_level
 from autotune.measure.ladder import LoadSearch, Prior, StopRule, capacity, first_level
+from autotune.measure.memory import MemorySampler, memory_watch
 from autotune.measure.stats import Limits, judge, level_stats
 from autotune.measure.trial import Objective, TrialPlan, configured, plan_first_boot, warm_kv_blocks
 from autotune.measure.workload import Workload
 from autotune.search.space import engine_config
+from autotune.units import GiB
 from benchmarks.h200.run_h200 import DEVICE_FLAGS, ENV, MODEL, write_model
 
 REPO = Path(__file__).resolve().parents[1]
@@ -193,13 +195,50 @@ def compact(run: LevelRun, records: Sequence[RequestRecord] | None = None) -> li
 RECORD_COLUMNS = ["start_s", "ttft_s", "end_s", "output_tokens", "error"]
 
 
-def boot(server: Server) -> BootInfo | BootFailed:
-    """Start the server and wait until it serves: what it said while booting, or why it did not come up."""
+class Memory:
+    """The memory each server of a configuration held, sampled as a trial's is (NVML on the CUDA build, else the
+    server tree's RSS): on the device the cap is a gpu_memory_utilization, not a wall, so a server given more KV
+    blocks than the 24 GiB card holds would run here all the same. Its figures show whether it kept inside."""
+
+    def __init__(self, engine: EngineSpec, build: Build):
+        cuda = build is Build.CUDA
+        visible = engine.env.get("CUDA_VISIBLE_DEVICES", os.environ.get("CUDA_VISIBLE_DEVICES"))
+        self.watch = memory_watch(cuda, (), visible, detect_gpus() if cuda else [])
+        self.sampler: MemorySampler | None = None
+
+    def start(self, server: Server) -> None:
+        self.sampler = MemorySampler(root_pid=server.pid, gpu_indices=self.watch.gpu_indices or None,
+                                     source=self.watch.source).start()
+
+    def serving(self) -> None:
+        if self.sampler is not None:
+            self.sampler.serving()
+
+    def fields(self) -> dict[str, object]:
+        """The peak while it served (GiB; the configuration's, as a trial's figure) and while it booted
+        (compiling, which gpu_memory_utilization does not govern), and what measured them. Ends the sampling."""
+        if self.sampler is None:
+            return {}
+        peak, self.sampler = self.sampler.stop(), None
+        serving = None if peak.boot_peak_bytes is None else round(peak.peak_bytes / GiB, 3)
+        booting = peak.peak_bytes if peak.boot_peak_bytes is None else peak.boot_peak_bytes
+        return {"memory_source": peak.source, "peak_memory_gib": serving,
+                "boot_peak_memory_gib": round(booting / GiB, 3)}
+
+
+def boot(server: Server, memory: Memory | None = None) -> BootInfo | BootFailed:
+    """Start the server and wait until it serves: what it said while booting, or why it did not come up. Its
+    memory is sampled from its start (`memory`), the peak until it served being the boot's."""
     server.start()
+    if memory is not None:
+        memory.start(server)
     try:
-        return server.wait_ready()
+        booted = server.wait_ready()
     except BootFailed as e:
         return e
+    if memory is not None:
+        memory.serving()
+    return booted
 
 
 def warm_boot_due(build: Build, booted: BootInfo | BootFailed, lines: list[str], given: int | None = None) -> bool:
@@ -367,6 +406,7 @@ def record_config(engine: EngineSpec, objective: Objective, vocab: int, log: Pat
     first = plan_first_boot(TrialPlan(engine, objective, vocab, log, warm_kv_blocks=warm_kv_blocks), build)
     given = first.blocks
     server = Server(first.engine, log)
+    memory = Memory(engine, build)
 
     def again() -> BootInfo | BootFailed:
         nonlocal server, given
@@ -376,18 +416,19 @@ def record_config(engine: EngineSpec, objective: Objective, vocab: int, log: Pat
         return booted_and_noted()
 
     def booted_and_noted() -> BootInfo | BootFailed:
-        booted = boot(server)
+        booted = boot(server, memory)
         first.note(list(server.lines))
         return booted
 
     try:
         booted = booted_and_noted()
         if warm_boot_due(build, booted, list(server.lines), given):
-            entry["cold_boot"] = boot_fields(booted, list(server.lines), given)
+            entry["cold_boot"] = {**boot_fields(booted, list(server.lines), given), **memory.fields()}
             booted = again()
         while True:
             entry.update(boot_fields(booted, list(server.lines), given))
             if isinstance(booted, BootFailed):
+                entry.update(memory.fields())
                 return entry
             start = ladder.start(engine.flags.get("max_num_seqs"), booted.kv_cache_tokens or kv_tokens,
                                  objective.workload)
@@ -400,14 +441,16 @@ def record_config(engine: EngineSpec, objective: Objective, vocab: int, log: Pat
                     # the estimate's KV cache ran out, not vLLM's (as run_trial): measured again, sized by vLLM
                     entry["cold_boot"] = {**boot_fields(booted, list(server.lines), given), "status": "died",
                                           "failure_kind": e.failure.kind.value, "reason": e.failure.reason,
-                                          "levels": levels}
+                                          "levels": levels, **memory.fields()}
                     for key in ("start", "levels"):
                         entry.pop(key)
                     booted = again()
                     continue
                 entry.update(status="died", failure_kind=e.failure.kind.value, reason=e.failure.reason)
+            entry.update(memory.fields())
             return entry
     finally:
+        memory.fields()  # stops a sampler left running (an exception)
         server.stop()
         entry["wall_s"] = round(time.monotonic() - t0, 1)
 
@@ -672,6 +715,9 @@ def surface_doc(out: Path, plan_path: Path, plan: dict, spec: StudySpec, real: G
         "new and the estimate fits (kv_blocks_given; vLLM's own sizing in kv_blocks_profiled); else sized by vLLM, "
         "and a cold CUDA boot booted again warm. A first boot booted again is kept under cold_boot",
         "record_columns": RECORD_COLUMNS,
+        "memory": "peak_memory_gib: the peak while the server served, boot_peak_memory_gib: until it served (GiB, "
+        "memory_source: NVML on the CUDA build, the server tree's RSS on the CPU build); recorded from the "
+        "surface's second session on (the first, s22, sampled none)",
         "space": plan["space"], "baselines": [{"name": b.name, "flags": b.flags} for b in spec.baselines],
         "started": dt.datetime.now(dt.UTC).isoformat(timespec="seconds")}, "configs": []}
 
@@ -778,6 +824,7 @@ def record_plan(plan_path: Path, out: Path, stop_after: float | None, logs: Path
         cold = entry.get("cold_boot")
         print(f"    -> {entry['status']} {entry.get('reason', '')} ({entry['wall_s']} s, {entry['compile_cache']}"
               f", KV blocks given {entry['kv_blocks_given']}, vLLM's own {entry['kv_blocks_profiled']}"
+              f", peak {entry.get('peak_memory_gib')} GiB serving, {entry.get('boot_peak_memory_gib')} booting"
               + (f"; first boot {cold['status']} in {cold['boot_s']} s" if isinstance(cold, dict) else "") + ")",
               flush=True)
         doc["configs"].append(entry)

@@ -8,14 +8,19 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import subprocess
+import sys
+import time
 from pathlib import Path
+from types import SimpleNamespace
 
+import psutil
 import pytest
 
 from autotune.engine.defaults import DEFAULT_UTILIZATION
 from autotune.engine.flags import Build, installed_vllm
 from autotune.engine.logs import BootInfo, Failure, FailureKind, classify_log, parse_boot_info
-from autotune.engine.server import BootFailed
+from autotune.engine.server import BootFailed, EngineSpec
 from autotune.fit import memcap
 from autotune.fit.hardware import get_profile
 from autotune.measure.client import Abandon, RequestRecord
@@ -342,3 +347,39 @@ def test_the_least_sure_configurations_are_inside_the_devices_band() -> None:
     with rs.device_vllm():
         unsure = [c for c in rs.planned_configs(plan, spec, MODEL, H200) if c.origin == "unsure"]
     assert len(unsure) == 8 and all(c.boots == "sized" for c in unsure)
+
+
+def test_each_server_of_a_configuration_has_its_memory_sampled_while_booting_and_serving(tmp_path: Path) -> None:
+    # A real process in the server's place: 300 MiB held from its start (the CPU build's source: the tree's RSS).
+    ready = tmp_path / "ready"
+    proc = subprocess.Popen([sys.executable, "-c", "import pathlib, time, sys; x = bytearray(300 << 20); "
+                             "pathlib.Path(sys.argv[1]).touch(); time.sleep(60)", str(ready)])
+    try:
+        memory = rs.Memory(EngineSpec("m"), Build.CPU)
+        assert memory.watch.source == "rss" and memory.fields() == {}  # nothing sampled yet
+        memory.start(SimpleNamespace(pid=proc.pid))  # type: ignore[arg-type]
+        while not ready.exists() or psutil.Process(proc.pid).memory_info().rss < 300 << 20:
+            time.sleep(0.05)
+        time.sleep(0.5)  # a few samples while "booting"
+        memory.serving()
+        time.sleep(0.5)
+        fields = memory.fields()
+    finally:
+        proc.kill()
+        proc.wait()
+    assert fields["memory_source"] == "rss"
+    assert 0.29 < fields["boot_peak_memory_gib"] < 1.0 and 0.29 < fields["peak_memory_gib"] < 1.0
+    assert memory.fields() == {}  # the sampler has stopped
+
+
+def test_a_server_that_never_served_has_only_a_boot_peak(tmp_path: Path) -> None:
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        memory = rs.Memory(EngineSpec("m"), Build.CPU)
+        memory.start(SimpleNamespace(pid=proc.pid))  # type: ignore[arg-type]
+        time.sleep(0.5)
+        fields = memory.fields()
+    finally:
+        proc.kill()
+        proc.wait()
+    assert fields["peak_memory_gib"] is None and fields["boot_peak_memory_gib"] > 0
