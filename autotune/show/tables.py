@@ -72,10 +72,6 @@ class LiveProgress:
                            f"[dim]({self.budget.left_text()})[/]", soft_wrap=True)
 
 
-def _gib(n: int | None) -> str:
-    return "-" if n is None else format_gib(n)
-
-
 def level_table(result: TrialResult, objective: Objective) -> Table:
     """One row per level. In rate mode the label (req/s asked for) stands next to what was offered (sent per
     second) and achieved (completed per second of the steady window): a Poisson schedule offers its label only
