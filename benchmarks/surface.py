@@ -86,8 +86,7 @@ class Point:
         wall time that was neither boot nor measurement (warm-ups, stop)."""
         if not self.rungs:
             return []
-        overhead = self.overhead_s if self.overhead_s is not None else \
-            max(0.0, self.wall_s - self.boot_s - sum(r.duration_s for r in self.rungs)) / len(self.rungs)
+        overhead = self._overhead_per_level()
         out: list[tuple[float, float]] = []
         top: Rung | None = None  # the highest passing rung so far: its throughput is the value reported
         for r in self.rungs:
@@ -117,11 +116,15 @@ class Point:
     def screened_cost_s(self, level: int) -> float:
         """Engine seconds to boot it and fail `level`: the rung recorded there, else the highest failing rung
         below it (on the GPU surface an abandoned level: ~5 s), each with its share of the overhead."""
-        overhead = self.overhead_s if self.overhead_s is not None else \
-            max(0.0, self.wall_s - self.boot_s - sum(r.duration_s for r in self.rungs)) / len(self.rungs)
         failing = [r for r in self.rungs if not r.passed and r.concurrency <= level]
         rung = max(failing, key=lambda r: r.concurrency)
-        return self.boot_s + rung.duration_s + overhead
+        return self.boot_s + rung.duration_s + self._overhead_per_level()
+
+    def _overhead_per_level(self) -> float:
+        """Each measured level's share of the wall time that was neither boot nor a level's requests."""
+        if self.overhead_s is not None:
+            return self.overhead_s
+        return max(0.0, self.wall_s - self.boot_s - sum(r.duration_s for r in self.rungs)) / len(self.rungs)
 
     def cost_s(self, levels: int | None = None) -> float:
         """Engine seconds to boot it and measure its first `levels` load levels (all by default); a configuration
