@@ -117,12 +117,19 @@ from autotune.engine.logs import BootInfo, Failure, FailureKind, parse_boot_info
 from autotune.engine.models import model_vocab_size, resolve_model
 from autotune.engine.server import BootFailed, EngineSpec, Server
 from autotune.fit import feasibility, memcap
-from autotune.fit.hardware import GpuProfile, detect_gpus, get_profile
+from autotune.fit.hardware import GpuProfile, get_profile
 from autotune.measure.client import Abandon, Enough, LevelRun, LoadLevel, RequestRecord, measure_level
 from autotune.measure.ladder import LoadSearch, Prior, StopRule, capacity, first_level
-from autotune.measure.memory import MemorySampler, memory_watch
+from autotune.measure.memory import MemorySampler
 from autotune.measure.stats import Limits, judge, level_stats
-from autotune.measure.trial import Objective, TrialPlan, configured, plan_first_boot, warm_kv_blocks
+from autotune.measure.trial import (
+    Objective,
+    TrialPlan,
+    configured,
+    plan_first_boot,
+    server_memory_watch,
+    warm_kv_blocks,
+)
 from autotune.measure.workload import Workload
 from autotune.search.space import engine_config
 from autotune.units import GiB
@@ -201,9 +208,7 @@ class Memory:
     blocks than the 24 GiB card holds would run here all the same. Its figures show whether it kept inside."""
 
     def __init__(self, engine: EngineSpec, build: Build):
-        cuda = build is Build.CUDA
-        visible = engine.env.get("CUDA_VISIBLE_DEVICES", os.environ.get("CUDA_VISIBLE_DEVICES"))
-        self.watch = memory_watch(cuda, (), visible, detect_gpus() if cuda else [])
+        self.watch = server_memory_watch(engine, build)
         self.sampler: MemorySampler | None = None
 
     def start(self, server: Server) -> None:

@@ -11,7 +11,7 @@ import dataclasses
 import os
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -259,7 +259,7 @@ def run_trial(
         return boot_server()
 
     hung = False
-    watch = _memory_watch(plan, build)
+    watch = server_memory_watch(plan.engine, build, plan.gpu_indices)
     stage("booting")
     try:
         booted = boot_server()
@@ -411,11 +411,11 @@ def _kv_may_bind(plan: TrialPlan, boot: BootInfo) -> bool:
     return boot.max_concurrency < running
 
 
-def _memory_watch(plan: TrialPlan, build: Build) -> MemoryWatch:
+def server_memory_watch(engine: EngineSpec, build: Build, gpu_indices: Sequence[int] = ()) -> MemoryWatch:
     """NVML whenever vLLM is the CUDA build (hardware.memory_watch), on the GPUs the server may use."""
     cuda = build is Build.CUDA
-    visible = plan.engine.env.get("CUDA_VISIBLE_DEVICES", os.environ.get("CUDA_VISIBLE_DEVICES"))
-    return memory_watch(cuda, plan.gpu_indices, visible, detect_gpus() if cuda else [])
+    visible = engine.env.get("CUDA_VISIBLE_DEVICES", os.environ.get("CUDA_VISIBLE_DEVICES"))
+    return memory_watch(cuda, gpu_indices, visible, detect_gpus() if cuda else [])
 
 
 def _measure(server: Server, plan: TrialPlan, value: float, seed_offset: int,
