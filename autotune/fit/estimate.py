@@ -139,6 +139,7 @@ def estimate(
     for the CPU build. The formulas are in the module docstring and fit/vllm_memory.py; every rule vLLM enforces
     at startup that fails becomes a reason."""
     cpu = profile.kind == "cpu"
+    shape = shape.served_as(config.get("dtype"))
     prefix_default = not shape.is_hybrid or hybrid_prefix_caching_default(vllm_version)
     s = settings(shape, profile, config, default_gpu_memory_utilization, cpu_kvcache_bytes, prefix_default)
     quant, rules = _quantization(shape, profile, str(config.get("quantization") or "").lower())

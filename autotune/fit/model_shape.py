@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from autotune.errors import SpecError
@@ -12,6 +12,9 @@ from autotune.fit.quantization import ModuleKind, Quantization, parse_quantizati
 
 DTYPE_BYTES = {"float32": 4, "float": 4, "float16": 2, "half": 2, "bfloat16": 2, "fp8": 1, "fp8_e4m3": 1,
                "fp8_e5m2": 1, "fp8_ds_mla": 1, "int8": 1}
+# vLLM's --dtype choices (config/model.py _STR_DTYPE_TO_TORCH_DTYPE) by the dtype each names; "auto" keeps the config's.
+SERVE_DTYPES = {"half": "float16", "float16": "float16", "bfloat16": "bfloat16", "float": "float32",
+                "float32": "float32"}
 
 
 @dataclass(frozen=True)
@@ -98,6 +101,23 @@ class ModelShape:
         vd = self.linear_num_value_heads * self.linear_value_head_dim
         conv = (2 * kd + vd) * (self.linear_conv_kernel_dim - 1 + num_spec)
         return conv, self.linear_num_value_heads * self.linear_value_head_dim * self.linear_key_head_dim
+
+    def served_as(self, dtype_flag: object) -> ModelShape:
+        """The shape as `--dtype` serves it: vLLM casts the weights, and KV and conv state of dtype "auto" follow the
+        served dtype (the CPU build without AVX512-BF16 is served float32: studies/tiny-cpu.toml)."""
+        flag = str(dtype_flag or "auto")
+        if flag == "auto":
+            return self
+        if flag not in SERVE_DTYPES:
+            raise SpecError("config", "dtype", f"unknown dtype {flag!r} (vLLM accepts auto, "
+                            f"{', '.join(SERVE_DTYPES)})")
+        dtype = SERVE_DTYPES[flag]
+        old, new = DTYPE_BYTES.get(self.dtype, 2), DTYPE_BYTES[dtype]
+        recurrent = self.recurrent_state_bytes_per_seq
+        if not self.mamba_ssm_dtype:  # the recurrent state follows the model dtype unless the checkpoint names one
+            recurrent = recurrent * new // old
+        return replace(self, dtype=dtype, conv_state_bytes_per_seq=self.conv_state_bytes_per_seq * new // old,
+                       recurrent_state_bytes_per_seq=recurrent)
 
     @classmethod
     def from_dir(cls, path: str | Path) -> ModelShape:

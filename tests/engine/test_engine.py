@@ -22,7 +22,8 @@ from autotune.measure.trial import LevelOutcome, TrialPlan, run_trial
 from autotune.measure.workload import LengthDist, Workload, prompt_decoder
 
 ROOT = Path(__file__).resolve().parents[2]
-EAGER = {"enforce_eager": True, "load_format": "dummy"}
+# float32 as studies/tiny-cpu.toml serves it: bf16 on a CPU without AVX512-BF16 is 25x slower (benchmarks/cpu_dtype.py)
+EAGER = {"enforce_eager": True, "load_format": "dummy", "dtype": "float32"}
 SMALL_KV = {"VLLM_CPU_KVCACHE_SPACE": "1"}
 
 
@@ -42,9 +43,10 @@ def test_trial_boots_measures_two_levels_and_leaves_no_process(tmp_path: Path) -
 
     result = run_trial(TrialPlan(spec, objective, model_vocab_size(model), tmp_path / "server.log"),
                        on_level=stop_after_two)
-    assert result.boot is not None and result.boot.kv_cache_tokens == 524_288  # 1 GiB / 2 KiB per token
+    # 1 GiB / 4 KiB per token: float32 KV (the cache's "auto" follows --dtype; bfloat16 printed 524,288)
+    assert result.boot is not None and result.boot.kv_cache_tokens == 262_144
     predicted = judge(model, cpu_profile(), spec.flags, SMALL_KV).estimate.kv_tokens  # the estimator agrees
-    assert abs(predicted - 524_288) / 524_288 <= 0.10, predicted
+    assert abs(predicted - 262_144) / 262_144 <= 0.10, predicted
     assert seen_levels == [2, 4]  # no prior: the geometric middle of [1, 4], then one factor up
     assert result.status == "stopped" and result.stop_reason == "two levels are enough"
     for _, level in result.levels:

@@ -66,7 +66,7 @@ def assert_close(predicted: int, observed: int | None, lines: list[str]) -> None
     assert abs(gap) <= TOLERANCE, f"predicted {predicted:,} KV tokens, vLLM printed {observed:,} ({gap:+.1%})"
 
 
-# The dense model under VLLM_CPU_KVCACHE_SPACE=1 (524,288 tokens) is checked in test_engine's trial test.
+# The dense model under VLLM_CPU_KVCACHE_SPACE=1 served float32 (262,144 tokens) is checked in test_engine's trial test.
 @pytest.mark.parametrize("name,flags,env", [
     # 512 MiB / 64 KiB blocks = 8192; a request of 4096 takes 32 attention + 3 x 2 state blocks
     ("tiny:hybrid", {"max_model_len": 4096, "kv_cache_memory_bytes": 512 * MiB}, {}),

@@ -136,7 +136,7 @@ def test_a_taken_port_is_retried_on_another(faulted) -> None:
     study, inject = faulted
     first = study.trials[0]
     retried = (0, "booting (the port was taken; on another one)") in inject.stages
-    survived = retried and first.user_attrs.get("kv_cache_tokens") == 524_288 and ours() == []
+    survived = retried and first.user_attrs.get("kv_cache_tokens") == 262_144 and ours() == []
     LEDGER.append(("port already taken", survived, lost(study)))
     assert survived, first.user_attrs
 
@@ -145,7 +145,7 @@ def test_engine_killed_during_load_is_recorded_and_the_study_goes_on(faulted) ->
     study, inject = faulted
     first, last = study.trials[0], study.trials[2]
     survived = (0 in inject.done and first.state == TrialState.COMPLETE and first.constraints["boots"] == 1.0
-                and last.user_attrs.get("kv_cache_tokens") == 524_288 and ours() == [])
+                and last.user_attrs.get("kv_cache_tokens") == 262_144 and ours() == [])
     LEDGER.append(("engine process killed during load", survived, lost(study)))
     assert survived, (first.user_attrs.get("reason"), last.user_attrs.get("status"))
     assert first.user_attrs["failure_kind"] in ("crash", "unresponsive")
@@ -156,7 +156,7 @@ def test_a_hung_server_is_recorded_and_the_study_goes_on(faulted) -> None:
     hung, last = study.trials[1], study.trials[2]
     survived = (1 in inject.done and hung.user_attrs.get("failure_kind") == "unresponsive"
                 and "no data for" in hung.user_attrs["reason"]
-                and last.user_attrs.get("kv_cache_tokens") == 524_288 and ours() == [])
+                and last.user_attrs.get("kv_cache_tokens") == 262_144 and ours() == [])
     LEDGER.append(("server hung (engine stopped with SIGSTOP)", survived, lost(study)))
     assert survived, hung.user_attrs.get("reason")
 

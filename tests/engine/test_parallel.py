@@ -58,7 +58,7 @@ def test_two_workers_on_one_postgresql_study_account_for_every_trial(study_dir: 
     assert not [t for t in trials if t.state in (TrialState.RUNNING, TrialState.WAITING)]
     for t in booted:
         assert t.state in (TrialState.COMPLETE, TrialState.PRUNED), (t.number, t.state, t.user_attrs.get("reason"))
-        assert t.user_attrs["kv_cache_tokens"] == 524_288
+        assert t.user_attrs["kv_cache_tokens"] == 262_144
     # The workers ran their servers at the same time (each its own port), not one after the other.
     starts = sorted(t.datetime_start for t in booted[1:])
     ends = sorted(t.datetime_complete for t in booted[1:])
@@ -101,4 +101,4 @@ def test_kill_9_of_the_tuner_leaves_no_server_and_the_next_run_resumes(study_dir
     assert trials[0].state == TrialState.FAIL  # the trial in flight at the kill: marked, not left RUNNING
     retried = [t for t in trials[1:] if t.system_attrs.get("failed_trial") == 0]
     assert retried and retried[0].params == trials[0].params and retried[0].state.is_finished()
-    assert retried[0].user_attrs["kv_cache_tokens"] == 524_288  # booted and measured this time
+    assert retried[0].user_attrs["kv_cache_tokens"] == 262_144  # booted and measured this time

@@ -85,6 +85,32 @@ def test_dense_cpu_kvcache_space_reproduces_the_observed_boot():
     assert est.kv_tokens == 524_288 and est.max_concurrency_at_max_len == pytest.approx(256.0)
 
 
+def test_dtype_flag_serves_the_dense_model_in_float32():
+    # Observed on the CPU build (vLLM 0.32.0, studies/tiny-cpu.toml, --dtype float32): "Upcasting torch.bfloat16 to
+    # torch.float32" and "CPU KV cache size: 262,144 tokens" under VLLM_CPU_KVCACHE_SPACE=1: the KV cache ("auto")
+    # follows the served dtype, so a block is 4 layers x 128 x 1024 B = 512 KiB; 1 GiB / 512 KiB = 2048 blocks.
+    shape = ModelShape.from_config(DENSE)
+    est = estimate(shape, CPU, {"max_model_len": 1024, "dtype": "float32"}, cpu_kvcache_bytes=1 * GiB)
+    assert (est.num_blocks, est.kv_tokens) == (2048, 262_144)
+    for two_bytes in ("auto", "half"):
+        cfg = {"max_model_len": 1024, "dtype": two_bytes}
+        assert estimate(shape, CPU, cfg, cpu_kvcache_bytes=1 * GiB).kv_tokens == 524_288
+    bf16 = estimate(shape, RTX3090, {"max_model_len": 1024}).weights_bytes
+    assert estimate(shape, RTX3090, {"max_model_len": 1024, "dtype": "float"}).weights_bytes == 2 * bf16
+    with pytest.raises(SpecError, match="dtype"):
+        estimate(shape, CPU, {"dtype": "fp64"})
+
+
+def test_dtype_flag_scales_the_state_the_checkpoint_does_not_pin():
+    shape = ModelShape.from_config(HYBRID)
+    served = shape.served_as("float32")
+    assert served.conv_state_bytes_per_seq == 2 * shape.conv_state_bytes_per_seq
+    assert served.recurrent_state_bytes_per_seq == 2 * shape.recurrent_state_bytes_per_seq
+    pinned = ModelShape.from_config(load("qwen3.5-27b-awq.json")).served_as("float16")  # mamba_ssm_dtype float32
+    assert pinned.recurrent_state_bytes_per_seq == ModelShape.from_config(
+        load("qwen3.5-27b-awq.json")).recurrent_state_bytes_per_seq
+
+
 def test_gpu_budget_is_total_times_utilization_minus_the_rest():
     shape = ModelShape.from_config(DENSE)
     est = estimate(shape, RTX3090, {"max_model_len": 4096, "gpu_memory_utilization": 0.92})

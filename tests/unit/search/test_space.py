@@ -162,14 +162,13 @@ def test_enqueued_baseline_boots_its_flags() -> None:
                        engine_config(study_spec, params, baseline=trial_baseline(trial)), params))
         study.tell(trial, 0.0)
     (n0, cfg0, p0), (n1, cfg1, p1), (n2, cfg2, p2) = booted
-    assert n0 == "vllm-defaults" and cfg0 == EngineConfig("tiny:dense", {"load_format": "dummy",
-                                                                         "enforce_eager": True})
+    fixed = {"load_format": "dummy", "enforce_eager": True, "dtype": "float32"}  # [model] and [engine]
+    assert n0 == "vllm-defaults" and cfg0 == EngineConfig("tiny:dense", fixed)
     assert p0["max_num_batched_tokens"] == 2048 and p0["max_model_len"] == 8192  # recorded at vLLM's defaults
-    assert n1 == "recipe" and cfg1.flags == {"load_format": "dummy", "enforce_eager": True, "max_num_seqs": 16,
-                                             "max_num_batched_tokens": 1024, "enable_chunked_prefill": True,
-                                             "max_model_len": 1024}
+    assert n1 == "recipe" and cfg1.flags == {**fixed, "max_num_seqs": 16, "max_num_batched_tokens": 1024,
+                                             "enable_chunked_prefill": True, "max_model_len": 1024}
     assert p1["max_num_seqs"] == 16 and p1["max_num_batched_tokens"] == 1024
-    assert n2 is None and cfg2.flags == {"load_format": "dummy", "enforce_eager": True, **p2}
+    assert n2 is None and cfg2.flags == {**fixed, **p2}
 
 
 def test_model_pseudo_param_chooses_the_checkpoint() -> None:
