@@ -116,6 +116,7 @@ def trial(model: str, objective_path: Path, sets: tuple[str, ...], envs: tuple[s
     check_prompt_tokenizer(objective, [path])
     engine_flags.check(("--set", k) for k in flags)
     engine_flags.check_values(("--set", k, k, v) for k, v in flags.items())
+    _warn_slow_dtype(path, flags)
     gpu_indices = tuple(int(g) for g in gpus.split(",") if g.strip())
     cap, real = None, None
     if memory_cap is not None:  # the estimator's card is the capped one; the flags are translated for the real one
@@ -217,6 +218,7 @@ def run(study_file: Path, budget: str | None, n_trials: int | None, storage: str
           --from-storage sqlite:///studies/tiny-cpu.db
     """
     from autotune.config.study_file import check_prompt_tokenizer, load_study, study_models
+    from autotune.engine.models import resolve_model
     from autotune.search.budget import budget_for
     from autotune.search.slots import check_slots_fit, slots_for
     from autotune.search.study import check_inputs
@@ -226,9 +228,18 @@ def run(study_file: Path, budget: str | None, n_trials: int | None, storage: str
     slots = check_slots_fit(slots_for(workers, gpus))
     plan = budget_for(budget, n_trials, spec)
     check_inputs(spec)
+    _warn_slow_dtype(resolve_model(spec.model.path)[0], spec.fixed_flags())
     if from_study is not None:
         _warm_start(spec, storage, from_study, from_storage)
     _run(spec, plan, storage, slots)
+
+
+def _warn_slow_dtype(model: str, flags: dict[str, object]) -> None:
+    from autotune.engine.flags import Build, detect_build
+    from autotune.fit.feasibility import slow_dtype_warning
+
+    if warning := slow_dtype_warning(model, flags, detect_build() is Build.CPU):
+        console.print(warning, markup=False, soft_wrap=True)
 
 
 def _warm_start(spec, storage: str | None, name: str, from_storage: str | None) -> None:

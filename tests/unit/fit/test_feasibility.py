@@ -25,8 +25,9 @@ from autotune.fit.feasibility import (
     judge,
     observations,
     prediction_attrs,
+    slow_dtype_warning,
 )
-from autotune.fit.hardware import get_profile
+from autotune.fit.hardware import get_profile, host_has_avx512_bf16
 from autotune.fit.model_shape import ModelShape
 from autotune.measure.trial import TrialResult
 from autotune.search import record
@@ -61,6 +62,19 @@ def booted(model: str, flags: dict[str, object], result: TrialResult, env: dict[
 def obs(trial: int, flags: dict, *, predicted: int | None = None, observed: int | None = None,
         per_token: float | None = None, failed: bool = False, on: str | None = None) -> Observation:
     return Observation(trial, flags, predicted, observed, per_token, failed, on)
+
+
+def test_bfloat16_on_a_cpu_without_avx512_bf16_is_warned_before_any_boot(dense) -> None:
+    # The tiny model is bfloat16: on this machine's CPU (read from /proc/cpuinfo, not assumed) the warning is due
+    # exactly when the CPU lacks AVX512-BF16; float32, or the CUDA build, never warrants it.
+    warning = slow_dtype_warning(dense, {}, cpu_build=True)
+    if host_has_avx512_bf16():
+        assert warning is None
+    else:
+        assert warning is not None and "AVX512-BF16" in warning and 'dtype = "float32"' in warning
+    assert slow_dtype_warning(dense, {"dtype": "bfloat16"}, cpu_build=True) == warning
+    assert slow_dtype_warning(dense, {"dtype": "float32"}, cpu_build=True) is None
+    assert slow_dtype_warning(dense, {}, cpu_build=False) is None
 
 
 # ---- observations() from stored trials -----------------------------------------------------------------------
