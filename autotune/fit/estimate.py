@@ -152,6 +152,10 @@ def estimate(
     weights = _weights(shape, quant, DTYPE_BYTES.get(shape.dtype, 2), s.mtp and shape.num_mtp_layers > 0, s.vision,
                        machete)
     lay = _layout(shape, s, cpu, str(config.get("mamba_ssm_cache_dtype") or "auto"))
+    if cpu and shape.is_hybrid and shape.dtype != "bfloat16":
+        # model_executor/layers/mamba/ops/cpu/gdn_attention.py asserts it at the first request (vLLM 0.32): the
+        # server boots, then dies serving (seen with --dtype float32 on tiny:hybrid)
+        rules.append(f"vLLM's CPU build runs Gated DeltaNet layers in bfloat16 only, not {shape.dtype}")
     if shape.is_hybrid and s.prefix and not s.chunked:
         rules.append("hybrid models need chunked prefill when prefix caching is on (mamba cache mode 'align')")
     blocks_req = lay.g_attn * math.ceil(s.max_len / lay.block) + lay.g_mamba * lay.per_state

@@ -80,11 +80,16 @@ def slow_dtype_warning(model: str, flags: Mapping[str, object], cpu_build: bool)
     """On a CPU without AVX512-BF16, vLLM's CPU build runs bfloat16 matmuls on a fallback 16-58x slower than float32
     (benchmarks/cpu_dtype.py): every latency limit then looks out of reach (seen: p95 TTFT 700 ms at concurrency 1,
     no feasible configuration). Said before the first boot; model is a resolved path or hub id."""
-    if not cpu_build or host_has_avx512_bf16() or model_shape(model).served_as(flags.get("dtype")).dtype != "bfloat16":
+    if not cpu_build or host_has_avx512_bf16():
         return None
-    return ("warning: this CPU has no AVX512-BF16 and the model is served in bfloat16, which vLLM's CPU build runs "
-            "16-58x slower than float32 (benchmarks/cpu_dtype.py); serve it in float32: dtype = \"float32\" in the "
-            "study's [engine], or --set dtype=float32")
+    shape = model_shape(model).served_as(flags.get("dtype"))
+    if shape.dtype != "bfloat16":
+        return None
+    head = ("warning: this CPU has no AVX512-BF16 and the model is served in bfloat16, which vLLM's CPU build runs "
+            "16-58x slower than float32 (benchmarks/cpu_dtype.py); ")
+    if shape.is_hybrid:  # estimate.py: the CPU build's Gated DeltaNet layers take bfloat16 only
+        return head + "its Gated DeltaNet layers take nothing else there, so give the objective limits to match"
+    return head + "serve it in float32: dtype = \"float32\" in the study's [engine], or --set dtype=float32"
 
 
 def resolve_profile(hardware: str, cpu_build: bool) -> GpuProfile:
