@@ -99,8 +99,10 @@ CONFIGS: dict[Kind, dict] = {
         "full_attention_interval": 4,
         "layer_types": ["linear_attention"] * 3 + ["full_attention"],
         "linear_conv_kernel_dim": 4,
-        "linear_key_head_dim": 32,
-        "linear_value_head_dim": 32,
+        # 128 as in Qwen3-Next and Qwen3.5: vLLM 0.32's CPU GDN kernel (chunk_gated_delta_rule_cpu) fails at the first
+        # request with 32 ("Unexpected head dim size, 32"); 128 serves.
+        "linear_key_head_dim": 128,
+        "linear_value_head_dim": 128,
         "linear_num_key_heads": 4,
         "linear_num_value_heads": 8,
         "partial_rotary_factor": 0.25,

@@ -68,7 +68,8 @@ def assert_close(predicted: int, observed: int | None, lines: list[str]) -> None
 
 # The dense model under VLLM_CPU_KVCACHE_SPACE=1 served float32 (262,144 tokens) is checked in test_engine's trial test.
 @pytest.mark.parametrize("name,flags,env", [
-    # 512 MiB / 64 KiB blocks = 8192; a request of 4096 takes 32 attention + 3 x 2 state blocks
+    # 640-token blocks of 320 KiB (the GDN state page, 274,432 B a layer, rounded up to 128-token attention pages of
+    # 512 B a token); 512 MiB / 320 KiB = 1638; a request of 4096 takes 7 attention + 3 x 2 state blocks: 126 x 4096
     ("tiny:hybrid", {"max_model_len": 4096, "kv_cache_memory_bytes": 512 * MiB}, {}),
 ], ids=["hybrid-flag-512MiB"])
 def test_predicted_kv_tokens_match_what_vllm_prints(name, flags, env, tmp_path, engine_lock) -> None:
@@ -84,7 +85,7 @@ def test_boundary_just_fits_boots_and_just_misses_fails(tmp_path, engine_lock) -
     flags = {"max_model_len": 2048, "max_num_seqs": 4}
     _, _, probe = predict("tiny:hybrid", {**flags, "kv_cache_memory_bytes": GiB}, {})
     edge = (probe.estimate.blocks_per_request + 1) * probe.estimate.bytes_per_block
-    assert edge == (16 + 3 * 2 + 1) * 64 * 1024  # 2048/128 attention blocks + 2 state blocks x 3 GDN groups + null
+    assert edge == (4 + 3 * 2 + 1) * 640 * 512  # 2048/640 attention blocks + 2 state blocks x 3 GDN groups + null
 
     model, fit_flags, fits = predict("tiny:hybrid", {**flags, "kv_cache_memory_bytes": edge}, {})
     _, miss_flags, misses = predict("tiny:hybrid", {**flags, "kv_cache_memory_bytes": edge - 1}, {})

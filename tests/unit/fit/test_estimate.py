@@ -31,7 +31,8 @@ DENSE = {  # the tiny Qwen3 the engine tests serve (autotune/tinymodel.py)
     "intermediate_size": 512, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 64,
     "num_hidden_layers": 4, "max_position_embeddings": 8192, "tie_word_embeddings": True, "torch_dtype": "bfloat16",
 }
-HYBRID = {  # the tiny Qwen3-Next: 3 Gated DeltaNet layers + 1 full attention, MoE MLPs
+HYBRID = {  # a tiny Qwen3-Next: 3 Gated DeltaNet layers + 1 full attention, MoE MLPs (32-wide GDN heads for small
+    # hand arithmetic; the served tiny:hybrid has 128, which vLLM's CPU GDN kernel needs)
     **DENSE, "architectures": ["Qwen3NextForCausalLM"], "model_type": "qwen3_next",
     "layer_types": ["linear_attention"] * 3 + ["full_attention"], "linear_conv_kernel_dim": 4,
     "linear_key_head_dim": 32, "linear_value_head_dim": 32, "linear_num_key_heads": 4, "linear_num_value_heads": 8,

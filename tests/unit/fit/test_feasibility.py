@@ -78,13 +78,13 @@ def test_bfloat16_on_a_cpu_without_avx512_bf16_is_warned_before_any_boot(dense) 
 
 
 def test_a_hybrid_model_on_the_cpu_build_is_bfloat16_or_refused(tmp_path) -> None:
-    # float32 booted (441,505 KV tokens, as predicted) and died at the first request: "CPU GDN attention requires
-    # BF16." So it is refused before boot, and the warning does not advise float32 for it.
+    # float32 booted (the 32-wide-head tiny:hybrid of 2026-12-04: 441,505 KV tokens, as predicted) and died at the
+    # first request: "CPU GDN attention requires BF16." So it is refused before boot, and the warning does not
+    # advise float32 for it.
     hybrid = str(write_tiny_model("hybrid", tmp_path / "hybrid"))
     flags = {"max_model_len": 4096, "kv_cache_memory_bytes": 512 * MiB, "enforce_eager": True}
     refused = judge(hybrid, CPU, {**flags, "dtype": "float32"}, {})
     assert refused.estimate.refused and "Gated DeltaNet layers in bfloat16 only" in refused.reason
-    assert refused.estimate.kv_tokens == 441_505
     assert judge(hybrid, CPU, flags, {}).fits
     assert judge(hybrid, RTX3090, {**flags, "dtype": "float32"}, {}).fits  # the CUDA kernels take float32
     warning = slow_dtype_warning(hybrid, flags, cpu_build=True)
