@@ -52,14 +52,14 @@ def cpu_study_db(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
     db = work / "tiny-cpu.db"
     autotune = Path(sys.executable).parent / "autotune"
     with engine_lock():
-        for n, log in (("2", "run.log"), ("1", "run-again.log")):
+        for i, (n, log) in enumerate((("2", "run.log"), ("1", "run-again.log"))):
             argv = [str(autotune), "run", str(study_file), "--n-trials", n, "--storage", f"sqlite:///{db}"]
             proc = subprocess.run(argv, cwd=work, capture_output=True, text=True, timeout=1800,
                                   env={**os.environ, "COLUMNS": "160"})
             (work / log).write_text(proc.stdout + proc.stderr)
             assert proc.returncode == 0, (f"autotune run --n-trials {n} failed ({proc.returncode}):\n"
                                           f"{proc.stdout[-3000:]}{proc.stderr[-3000:]}")
-            if not (work / FIRST_RUN).exists():
+            if i == 0:
                 (work / FIRST_RUN).mkdir()
                 shutil.copy(db, work / FIRST_RUN / db.name)
     return db, "tiny-cpu"

@@ -9,10 +9,10 @@ import sys
 from pathlib import Path
 
 import optuna
+from conftest import FIRST_RUN
 from optuna.trial import TrialState
 
 AUTOTUNE = [sys.executable, "-m", "autotune.cli"]
-FIRST_RUN = "first-run"  # where conftest.cpu_study_db keeps the database as its first run left it
 
 
 def booted(study: optuna.Study) -> list[optuna.trial.FrozenTrial]:

@@ -19,7 +19,9 @@ import pytest
 from optuna.trial import TrialState
 from processes import vllm_processes
 
+from autotune.config.study_file import load_study
 from autotune.search.storage import GRACE_S, open_storage
+from autotune.search.study import open_study
 
 ROOT = Path(__file__).resolve().parents[2]
 QUICK = ROOT / "tests" / "data" / "quick"
@@ -39,8 +41,9 @@ def autotune(*args: str, cwd: Path, timeout: float = 900) -> subprocess.Complete
 
 
 def test_two_workers_on_one_postgresql_study_account_for_every_trial(study_dir: Path, postgres_url: str) -> None:
-    created = autotune("run", "quick.toml", "--storage", postgres_url, "--n-trials", "1", cwd=study_dir)
-    assert created.returncode == 0, created.stdout + created.stderr
+    # The study as `autotune run quick.toml --storage URL` makes it before its first trial (its files stored, its
+    # baseline queued): open_study is that step, with no trial of its own to boot (`--n-trials 0` is refused).
+    open_study(load_study(study_dir / "quick.toml"), postgres_url)
     hosts = [study_dir / "host-a", study_dir / "host-b"]  # each worker in a directory without the study file
     for host in hosts:
         host.mkdir()
@@ -54,14 +57,16 @@ def test_two_workers_on_one_postgresql_study_account_for_every_trial(study_dir: 
     study = optuna.load_study(study_name="quick", storage=open_storage(postgres_url))
     trials = study.trials
     booted = [t for t in trials if t.user_attrs.get("booted", True) and "duration_s" in t.user_attrs]
-    assert len(booted) == 3  # one from `run`, one from each worker
+    assert len(booted) == 2  # one from each worker: the queued baseline, and one sampled
+    assert sorted((t.user_attrs.get("baseline") or {}).get("name", "sampled") for t in booted) == [
+        "sampled", "vllm-defaults"]
     assert not [t for t in trials if t.state in (TrialState.RUNNING, TrialState.WAITING)]
     for t in booted:
         assert t.state in (TrialState.COMPLETE, TrialState.PRUNED), (t.number, t.state, t.user_attrs.get("reason"))
         assert t.user_attrs["kv_cache_tokens"] == 262_144
     # The workers ran their servers at the same time (each its own port), not one after the other.
-    starts = sorted(t.datetime_start for t in booted[1:])
-    ends = sorted(t.datetime_complete for t in booted[1:])
+    starts = sorted(t.datetime_start for t in booted)
+    ends = sorted(t.datetime_complete for t in booted)
     assert starts[1] < ends[0]
 
 
