@@ -35,17 +35,22 @@ import sys
 import time
 import warnings
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import optuna
 from optuna.trial import TrialState
 
-from autotune.measure.ladder import percentile_interval
+from autotune.config.study_file import load_study
+from autotune.fit import feasibility, memcap
+from autotune.fit.hardware import PROFILES
+from autotune.measure.ladder import Prior, percentile_interval
 from autotune.measure.stats import Limits
+from autotune.measure.trial import configured
 from autotune.search import tell as search_tell
 from autotune.search.samplers import sampler_for
 from autotune.search.space import suggest
+from autotune.search.study import screen_before_boot
 from benchmarks.surface import Point, Surface, _records, load_surface
 
 REPO = Path(__file__).resolve().parents[1]
@@ -130,10 +135,39 @@ def tell(study: optuna.Study, trial: optuna.Trial, point: Point, method: Method,
     return Step(point, point.cost_s(), 0.0, False)
 
 
+Screen = Callable[[Point, int], "str | None"]
+
+
+def before_boot_screen(surface: Surface) -> Screen:
+    """autotune's screen before boot (search/study.py screen_before_boot: a sampled configuration that must miss
+    the incumbent's level by Little's law on the card's bandwidth is screened out without a boot), judged with what
+    the surface recorded: each configuration's flags, the device's bandwidth, the study's workload and the
+    surface's limits. The CPU grid keeps no flags and the CPU build has no bandwidth: nothing is screened there."""
+    prov = surface.provenance
+    device, study, model = prov.get("device"), prov.get("study"), prov.get("model")
+    if not (isinstance(device, str) and device in PROFILES and isinstance(study, str) and isinstance(model, str)):
+        return lambda point, level: None
+    spec = load_study(REPO / study)
+    spec = replace(spec, objective=replace(spec.objective, limits=Limits(**prov["limits"])))  # type: ignore[arg-type]
+    profile = memcap.capped_profile(PROFILES[device], spec.memory_cap) if spec.memory_cap else PROFILES[device]
+    weights: dict[int, int] = {}
+
+    def screen(point: Point, level: int) -> str | None:
+        if point.flags is None:
+            return None
+        if id(point) not in weights:
+            path, flags = configured(model, point.flags)
+            weights[id(point)] = feasibility.judge(path, profile, flags, spec.env).estimate.weights_bytes
+        return screen_before_boot(Prior(incumbent=level, screen=True), dict(point.flags), weights[id(point)],
+                                  profile, spec)
+    return screen
+
+
 def replay(surface: Surface, method: Method, seed: int, target: float, max_booted: int = MAX_BOOTED,
-           noise: Callable[[], float] = lambda: 1.0, min_booted: int = 0) -> list[Step]:
+           noise: Callable[[], float] = lambda: 1.0, min_booted: int = 0, screen: Screen | None = None) -> list[Step]:
     """Booted trials of one study, until one has measured at least `target` and `min_booted` have run, or
-    `max_booted` have run. Each trial's throughputs are scaled by a fresh `noise()` (1: as recorded)."""
+    `max_booted` have run. Each trial's throughputs are scaled by a fresh `noise()` (1: as recorded).
+    `screen`: before_boot_screen(surface), for the methods that screen (Method.screen)."""
     study = optuna.create_study(direction="maximize", sampler=method.sampler(seed),
                                 pruner=method.pruner() if method.pruner else optuna.pruners.NopPruner())
     if method.baselines:  # in the order the study queues them
@@ -149,6 +183,9 @@ def replay(surface: Surface, method: Method, seed: int, target: float, max_boote
         point = surface.points[index] if index is not None else surface.nearest(params)
         # baselines (enqueued) are searched in full, as autotune does: they are the references a user reads
         level = incumbent.point.best_level() if incumbent and method.screen and index is None else None
+        if level is not None and screen is not None and point.refused is None and (why := screen(point, level)):
+            search_tell.tell_screened_before_boot(study, trial, why)  # as a real trial: PRUNED, no boot
+            continue
         step = tell(study, trial, point, method, noise(), screen_at=level)
         if step is not None:
             steps.append(step)
@@ -215,11 +252,12 @@ GRID = "grid in vLLM auto_tune order"
 def evaluate(surface: Surface, methods: list[Method], seeds: int) -> dict[str, list[Figures]]:
     target = (1 - WITHIN) * surface.best
     marks = checkpoints_for(surface)
+    screen = before_boot_screen(surface)
     out: dict[str, list[Figures]] = {}
     for m in methods:
         t0 = time.perf_counter()
-        out[m.name] = [figures(replay(surface, m, seed, target, min_booted=max(marks)), target, surface.best, marks)
-                       for seed in range(seeds)]
+        out[m.name] = [figures(replay(surface, m, seed, target, min_booted=max(marks), screen=screen), target,
+                               surface.best, marks) for seed in range(seeds)]
         print(f"  {m.name}: {time.perf_counter() - t0:.1f} s", file=sys.stderr, flush=True)
     out[GRID] = [figures(grid(surface.auto_tune_order()), target, surface.best, marks)]
     shuffled = []

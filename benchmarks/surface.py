@@ -60,6 +60,7 @@ class Point:
     # Per level, the recorded wall time that was neither boot nor a level's requests (warm-ups, stop), over every
     # level recorded, also those a search under other limits would not measure. None: over `rungs`.
     overhead_s: float | None = None
+    flags: dict[str, object] | None = None  # the flags it booted with (a planned surface's), for checks before boot
 
     @property
     def key(self) -> tuple[tuple[str, object], ...]:
@@ -282,7 +283,7 @@ def _read_planned(doc: dict, limits: Limits | None) -> tuple[tuple[Point, ...], 
 
     points = tuple(
         Point(dict(c["params"]), c["status"], refused(c), _rungs(c.get("levels", []), limits, c.get("start")),
-              boots(c), c["wall_s"], c.get("baseline"), _overhead(c, boots(c)))
+              boots(c), c["wall_s"], c.get("baseline"), _overhead(c, boots(c)), c.get("flags"))
         for c in doc["configs"] if c["status"] != "pending")
     return points, space
 

@@ -250,3 +250,30 @@ def test_a_replay_screens_sampled_configurations_at_the_incumbents_level_and_bas
         tried = [s for s in steps if s.point is worst]
         assert tried and all(s.pruned == screen for s in tried)
         assert all(not s.pruned for s in steps if s.point is not worst)
+
+
+def test_a_replay_screens_before_boot_as_autotune_does_and_counts_no_boot(tmp_path: Path) -> None:
+    surface = load_surface(_surface(tmp_path))
+    worst = surface.nearest({"max_num_seqs": 1, "max_num_batched_tokens": 128})  # feasible, 100 tok/s
+    method = se.Method("m", lambda s: optuna.samplers.RandomSampler(s))
+    steps = se.replay(surface, method, 0, math.inf, max_booted=30,
+                      screen=lambda point, level: "cannot sustain it" if point is worst else None)
+    assert steps[0].point.baseline == "recipe"  # before the first incumbent nothing is screened
+    assert worst not in [s.point for s in steps]
+    unscreened = se.replay(surface, method, 0, math.inf, max_booted=30)
+    assert worst in [s.point for s in unscreened]  # the same seed boots it when nothing screens it
+
+
+def test_the_gpu_surfaces_screen_before_boot_is_autotunes_on_the_recorded_flags() -> None:
+    data = Path(__file__).parents[3] / "benchmarks" / "data"
+    surface = load_surface(data / "surface-rtx3090.json")
+    screen = se.before_boot_screen(surface)
+    one = next(p for p in surface.points if p.flags and p.flags.get("max_num_seqs") == 1
+               and p.flags.get("speculative_config", {}).get("num_speculative_tokens") == 1)
+    # the H200's 4.8 TB/s (the cap keeps its bandwidth): 1 sequence cannot hold 16 chat requests under 2 s...
+    assert "Little's law" in (screen(one, 16) or "")
+    assert screen(one, 1) is None  # ...it holds one
+    best = max(surface.points, key=lambda p: p.value)
+    assert screen(best, 16) is None
+    cpu = load_surface(data / "surface-tiny-cpu.json")  # no flags kept, no bandwidth: nothing screened
+    assert se.before_boot_screen(cpu)(cpu.points[0], 64) is None
