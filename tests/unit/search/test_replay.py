@@ -277,3 +277,12 @@ def test_the_gpu_surfaces_screen_before_boot_is_autotunes_on_the_recorded_flags(
     assert screen(best, 16) is None
     cpu = load_surface(data / "surface-tiny-cpu.json")  # no flags kept, no bandwidth: nothing screened
     assert se.before_boot_screen(cpu)(cpu.points[0], 64) is None
+
+
+def test_the_median_interval_holds_the_median_and_widens_with_the_spread() -> None:
+    tight = se.median_interval([6.0] * 25 + [7.0] * 25)
+    wide = se.median_interval([1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0] * 7)
+    assert tight[0] <= 6.5 <= tight[1] and tight[1] - tight[0] <= 1.0
+    assert wide[0] < 8.0 < wide[1] and wide[1] - wide[0] >= 4.0
+    assert se.median_interval([13.0]) == (13.0, 13.0)  # one run: its own value
+    assert se.median_interval([4.0, math.inf, math.inf])[1] == math.inf  # 'never' stays never
