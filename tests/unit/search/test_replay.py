@@ -286,3 +286,14 @@ def test_the_median_interval_holds_the_median_and_widens_with_the_spread() -> No
     assert wide[0] < 8.0 < wide[1] and wide[1] - wide[0] >= 4.0
     assert se.median_interval([13.0]) == (13.0, 13.0)  # one run: its own value
     assert se.median_interval([4.0, math.inf, math.inf])[1] == math.inf  # 'never' stays never
+
+
+def test_the_sobol_started_tpe_proposes_sobol_points_then_tpe_ones() -> None:
+    def run(sampler: optuna.samplers.BaseSampler) -> list[tuple[float, float]]:
+        study = optuna.create_study(sampler=sampler)
+        study.optimize(lambda t: (t.suggest_float("x", 0, 1) - 0.3) ** 2 + t.suggest_float("y", 0, 1), n_trials=8)
+        return [(t.params["x"], t.params["y"]) for t in study.trials]
+    mixed = run(se.SobolStartTPE(0, 3))
+    sobol = run(optuna.samplers.QMCSampler(seed=0, scramble=True, warn_asynchronous_seeding=False))
+    assert mixed[:3] == sobol[:3]
+    assert mixed[3:] != sobol[3:]
