@@ -20,22 +20,35 @@ def memory_source_name(source: str | None) -> str:
     return MEMORY_SOURCE_NAMES.get(source or "", "memory (source not recorded)")
 
 
-def memory_text(gib: float | None, source: str | None, short: bool = False) -> str:
-    """'20.57 GiB GPU memory (NVML)', '3.40 GiB host RSS' (short): a peak with what it measured."""
+def over_cap(gib: float | None, cap_gib: float | None) -> bool:
+    """A peak on a card capped to behave as a smaller one (memcap.py) above what CUDA has on the smaller card: the
+    big card held it, the small one may not (stop 24: 22.1-24.3 GiB while serving on the H200 capped as a 3090,
+    whose CUDA has 23.62; vLLM's own budget was 0.8-1.8 GiB below each peak)."""
+    return gib is not None and cap_gib is not None and gib > cap_gib
+
+
+def memory_text(gib: float | None, source: str | None, short: bool = False, cap_gib: float | None = None) -> str:
+    """'20.57 GiB GPU memory (NVML)', '3.40 GiB host RSS' (short): a peak with what it measured; '> cap' (short)
+    where it is over the capped card's CUDA memory `cap_gib`."""
     if gib is None:
         return "-"
-    return f"{gib:.2f} GiB " + (MEMORY_SOURCE_SHORT.get(source or "", "(source?)") if short
-                                else memory_source_name(source))
+    if short:
+        return f"{gib:.2f} GiB {MEMORY_SOURCE_SHORT.get(source or '', '(source?)')}" + (
+            " > cap" if over_cap(gib, cap_gib) else "")
+    return f"{gib:.2f} GiB {memory_source_name(source)}"
 
 
-def peak_text(gib: float | None, boot_gib: float | None, source: str | None) -> str:
+def peak_text(gib: float | None, boot_gib: float | None, source: str | None, cap_gib: float | None = None) -> str:
     """A trial's memory figure as every view writes it: 'peak 23.05 GiB GPU memory (NVML) while serving (31.36 GiB
     while booting)'. The peak while serving is the configuration's; a boot's own (compiling, which
-    gpu_memory_utilization does not govern) is named beside it when higher. No boot figure: a whole-run peak."""
+    gpu_memory_utilization does not govern) is named beside it when higher. No boot figure: a whole-run peak.
+    Under a memory cap, a peak over the capped card's CUDA memory (`cap_gib`) says so."""
     text = f"peak {memory_text(gib, source)}"
-    if gib is None or boot_gib is None:
-        return text
-    return text + " while serving" + (f" ({boot_gib:.2f} GiB while booting)" if boot_gib > gib else "")
+    if gib is not None and boot_gib is not None:
+        text += " while serving" + (f" ({boot_gib:.2f} GiB while booting)" if boot_gib > gib else "")
+    if over_cap(gib, cap_gib):
+        text += f", above the {cap_gib:.2f} GiB CUDA has on the capped card: it may not fit there"
+    return text
 
 
 class MemoryWatch(NamedTuple):

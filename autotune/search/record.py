@@ -39,7 +39,7 @@ def trial_note(t: FrozenTrial, has_log: bool = False) -> str:
         kind = {"pruned": "Pruned (stopped early)", "failed": "Failed (not the configuration's fault)"}
         head = f"**{kind.get(v.kind) or 'Not feasible: ' + v.why_not}**" + (f". {v.reason}" if v.reason else "")
     if v.peak_memory_gib is not None:
-        head += "; " + peak_text(v.peak_memory_gib, v.boot_peak_memory_gib, v.memory_source)
+        head += "; " + peak_text(v.peak_memory_gib, v.boot_peak_memory_gib, v.memory_source, v.cap_gib)
     what = f"Baseline **{v.baseline}**" if v.baseline else "Configuration"
     body = f"{head}\n\n{what}, booted as:\n\n```\n{_one_flag_a_line(v.command)}\n```\n" if v.command else head
     return body + ("\nThe server log is attached below (Artifacts).\n" if has_log else "")
@@ -142,6 +142,7 @@ def config_attrs(model: str, flags: Mapping[str, object], env: Mapping[str, str]
 
 
 REMEASURE_ATTR = "remeasure_of"  # trial user attr: the number of the trial whose configuration it re-measures
+CAP_ATTR = "memory_cap_cuda_gib"  # trial user attr under a memory cap: the GiB CUDA has on the capped card
 
 
 def feasible(t: FrozenTrial) -> bool:
@@ -166,6 +167,7 @@ class TrialView:
     memory_source: str | None  # "nvml" (GPU) or "rss" (host): what peak_memory_gib measured
     # The peak until the server was ready, where recorded (then peak_memory_gib is the peak while it served)
     boot_peak_memory_gib: float | None
+    cap_gib: float | None  # under a memory cap: what CUDA has on the capped card (CAP_ATTR), else None
     reason: str
     completed: datetime | None
     command: str
@@ -218,7 +220,7 @@ def view(t: FrozenTrial) -> TrialView:
         level_unit="req/s" if any("rate_req_s" in lv for lv in levels) else "concurrency",
         ttft_p95_ms=at.get("ttft_p95_ms"), tpot_p95_ms=at.get("tpot_p95_ms"),
         peak_memory_gib=a.get("peak_memory_gib"), memory_source=a.get("memory_source"),
-        boot_peak_memory_gib=a.get("boot_peak_memory_gib"), reason=a.get("reason", ""),
+        boot_peak_memory_gib=a.get("boot_peak_memory_gib"), cap_gib=a.get(CAP_ATTR), reason=a.get("reason", ""),
         completed=t.datetime_complete, command=a.get("vllm_command", ""), levels=levels,
         duration_s=a.get("duration_s"), cold_boot_s=a.get("cold_boot_s"),
         status=a.get("status") or t.state.name.lower(),

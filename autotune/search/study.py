@@ -33,6 +33,7 @@ from autotune.search import record, remeasure, tell
 from autotune.search.budget import Budget
 from autotune.search.record import (
     BASELINE_ATTR,
+    CAP_ATTR,
     REMEASURE_ATTR,
     feasible,
     save_trial_note,
@@ -408,6 +409,7 @@ def _one_trial(run: _Run, slot: Slot) -> _Booted | None:
                       prior=prior, warm_kv_blocks=warm_kv_blocks(verdict.estimate, run.profile.kind == "cuda"))
     if spec.memory_cap is not None:
         trial.set_user_attr("engine_flags", json.dumps(plan.engine.flags, sort_keys=True))
+        trial.set_user_attr(CAP_ATTR, round(spec.memory_cap.cuda_total_bytes / GiB, 3))
 
     def on_level(step: int, value: float, level: LevelOutcome) -> str | None:
         if run.stop.is_set():

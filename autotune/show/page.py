@@ -34,12 +34,13 @@ def trials_table_html(study: optuna.Study, limit: int | None = 10) -> str:
     for rank, v in enumerate(top, 1):
         result = v.reason if v.reason.startswith(v.kind) else f"{v.kind}: {v.reason}" if v.reason else v.kind
         cls = " class='baseline'" if v.baseline else ""
+        memory = memory_text(v.peak_memory_gib, v.memory_source, short=True, cap_gib=v.cap_gib)
         rows.append(f"<tr{cls}><td>{rank}</td><td>{v.number}</td><td>{html.escape(result)}</td>"
                     f"<td>{_num(v.throughput if v.kind == 'feasible' else None, ',.0f')}</td>"
                     f"<td>{_num(v.level if v.kind == 'feasible' else None, 'g')}</td>"
                     f"<td>{_num(v.ttft_p95_ms if v.kind == 'feasible' else None, ',.0f', ' ms')}</td>"
                     f"<td>{_num(v.tpot_p95_ms if v.kind == 'feasible' else None, ',.1f', ' ms')}</td>"
-                    f"<td>{html.escape(memory_text(v.peak_memory_gib, v.memory_source, short=True))}</td>"
+                    f"<td>{html.escape(memory)}</td>"
                     f"<td>{html.escape(v.label)}<br><code>{html.escape(v.command)}</code></td></tr>")
     return (f"<table><thead><tr>{''.join(f'<th>{h}</th>' for h in head)}</tr></thead>"
             f"<tbody>{''.join(rows)}</tbody></table>")

@@ -46,7 +46,7 @@ THROUGHPUT = "output tokens/s (best level within the limits)"
 
 
 def _memory_text(v: TrialView) -> str:
-    return peak_text(v.peak_memory_gib, v.boot_peak_memory_gib, v.memory_source)
+    return peak_text(v.peak_memory_gib, v.boot_peak_memory_gib, v.memory_source, v.cap_gib)
 
 
 def pareto_front(points: Sequence[tuple[float, float]]) -> list[int]:

@@ -95,7 +95,7 @@ def level_table(result: TrialResult, objective: Objective) -> Table:
     return t
 
 
-def print_trial(console: Console, result: TrialResult, objective: Objective) -> None:
+def print_trial(console: Console, result: TrialResult, objective: Objective, cap_gib: float | None = None) -> None:
     if result.levels:
         console.print(level_table(result, objective))
         for value, o in result.levels:
@@ -116,7 +116,7 @@ def print_trial(console: Console, result: TrialResult, objective: Objective) -> 
     if result.memory is not None:
         m = result.memory
         boot = None if m.boot_peak_bytes is None else m.boot_peak_bytes / GiB
-        console.print(peak_text(m.peak_bytes / GiB, boot, m.source), markup=False)
+        console.print(peak_text(m.peak_bytes / GiB, boot, m.source, cap_gib), markup=False)
     if result.status == "ok":
         best = result.best
         assert best is not None
@@ -163,7 +163,7 @@ def study_table(trials, *, limit: int = 15, title: str = "trials, best feasible 
             str(v.number), state, f"{v.objective_value:,.0f}" if v.objective_value else "-", _best_level(v),
             f"{v.ttft_p95_ms:.0f}" if v.figures_recorded and v.ttft_p95_ms is not None else "-",
             f"{v.tpot_p95_ms:.1f}" if v.figures_recorded and v.tpot_p95_ms is not None else "-",
-            memory_text(v.peak_memory_gib, v.memory_source, short=True), detail,
+            memory_text(v.peak_memory_gib, v.memory_source, short=True, cap_gib=v.cap_gib), detail,
         )
     return table
 

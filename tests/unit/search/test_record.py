@@ -79,3 +79,37 @@ def test_the_trial_figure_is_the_serving_peak_and_a_higher_boot_peak_is_said() -
     assert said in report._memory_text(record.view(frozen))
     never_ready = result_attrs(TrialResult("infeasible", memory=MemoryPeak(GiB, "nvml", 0, 5)))
     assert never_ready["peak_memory_gib"] == 1.0 and "boot_peak_memory_gib" not in never_ready
+
+
+def test_a_serving_peak_over_the_capped_cards_cuda_memory_is_said_in_every_view() -> None:
+    # s24 on the H200 capped as an RTX 3090 (benchmarks/data/surface-rtx3090.json #16 and #11): 24.257 GiB while
+    # serving is above the 23.62 GiB CUDA has on a 24 GiB card (its driver keeps 384 MiB); 22.1 GiB is not.
+    from autotune.fit import memcap
+    from autotune.show.page import trials_table_html
+    from autotune.show.tables import study_table
+
+    cap_gib = round(memcap.parse_cap("rtx3090").cuda_total_bytes / GiB, 3)
+    assert cap_gib == 23.625
+    said = "above the 23.62 GiB CUDA has on the capped card: it may not fit there"
+    study = optuna.create_study(storage=optuna.storages.InMemoryStorage(), direction="maximize")
+    for peak_gib in (24.257, 22.1):
+        trial = study.ask()
+        trial.set_user_attr(record.CAP_ATTR, cap_gib)
+        memory = MemoryPeak(int(peak_gib * GiB), "nvml", 0, 500, boot_peak_bytes=int(47.368 * GiB))
+        tell.tell_result(study, trial, TrialResult("infeasible", boot=BootInfo(143.7), memory=memory))
+    over, under = study.trials
+    assert said in record.trial_note(over) and said in report._memory_text(record.view(over))
+    assert "above" not in record.trial_note(under) and "above" not in report._memory_text(record.view(under))
+    console = Console(record=True, width=220)
+    console.print(study_table(study.trials))
+    table = console.export_text()
+    assert "24.26 GiB GPU (NVML) > cap" in table and "22.10 GiB GPU (NVML) > cap" not in table
+    assert trials_table_html(study).count("&gt; cap") == 1
+    console = Console(record=True, width=220)
+    print_trial(console, TrialResult("infeasible", boot=BootInfo(143.7), memory=MemoryPeak(
+        int(24.257 * GiB), "nvml", 0, 500)), load_objective(REPO / "objectives" / "chat-p95.toml"), cap_gib)
+    assert said in console.export_text()
+    # without a cap nothing is said: a card's own peak is its own
+    trial = study.ask()
+    tell.tell_result(study, trial, TrialResult("infeasible", memory=MemoryPeak(int(30 * GiB), "nvml", 0, 5)))
+    assert "above" not in record.trial_note(study.trials[-1])
