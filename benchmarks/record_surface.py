@@ -17,9 +17,9 @@ as it. Here, once: `bash benchmarks/h200/fetch-wheels.sh` (-> .gpu1 ... .gpuN, 5
           waits, prints the recorder's last lines and brings back surface-rtx3090.json and surface.tgz (its output,
           the server logs NN.log / NN.cold.log by plan index); until it says "finished" or the session ends
 Session 1 (s22) recorded 9, session 2 (s24) 8 more: 17 of 42 (benchmarks/data/surface-rtx3090-logs/s22, s24: the
-calls and what they printed). s24's boots of new keys took 129-257 s where s22's took 59-69 s (three of s24's four
-were MTP; the first compiled Triton's kernels); its surface-wait brought the Triton cache back (12 MiB packed, in
-.triton/ here, ignored by git): the next session stages it with `triton-cache` before surface-start.
+calls and what they printed). s24's boots given blocks took 129-257 s where s22's took 59-69 s (#9, the machine's
+first key, 257 s with Triton's compile; the two MTP ones 129 and 144 s); its surface-wait brought the Triton cache
+back (12 MiB packed, in .triton/ here, ignored by git): the next session stages it with `triton-cache` first.
 After each call copy surface-rtx3090.json from files_at into benchmarks/data/ (it is rewritten atomically after every
 configuration: the latest copy holds every finished one) and commit it after the session; the next session resumes
 from it, skipping the configurations it holds. Repeat until the recorder prints "0 to go". --stop-after starts no
