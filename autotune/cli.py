@@ -110,7 +110,6 @@ def trial(model: str, objective_path: Path, sets: tuple[str, ...], envs: tuple[s
     from autotune.fit import memcap
     from autotune.measure.trial import plan_trial, run_trial
     from autotune.show.tables import print_trial
-    from autotune.units import GiB
 
     objective = load_objective(objective_path)
     path, flags = _configured_model_option(model, sets)
@@ -130,7 +129,7 @@ def trial(model: str, objective_path: Path, sets: tuple[str, ...], envs: tuple[s
                       gpu_indices=gpu_indices, memory_cap=cap, real_gpu=real)
     with console.status("booting") as status:
         result = run_trial(plan, on_stage=lambda s: status.update(s))
-    print_trial(console, result, objective, None if cap is None else cap.cuda_total_bytes / GiB)
+    print_trial(console, result, objective, None if cap is None else cap.cuda_total_gib)
     sys.exit(0 if result.status == "ok" else 1)
 
 

@@ -44,6 +44,11 @@ class MemoryCap:
         return self.total_bytes - self.driver_reserved_bytes
 
     @property
+    def cuda_total_gib(self) -> float:
+        """What CUDA has on the capped card, in GiB: the figure a peak is compared with (memory.over_cap)."""
+        return round(self.cuda_total_bytes / GiB, 3)
+
+    @property
     def gib(self) -> float:
         return self.total_bytes / GiB
 

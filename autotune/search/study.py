@@ -409,7 +409,7 @@ def _one_trial(run: _Run, slot: Slot) -> _Booted | None:
                       prior=prior, warm_kv_blocks=warm_kv_blocks(verdict.estimate, run.profile.kind == "cuda"))
     if spec.memory_cap is not None:
         trial.set_user_attr("engine_flags", json.dumps(plan.engine.flags, sort_keys=True))
-        trial.set_user_attr(CAP_ATTR, round(spec.memory_cap.cuda_total_bytes / GiB, 3))
+        trial.set_user_attr(CAP_ATTR, spec.memory_cap.cuda_total_gib)
 
     def on_level(step: int, value: float, level: LevelOutcome) -> str | None:
         if run.stop.is_set():

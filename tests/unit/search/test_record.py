@@ -88,7 +88,7 @@ def test_a_serving_peak_over_the_capped_cards_cuda_memory_is_said_in_every_view(
     from autotune.show.page import trials_table_html
     from autotune.show.tables import study_table
 
-    cap_gib = round(memcap.parse_cap("rtx3090").cuda_total_bytes / GiB, 3)
+    cap_gib = memcap.parse_cap("rtx3090").cuda_total_gib
     assert cap_gib == 23.625
     said = "above the 23.62 GiB CUDA has on the capped card: it may not fit there"
     study = optuna.create_study(storage=optuna.storages.InMemoryStorage(), direction="maximize")
