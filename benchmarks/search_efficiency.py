@@ -10,18 +10,19 @@ methods compare over many seeds in minutes (most of it the GP sampler's model fi
 Reported per method, under the recorded limits and under each `--limit` (the rungs judged again from the requests'
 own timings; tighter only, and on a GPU surface no tighter than the `tightest_limits` it was recorded down to): the
 median number of booted trials (and engine minutes) until a configuration within 5% of the surface's best has been
-measured; the best found after 10, 20 and 40 booted trials (anytime curve: its recorded throughput / the best, mean
-over seeds; capped at the surface's size); the share of engine time spent on configurations that met no limit or did
-not boot. Replay rules: a sampled configuration is the nearest recorded one (Surface.nearest; on the CPU grid: the
-grid point, ties going up); a trial measures the rungs a load search from the configuration's recorded start would
-(up while they pass, down while they fail: surface.py says what is assumed of levels not recorded) and its value is
-its highest passing rung (the real search would bisect towards the next one: its time is counted, its finer value is
-not recorded); with the estimator, a configuration it refuses costs nothing and is no trial; without it, it is
-booted and costs its recorded boot. autotune's methods screen a sampled configuration at the incumbent's best level
-(measure/ladder.py): one that fails there (known from its rungs: a level at or above a failing rung fails) is
-PRUNED after its boot and that one level, as a real trial is; the plain Optuna loops (random search, TPE and GP
-without constraints) and the grid measure every configuration in full. The grid in vLLM's auto_tune order boots
-everything in order.
+measured, and the same counting each recorded configuration once (a sampled configuration near one already booted
+replays exactly as it: the two counts bracket what a real study pays on a sparse surface); the best found after 10,
+20 and 40 booted trials (anytime curve: its recorded throughput / the best, mean over seeds; capped at the surface's
+size); the share of engine time spent on configurations that met no limit or did not boot. Replay rules: a sampled
+configuration is the nearest recorded one (Surface.nearest; on the CPU grid: the grid point, ties going up); a trial
+measures the rungs a load search from the configuration's recorded start would (up while they pass, down while they
+fail: surface.py says what is assumed of levels not recorded) and its value is its highest passing rung (the real
+search would bisect towards the next one: its time is counted, its finer value is not recorded); with the estimator,
+a configuration it refuses costs nothing and is no trial; without it, it is booted and costs its recorded boot.
+autotune's methods screen a sampled configuration at the incumbent's best level (measure/ladder.py): one that fails
+there (known from its rungs: a level at or above a failing rung fails) is PRUNED after its boot and that one level,
+as a real trial is; the plain Optuna loops (random search, TPE and GP without constraints) and the grid measure
+every configuration in full. The grid in vLLM's auto_tune order boots everything in order.
 """
 
 from __future__ import annotations
@@ -214,6 +215,11 @@ class Figures:
     lost_best: bool  # a configuration within WITHIN of the best was pruned
     anytime: tuple[float, ...]  # per checkpoint: best recorded throughput measured by then / the surface's best
     infeasible_share_all: float  # of the minutes of all the run's booted trials (up to the last checkpoint)
+    # Booted trials until the target counting each recorded configuration once (inf: not met). On a sparse surface
+    # every configuration near a recorded one replays exactly as it does, so a sampler searching around its
+    # incumbent re-boots the same point and learns nothing; `trials` charges each such boot (the upper bracket of
+    # what a real study pays), this charges none of them (the lower bracket).
+    points: float = math.inf
 
 
 def figures(steps: list[Step], target: float, best: float, checkpoints: Sequence[int]) -> Figures:
@@ -229,7 +235,8 @@ def figures(steps: list[Step], target: float, best: float, checkpoints: Sequence
     anytime = tuple(max((s.point.value for s in steps[:n] if s.found > 0), default=0.0) / best for n in checkpoints)
     return Figures(hit or math.inf, minutes if hit else math.inf, waste / minutes if minutes else 0.0,
                    sum(s.pruned for s in upto), any(s.pruned and s.point.value >= target for s in steps), anytime,
-                   sum(s.cost_s for s in run if not s.point.feasible) / 60 / run_minutes if run_minutes else 0.0)
+                   sum(s.cost_s for s in run if not s.point.feasible) / 60 / run_minutes if run_minutes else 0.0,
+                   len({id(s.point) for s in upto}) if hit else math.inf)
 
 
 def checkpoints_for(surface: Surface) -> tuple[int, ...]:
@@ -280,7 +287,7 @@ def evaluate(surface: Surface, methods: list[Method], seeds: int) -> dict[str, l
 
 def table(results: dict[str, list[Figures]], marks: Sequence[int]) -> str:
     at = "".join(f"{'@' + str(n):>7}" for n in marks)
-    head = (f"{'method':<58}{'runs':>5}{'trials':>8}{'(90%)':>11}{'minutes':>9}{'infeas.':>8}{'pruned':>7}"
+    head = (f"{'method':<58}{'runs':>5}{'trials':>8}{'(90%)':>11}{'points':>7}{'minutes':>9}{'infeas.':>8}{'pruned':>7}"
             f"{'lost':>6}{at}{'infeas.@' + str(max(marks)):>12}")
     lines = [head, "-" * len(head)]
     for name, figs in results.items():
@@ -288,7 +295,8 @@ def table(results: dict[str, list[Figures]], marks: Sequence[int]) -> str:
         lo, hi = median_interval([f.trials for f in figs])
         lines.append(
             f"{name:<58}{len(figs):>5}{_fmt(_median([f.trials for f in figs])):>8}"
-            f"{_fmt(lo, 1) + '-' + _fmt(hi, 1):>11}{_fmt(_median([f.minutes for f in figs])):>9}"
+            f"{_fmt(lo, 1) + '-' + _fmt(hi, 1):>11}{_fmt(_median([f.points for f in figs])):>7}"
+            f"{_fmt(_median([f.minutes for f in figs])):>9}"
             f"{_median([f.infeasible_share for f in figs]):>8.0%}"
             f"{_median([f.pruned for f in figs]):>7.1f}{sum(f.lost_best for f in figs) / len(figs):>6.0%}{curve}"
             f"{_median([f.infeasible_share_all for f in figs]):>12.0%}")
@@ -500,10 +508,13 @@ def parse_limits(items: list[str], recorded: dict[str, float]) -> list[Limits]:
 
 def ratios(results: dict[str, list[Figures]]) -> str:
     med = {name: _median([f.trials for f in figs]) for name, figs in results.items()}
+    pts = {name: _median([f.points for f in figs]) for name, figs in results.items()}
     rows = []
     for name in (DEFAULT + ", baselines first", DEFAULT_BARE):
         rows.append(f"  {name}: {_fmt(med[name])} trials; random search needs {med[RANDOM] / med[name]:.2f}x "
-                    f"(goal >= 2), the grid in vLLM's auto_tune order {med[GRID] / med[name]:.2f}x (goal >= 5)")
+                    f"(goal >= 2), the grid in vLLM's auto_tune order {med[GRID] / med[name]:.2f}x (goal >= 5); "
+                    f"counting each recorded configuration once: {_fmt(pts[name])}, random "
+                    f"{pts[RANDOM] / pts[name]:.2f}x, the grid {pts[GRID] / pts[name]:.2f}x")
     return "\n".join(rows)
 
 
@@ -533,8 +544,9 @@ def main() -> None:
             print(f"(the surface holds {len(surface.points)} configurations: the anytime curve stops at {max(marks)} "
                   f"booted trials, not {max(ANYTIME)})")
         results = evaluate(surface, default_methods(), opts.seeds)
-        print(f"\nover {opts.seeds} seeds: median booted trials (its 90% bootstrap interval over the seeds; and engine "
-              f"minutes) until a configuration within {WITHIN:.0%} of the best was measured ('never': not within "
+        print(f"\nover {opts.seeds} seeds: median booted trials (its 90% bootstrap interval over the seeds; the same "
+              f"counting each recorded configuration once, 'points'; and engine minutes) until a configuration "
+              f"within {WITHIN:.0%} of the best was measured ('never': not within "
               f"{MAX_BOOTED}); median share of those "
               f"minutes on configurations that met no limit or did not boot; pruned trials; share of runs that "
               f"pruned one within {WITHIN:.0%}; best found after n booted trials / the best (mean); the infeasible "

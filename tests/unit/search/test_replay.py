@@ -88,6 +88,15 @@ def test_a_replayed_study_stops_at_the_first_trial_within_5_percent(tmp_path: Pa
         assert fig.minutes == pytest.approx(sum(s.cost_s for s in steps) / 60)
 
 
+def test_points_counts_each_recorded_configuration_once_until_the_target(tmp_path: Path) -> None:
+    surface = load_surface(_surface(tmp_path))
+    a, b, best = surface.points[2], surface.points[3], max(surface.points, key=lambda p: p.value)
+    steps = [se.Step(p, p.cost_s(), p.value, False) for p in (a, b, a, a, b, best, a)]
+    fig = se.figures(steps, best.value, best.value, (1,))
+    assert (fig.trials, fig.points) == (6, 3)
+    assert se.figures(steps[:5], best.value, best.value, (1,)).points == math.inf  # never met: neither count
+
+
 def test_baselines_are_booted_first_and_refusals_are_no_trials(tmp_path: Path) -> None:
     surface = load_surface(_surface(tmp_path))
     default = se.Method("default", lambda s: optuna.samplers.RandomSampler(s), pruner=None)
