@@ -361,12 +361,15 @@ class SobolStartTPE(optuna.samplers.BaseSampler):
 
 
 def tuning_methods() -> list[Method]:
-    """The settings the defaults were chosen among, all without baselines (with them, every method meets the
-    target at the first trial on the CPU surface and nothing can be told apart)."""
+    """The settings the defaults were chosen among, without baselines (with them, every method meets the target at
+    the first trial on the CPU surface and nothing can be told apart), and the start-ups chosen between with them."""
     P = optuna.pruners.PercentilePruner
     out = [Method(f"TPE startup {n}",  # the outer lambda binds n: each method keeps its own
                   (lambda n: lambda seed: sampler_for("tpe", seed, startup_trials=n))(n),  # noqa: B023
                   baselines=False) for n in (2, 3, 5, 10)]
+    out += [Method(f"TPE startup {n}, baselines first",  # as autotune runs a study that has baselines
+                   (lambda n: lambda seed: sampler_for("tpe", seed, startup_trials=n))(n))  # noqa: B023
+            for n in (3, 10)]
     out += [Method(f"TPE, Sobol startup {n}", (lambda n: lambda seed: SobolStartTPE(seed, n))(n),  # noqa: B023
                    baselines=False) for n in (3, 5, 10)]
     out.append(Method("random search + estimator + screening", lambda seed: sampler_for("random", seed),

@@ -27,11 +27,14 @@ if TYPE_CHECKING:
     from autotune.config.study_file import StudySpec
 from autotune.search.record import WARM_START_ATTR
 
-# TPE's first trials are random (the enqueued baselines count among them); after that it models good vs bad
-# configurations. On the recorded surface (benchmarks/search_efficiency.py --tuning, 50 seeds, no baselines)
-# 2 startup trials met the target in a median 4 trials, 3 in 5, 5 in 6.5, 10 in 7.5 (random search: 7.5);
-# 3 keeps some random exploration beside the two baselines.
-TPE_STARTUP_TRIALS = 3
+# TPE's first trials are random (the enqueued baselines, and configurations refused before boot, count among them);
+# after that it models good vs bad configurations. Optuna's own default, 10, chosen on the recorded GPU surface
+# (benchmarks/search_efficiency.py --tuning, 200 seeds; median booted trials to within 5% of the best): with the
+# baselines first, 10 needs 7 where 3 needed 9.5 (chat limits) and 9 (a 1 s TTFT limit), and on the CPU surface both
+# need 1 (vLLM's defaults are within 4% of its best). Without baselines, 10 needs 5 on the GPU surface where 3 needs
+# 7, and 9 on the CPU surface where 3 needs 5. Three random points in 11 parameters is too little to model: on the
+# GPU surface such a run stays around its first good configuration.
+TPE_STARTUP_TRIALS = 10
 
 
 GP_STARTUP_TRIALS = 5
