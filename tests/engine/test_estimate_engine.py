@@ -6,6 +6,7 @@ machine's engine lock.
 
 from __future__ import annotations
 
+import math
 import re
 import time
 from collections.abc import Iterator, Mapping
@@ -18,7 +19,7 @@ from autotune.engine.logs import BootInfo, Failure, FailureKind
 from autotune.engine.models import resolve_model
 from autotune.engine.server import BootFailed, EngineSpec, Server
 from autotune.fit.feasibility import Verdict, judge
-from autotune.fit.hardware import cpu_profile
+from autotune.fit.hardware import cpu_profile, host_has_avx512_bf16
 from autotune.units import GiB, MiB
 from benchmarks.engine_lock import engine_lock as machine_engine_lock
 
@@ -68,8 +69,9 @@ def assert_close(predicted: int, observed: int | None, lines: list[str]) -> None
 
 # The dense model under VLLM_CPU_KVCACHE_SPACE=1 served float32 (262,144 tokens) is checked in test_engine's trial test.
 @pytest.mark.parametrize("name,flags,env", [
-    # 640-token blocks of 320 KiB (the GDN state page, 274,432 B a layer, rounded up to 128-token attention pages of
-    # 512 B a token); 512 MiB / 320 KiB = 1638; a request of 4096 takes 7 attention + 3 x 2 state blocks: 126 x 4096
+    # On AVX2: 640-token blocks of 320 KiB (the GDN state page, 274,432 B a layer, rounded up to 128-token attention
+    # pages of 512 B a token); 512 MiB / 320 KiB = 1638; a request of 4096 takes 7 attention + 3 x 2 state blocks:
+    # 126 x 4096. With AVX512-BF16 the recurrent state is float32 (the boundary test below): 1152-token blocks.
     ("tiny:hybrid", {"max_model_len": 4096, "kv_cache_memory_bytes": 512 * MiB}, {}),
 ], ids=["hybrid-flag-512MiB"])
 def test_predicted_kv_tokens_match_what_vllm_prints(name, flags, env, tmp_path, engine_lock) -> None:
@@ -85,7 +87,13 @@ def test_boundary_just_fits_boots_and_just_misses_fails(tmp_path, engine_lock) -
     flags = {"max_model_len": 2048, "max_num_seqs": 4}
     _, _, probe = predict("tiny:hybrid", {**flags, "kv_cache_memory_bytes": GiB}, {})
     edge = (probe.estimate.blocks_per_request + 1) * probe.estimate.bytes_per_block
-    assert edge == (4 + 3 * 2 + 1) * 640 * 512  # 2048/640 attention blocks + 2 state blocks x 3 GDN groups + null
+    # One GDN layer's state page: the conv state in bf16 and the recurrent state, which vLLM's CPU build keeps in
+    # float32 where its accelerated GDN path runs (AVX512-BF16: platforms/cpu.py), else in bf16; rounded up to
+    # 128-token attention pages of 512 B a token (AVX2: 640-token blocks; AVX512-BF16: 1152).
+    page = 3 * 2048 * 2 + 8 * 128 * 128 * (4 if host_has_avx512_bf16() else 2)
+    block_tokens = math.ceil(page / (128 * 512)) * 128
+    # 2048 tokens of attention blocks + 2 state blocks x 3 GDN groups + the null block
+    assert edge == (math.ceil(2048 / block_tokens) + 3 * 2 + 1) * block_tokens * 512
 
     model, fit_flags, fits = predict("tiny:hybrid", {**flags, "kv_cache_memory_bytes": edge}, {})
     _, miss_flags, misses = predict("tiny:hybrid", {**flags, "kv_cache_memory_bytes": edge - 1}, {})
