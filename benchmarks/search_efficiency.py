@@ -330,7 +330,7 @@ def default_methods() -> list[Method]:
 
 class SobolStartTPE(optuna.samplers.BaseSampler):
     """autotune's TPE whose first `n` proposals are scrambled Sobol points instead of random ones: a space-filling
-    start, tried (stop 24) against the random one."""
+    start, tried (stop 23) against the random one."""
 
     def __init__(self, seed: int, n: int) -> None:
         self.qmc = optuna.samplers.QMCSampler(seed=seed, scramble=True, warn_independent_sampling=False,
