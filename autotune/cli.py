@@ -325,9 +325,10 @@ def export(study: str | None, storage: str | None, fmt: str, max_vram: float | N
     """
     from autotune.show.export import export_winner
 
-    text, best = export_winner(_load_study(study, storage), fmt, max_vram, max_p95_ttft_ms)
+    text, notes = export_winner(_load_study(study, storage), fmt, max_vram, max_p95_ttft_ms)
     if fmt == "flags":
-        click.echo(f"# {best}", err=True)  # stdout stays a command to paste or capture
+        for note in notes:
+            click.echo(f"# {note}", err=True)  # stdout stays a command to paste or capture
     click.echo(text, nl=False)
 
 

@@ -23,6 +23,7 @@ from autotune.engine.flags import (
     to_argv,
 )
 from autotune.errors import AutotuneError, SpecError
+from autotune.measure.memory import over_cap
 from autotune.search.record import view
 from autotune.search.remeasure import best_trial
 
@@ -53,8 +54,9 @@ def to_json(model: str, flags: Mapping[str, object], metrics: Mapping[str, objec
 
 
 def export_winner(study: optuna.Study, fmt: str, max_vram: float | None = None,
-                  max_p95_ttft_ms: float | None = None) -> tuple[str, str]:
-    """(what `autotune export` prints, the `best:` line). The winner and its figure are remeasure.best's, as in
+                  max_p95_ttft_ms: float | None = None) -> tuple[str, list[str]]:
+    """(what `autotune export` prints, its comment lines: the `best:` line, then a caution when a capped study's
+    winner served above the capped card's CUDA memory). The winner and its figure are remeasure.best's, as in
     every other output; the filters keep trials whose GPU peak (NVML) and p95 TTFT are within them."""
     if max_vram is not None and not any(v.memory_source == "nvml" for v in map(view, study.trials)):
         raise SpecError("--max-vram", None, "this study's peaks are host memory (RSS of the server's processes, the "
@@ -74,14 +76,21 @@ def export_winner(study: optuna.Study, fmt: str, max_vram: float | None = None,
     model, flags, env = winner.model, winner.flags, winner.env
     assert model is not None and flags is not None, "a measured trial records its model and flags (config_attrs)"
     line = f"best: {best.text}"
+    notes = [line]
+    if over_cap(winner.peak_memory_gib, winner.cap_gib):  # the card the flags are for may not hold them
+        notes.append(f"caution: it served at {winner.peak_memory_gib:.2f} GiB, above the {winner.cap_gib:.2f} GiB "
+                     f"CUDA has on the capped card: it may not fit there; `--max-vram {winner.cap_gib:.2f}` exports "
+                     "the best that stayed under it")
     if fmt == "flags":
-        return serve_command(model, flags, env) + "\n", line
+        return serve_command(model, flags, env) + "\n", notes
     if fmt == "yaml":
-        return f"# {line}\n" + to_yaml(flags, model=model, env=env), line
+        return "".join(f"# {n}\n" for n in notes) + to_yaml(flags, model=model, env=env), notes
     # The first measurement's figures (latencies, memory, ...), with the throughput every reader gives.
     metrics: dict[str, object] = dict(winner.figures)
     metrics["output_tok_s"] = round(best.figure, 1)
     metrics["best"] = line
+    if len(notes) > 1:
+        metrics["caution"] = notes[1]
     metrics["measurements"] = [{"trial": m.trial, "output_tok_s": m.output_tok_s,
                                 "met_limits": m.output_tok_s is not None} for m in best.measurements]
-    return to_json(model, flags, {"trial": winner.number, **metrics}, env) + "\n", line
+    return to_json(model, flags, {"trial": winner.number, **metrics}, env) + "\n", notes

@@ -153,3 +153,38 @@ def test_store_true_only_matches_vllm(vllm_parser: argparse.ArgumentParser) -> N
     assert store_true == STORE_TRUE_ONLY
     negatable = {a.dest for a in vllm_parser._actions if isinstance(a, argparse.BooleanOptionalAction)}
     assert {"enforce_eager", "enable_chunked_prefill", "enable_prefix_caching", "async_scheduling"} <= negatable
+
+
+def test_a_capped_studys_winner_that_served_above_the_capped_card_is_exported_with_a_caution() -> None:
+    """s24 on the H200 capped as a 3090: the best configuration so far served at 23.78 GiB (NVML), above the
+    23.62 GiB CUDA has on a 24 GiB card. The flags are for that card, so every format says it may not fit, and
+    names the filter that exports the best one that stayed under it."""
+    import optuna
+
+    from autotune.engine.logs import BootInfo
+    from autotune.fit import memcap
+    from autotune.measure.memory import MemoryPeak
+    from autotune.measure.trial import TrialResult
+    from autotune.search import record, tell
+    from autotune.show.export import export_winner
+    from conftest import recorded_level
+
+    cap_gib = memcap.parse_cap("rtx3090").cuda_total_gib
+    study = optuna.create_study(storage=optuna.storages.InMemoryStorage(), direction="maximize")
+    for tok_s, peak_gib in ((612.0, 23.78), (516.0, 23.50)):
+        trial = study.ask()
+        for key, value in record.config_attrs("Qwen/Qwen3.5-27B-GPTQ-Int4", {"max_num_seqs": 52}).items():
+            trial.set_user_attr(key, value)
+        trial.set_user_attr(record.CAP_ATTR, cap_gib)
+        level = recorded_level(16, tok_s, 400)
+        tell.tell_result(study, trial, TrialResult("ok", tok_s, 16, (level,), BootInfo(100.0),
+                                                   memory=MemoryPeak(int(peak_gib * 2**30), "nvml", 0, 50)))
+    caution = "it served at 23.78 GiB, above the 23.62 GiB CUDA has on the capped card: it may not fit there"
+    text, notes = export_winner(study, "flags")
+    assert notes[0].startswith("best: trial 0, 612 output tok/s") and caution in notes[1] and "vllm serve" in text
+    assert "--max-vram 23.62" in notes[1]
+    assert f"# {notes[1]}" in export_winner(study, "yaml")[0]
+    assert caution in json.loads(export_winner(study, "json")[0])["metrics"]["caution"]
+    # filtered as the caution says: the best that stayed under the card's memory, and nothing to caution about
+    text, notes = export_winner(study, "flags", max_vram=23.62)
+    assert notes == [notes[0]] and notes[0].startswith("best: trial 1, 516 output tok/s")
