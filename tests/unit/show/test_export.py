@@ -160,6 +160,7 @@ def test_a_capped_studys_winner_that_served_above_the_capped_card_is_exported_wi
     23.62 GiB CUDA has on a 24 GiB card. The flags are for that card, so every format says it may not fit, and
     names the filter that exports the best one that stayed under it."""
     import optuna
+    from conftest import recorded_level
 
     from autotune.engine.logs import BootInfo
     from autotune.fit import memcap
@@ -167,7 +168,6 @@ def test_a_capped_studys_winner_that_served_above_the_capped_card_is_exported_wi
     from autotune.measure.trial import TrialResult
     from autotune.search import record, tell
     from autotune.show.export import export_winner
-    from conftest import recorded_level
 
     cap_gib = memcap.parse_cap("rtx3090").cuda_total_gib
     study = optuna.create_study(storage=optuna.storages.InMemoryStorage(), direction="maximize")
