@@ -219,7 +219,7 @@ class Figures:
     # every configuration near a recorded one replays exactly as it does, so a sampler searching around its
     # incumbent re-boots the same point and learns nothing; `trials` charges each such boot (the upper bracket of
     # what a real study pays), this charges none of them (the lower bracket).
-    points: float = math.inf
+    points: float
 
 
 def figures(steps: list[Step], target: float, best: float, checkpoints: Sequence[int]) -> Figures:
@@ -364,12 +364,13 @@ def tuning_methods() -> list[Method]:
     """The settings the defaults were chosen among, without baselines (with them, every method meets the target at
     the first trial on the CPU surface and nothing can be told apart), and the start-ups chosen between with them."""
     P = optuna.pruners.PercentilePruner
-    out = [Method(f"TPE startup {n}",  # the outer lambda binds n: each method keeps its own
-                  (lambda n: lambda seed: sampler_for("tpe", seed, startup_trials=n))(n),  # noqa: B023
-                  baselines=False) for n in (2, 3, 5, 10)]
-    out += [Method(f"TPE startup {n}, baselines first",  # as autotune runs a study that has baselines
-                   (lambda n: lambda seed: sampler_for("tpe", seed, startup_trials=n))(n))  # noqa: B023
-            for n in (3, 10)]
+
+    def tpe_startup(n: int) -> Callable[[int], optuna.samplers.BaseSampler]:  # binds n: each method keeps its own
+        return lambda seed: sampler_for("tpe", seed, startup_trials=n)
+
+    out = [Method(f"TPE startup {n}", tpe_startup(n), baselines=False) for n in (2, 3, 5, 10)]
+    # as autotune runs a study that has baselines
+    out += [Method(f"TPE startup {n}, baselines first", tpe_startup(n)) for n in (3, 10)]
     out += [Method(f"TPE, Sobol startup {n}", (lambda n: lambda seed: SobolStartTPE(seed, n))(n),  # noqa: B023
                    baselines=False) for n in (3, 5, 10)]
     out.append(Method("random search + estimator + screening", lambda seed: sampler_for("random", seed),

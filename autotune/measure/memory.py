@@ -27,6 +27,11 @@ def over_cap(gib: float | None, cap_gib: float | None) -> bool:
     return gib is not None and cap_gib is not None and gib > cap_gib
 
 
+def over_cap_text(cap_gib: float) -> str:
+    """What every view says beside a peak over the capped card's CUDA memory (over_cap)."""
+    return f"above the {cap_gib:.2f} GiB CUDA has on the capped card: it may not fit there"
+
+
 def memory_text(gib: float | None, source: str | None, short: bool = False, cap_gib: float | None = None) -> str:
     """'20.57 GiB GPU memory (NVML)', '3.40 GiB host RSS' (short): a peak with what it measured; '> cap' (short)
     where it is over the capped card's CUDA memory `cap_gib`."""
@@ -46,8 +51,8 @@ def peak_text(gib: float | None, boot_gib: float | None, source: str | None, cap
     text = f"peak {memory_text(gib, source)}"
     if gib is not None and boot_gib is not None:
         text += " while serving" + (f" ({boot_gib:.2f} GiB while booting)" if boot_gib > gib else "")
-    if over_cap(gib, cap_gib):
-        text += f", above the {cap_gib:.2f} GiB CUDA has on the capped card: it may not fit there"
+    if cap_gib is not None and over_cap(gib, cap_gib):
+        text += ", " + over_cap_text(cap_gib)
     return text
 
 

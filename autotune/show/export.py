@@ -23,7 +23,7 @@ from autotune.engine.flags import (
     to_argv,
 )
 from autotune.errors import AutotuneError, SpecError
-from autotune.measure.memory import over_cap
+from autotune.measure.memory import over_cap, over_cap_text
 from autotune.search.record import view
 from autotune.search.remeasure import best_trial
 
@@ -77,10 +77,10 @@ def export_winner(study: optuna.Study, fmt: str, max_vram: float | None = None,
     assert model is not None and flags is not None, "a measured trial records its model and flags (config_attrs)"
     line = f"best: {best.text}"
     notes = [line]
-    if over_cap(winner.peak_memory_gib, winner.cap_gib):  # the card the flags are for may not hold them
-        notes.append(f"caution: it served at {winner.peak_memory_gib:.2f} GiB, above the {winner.cap_gib:.2f} GiB "
-                     f"CUDA has on the capped card: it may not fit there; `--max-vram {winner.cap_gib:.2f}` exports "
-                     "the best that stayed under it")
+    cap = winner.cap_gib
+    if cap is not None and over_cap(winner.peak_memory_gib, cap):  # the card the flags are for may not hold them
+        notes.append(f"caution: it served at {winner.peak_memory_gib:.2f} GiB, {over_cap_text(cap)}; "
+                     f"`--max-vram {cap:.2f}` exports the best that stayed under it")
     if fmt == "flags":
         return serve_command(model, flags, env) + "\n", notes
     if fmt == "yaml":
