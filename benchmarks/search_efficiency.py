@@ -44,6 +44,7 @@ from optuna.trial import TrialState
 
 from autotune.config.study_file import load_study
 from autotune.fit import feasibility, memcap
+from autotune.fit.estimate import Estimate
 from autotune.fit.hardware import PROFILES
 from autotune.measure.ladder import Prior, percentile_interval
 from autotune.measure.stats import Limits
@@ -141,9 +142,11 @@ Screen = Callable[[Point, int], "str | None"]
 
 def before_boot_screen(surface: Surface) -> Screen:
     """autotune's screen before boot (search/study.py screen_before_boot: a sampled configuration that must miss
-    the incumbent's level by Little's law on the card's bandwidth is screened out without a boot), judged with what
-    the surface recorded: each configuration's flags, the device's bandwidth, the study's workload and the
-    surface's limits. The CPU grid keeps no flags and the CPU build has no bandwidth: nothing is screened there."""
+    the incumbent's level by Little's law on the card's bandwidth, with what max_num_seqs and its KV cache run at
+    once, is screened out without a boot), judged with what the surface recorded: each configuration's flags (with
+    its logical gpu_memory_utilization, as the study judges it on the capped card), the device's bandwidth, the
+    study's workload and the surface's limits. The CPU grid keeps no flags and the CPU build has no bandwidth:
+    nothing is screened there."""
     prov = surface.provenance
     device, study, model = prov.get("device"), prov.get("study"), prov.get("model")
     if not (isinstance(device, str) and device in PROFILES and isinstance(study, str) and isinstance(model, str)):
@@ -151,15 +154,18 @@ def before_boot_screen(surface: Surface) -> Screen:
     spec = load_study(REPO / study)
     spec = replace(spec, objective=replace(spec.objective, limits=Limits(**prov["limits"])))  # type: ignore[arg-type]
     profile = memcap.capped_profile(PROFILES[device], spec.memory_cap) if spec.memory_cap else PROFILES[device]
-    weights: dict[int, int] = {}
+    estimates: dict[int, Estimate] = {}
 
     def screen(point: Point, level: int) -> str | None:
         if point.flags is None:
             return None
-        if id(point) not in weights:
-            path, flags = configured(model, point.flags)
-            weights[id(point)] = feasibility.judge(path, profile, flags, spec.env).estimate.weights_bytes
-        return screen_before_boot(Prior(incumbent=level, screen=True), dict(point.flags), weights[id(point)],
+        if id(point) not in estimates:
+            flags = {k: v for k, v in point.flags.items() if k != "gpu_memory_utilization"}
+            if "gpu_memory_utilization" in point.params:  # the flags hold it translated for the real card
+                flags["gpu_memory_utilization"] = point.params["gpu_memory_utilization"]
+            path, flags = configured(model, flags)
+            estimates[id(point)] = feasibility.judge(path, profile, flags, spec.env).estimate
+        return screen_before_boot(Prior(incumbent=level, screen=True), dict(point.flags), estimates[id(point)],
                                   profile, spec)
     return screen
 

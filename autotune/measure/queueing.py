@@ -1,15 +1,20 @@
 """Why a configuration cannot sustain a load level, known before it boots: a wait that no kernel can shorten.
 
 A decode step reads every weight from memory at least once, so it takes at least weights / peak bandwidth, and a
-request needs (output tokens - 1) / (1 + speculative tokens) steps after its first token. At a closed-loop
-concurrency L above the configuration's `max_num_seqs` c, L - c requests are always queued, and by Little's law each
-waits (L - c) / c service times on average before its prefill: that wait is part of its TTFT. When even the least
-such wait exceeds the objective's p95 TTFT limit, the level cannot be sustained, and a sampled configuration, which
-is screened at the incumbent's level (ladder.Prior.screen), need not boot to be screened out.
+request needs (output tokens - 1) / (1 + speculative tokens) steps after its first token. At most c requests run at
+once: `max_num_seqs`, or fewer when the KV cache cannot hold that many (vLLM admits a request only when it holds a
+block of every KV-cache group; a hybrid model's pool holds few: estimate.max_running_seqs, its optimistic end). At a
+closed-loop concurrency L above c, L - c requests are always queued, and by Little's law each waits (L - c) / c
+service times on average before its prefill: that wait is part of its TTFT. When even the least such wait exceeds
+the objective's p95 TTFT limit, the level cannot be sustained, and a sampled configuration, which is screened at the
+incumbent's level (ladder.Prior.screen), need not boot to be screened out.
 
 Seen on the H200 capped as a 3090 (stop 21, benchmarks/data/h200-chat-as-3090-s21): five sampled configurations
 booted (99-123 s each) to be screened out at the incumbent's level 36; four had max_num_seqs 1, 6, 16 and 18. With
-the H200's 4.8 TB/s the bound screens the first two; with a real 3090's 936 GB/s, all four.
+the H200's 4.8 TB/s the bound screens the first two; with a real 3090's 936 GB/s, all four. On the recorded GPU
+surface (benchmarks/data/surface-rtx3090.json) every configuration's highest passing level was the ladder's highest
+at or just above the requests its pool runs at once (blocks / (attention + mamba groups)), e.g. 16 for 79 blocks of
+4 per request, where its max_num_seqs was 52.
 """
 
 from __future__ import annotations
@@ -27,39 +32,46 @@ class QueueWait:
 
     level: float
     slots: int
+    held_by: str  # what bounds the slots: "max_num_seqs 6", or the KV cache
     step_s: float  # the least decode step: weights / peak bandwidth
     service_s: float  # the least service time of a request: its fewest decode steps, each at least step_s
     wait_s: float  # (level - slots) / slots x service_s
 
     def text(self, limit_ms: float) -> str:
-        return (f"max_num_seqs {self.slots} holds {self.slots} of the incumbent's {self.level:g} concurrent "
+        return (f"{self.held_by} holds {self.slots} of the incumbent's {self.level:g} concurrent "
                 f"requests; the rest queue at least {self.wait_s:.1f} s each (Little's law; a request needs at "
                 f"least {self.service_s:.2f} s: its decode steps at >= {self.step_s * 1000:.1f} ms, the weights "
                 f"read once per step), over the p95 TTFT limit of {limit_ms / 1000:g} s")
 
 
 def least_queue_wait(level: float, flags: Mapping[str, object], weights_bytes: int, bandwidth_gbs: float,
-                     workload: Workload) -> QueueWait | None:
+                     workload: Workload, pool_seqs: int | None = None) -> QueueWait | None:
     """The least wait, or None when nothing certain can be said: a level the configuration holds, no known
-    bandwidth (the CPU build), or output lengths a dataset decides."""
+    bandwidth (the CPU build), or output lengths a dataset decides. `pool_seqs`: the most requests its KV cache
+    runs at once (estimate.max_running_seqs), when the estimator knows it."""
     seqs = flags.get("max_num_seqs")
-    if not isinstance(seqs, int) or seqs < 1 or level <= seqs or bandwidth_gbs <= 0 or weights_bytes <= 0 \
-            or workload.dataset is not None:
+    bounds = [(s, f"max_num_seqs {s}") for s in (seqs,) if isinstance(s, int) and not isinstance(s, bool) and s >= 1]
+    if pool_seqs is not None and pool_seqs >= 1:
+        bounds.append((pool_seqs, "the KV cache (a block of each of its groups per request)"))
+    if not bounds or bandwidth_gbs <= 0 or weights_bytes <= 0 or workload.dataset is not None:
+        return None
+    slots, held_by = min(bounds, key=lambda b: b[0])
+    if level <= slots:
         return None
     spec = flags.get("speculative_config")
     draft = spec.get("num_speculative_tokens", 0) if isinstance(spec, Mapping) else 0
     per_step = 1 + (draft if isinstance(draft, int) and draft > 0 else 0)
     step_s = weights_bytes / (bandwidth_gbs * 1e9)
     service_s = max(0, workload.output_len.min - 1) / per_step * step_s
-    return QueueWait(level, seqs, step_s, service_s, (level - seqs) / seqs * service_s)
+    return QueueWait(level, slots, held_by, step_s, service_s, (level - slots) / slots * service_s)
 
 
 def cannot_sustain(level: float, flags: Mapping[str, object], weights_bytes: int, bandwidth_gbs: float,
-                   workload: Workload, limits: Limits) -> str | None:
+                   workload: Workload, limits: Limits, pool_seqs: int | None = None) -> str | None:
     """Why a closed loop of `level` requests must miss the p95 TTFT limit on this configuration, else None."""
     if limits.ttft_p95_ms is None:
         return None
-    wait = least_queue_wait(level, flags, weights_bytes, bandwidth_gbs, workload)
+    wait = least_queue_wait(level, flags, weights_bytes, bandwidth_gbs, workload, pool_seqs)
     if wait is None or wait.wait_s * 1000 <= limits.ttft_p95_ms:
         return None
     return wait.text(limits.ttft_p95_ms)

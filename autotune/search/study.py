@@ -25,6 +25,7 @@ from autotune.engine.flags import Build, detect_build, invalid_reason, value_tex
 from autotune.engine.server import reap_leftover_servers
 from autotune.errors import EngineError, SpecError, StorageError
 from autotune.fit import feasibility, memcap
+from autotune.fit.estimate import Estimate
 from autotune.fit.hardware import GpuProfile, detect_gpus
 from autotune.measure.ladder import Prior, capacity
 from autotune.measure.queueing import cannot_sustain
@@ -395,7 +396,7 @@ def _one_trial(run: _Run, slot: Slot) -> _Booted | None:
         run.ended(trial, TrialState.COMPLETE, f"pruned before boot: {verdict.reason}")
         return None
     prior = load_prior(study, trial, flags, spec, verdict.estimate.kv_tokens)
-    if why := screen_before_boot(prior, flags, verdict.estimate.weights_bytes, run.profile, spec):
+    if why := screen_before_boot(prior, flags, verdict.estimate, run.profile, spec):
         tell.tell_screened_before_boot(study, trial, why)
         run.ended(trial, TrialState.PRUNED, f"{tell.SCREENED_BEFORE_BOOT}: {why}")
         return None
@@ -438,14 +439,17 @@ def _one_trial(run: _Run, slot: Slot) -> _Booted | None:
     return _Booted(result, searched)
 
 
-def screen_before_boot(prior: Prior, flags: dict[str, object], weights_bytes: int, profile: GpuProfile,
+def screen_before_boot(prior: Prior, flags: dict[str, object], estimate: Estimate, profile: GpuProfile,
                        spec: StudySpec) -> str | None:
     """Why a sampled configuration, screened at the incumbent's level, must fail there (measure/queueing.py):
-    then it is screened out without a boot. None: it boots."""
+    then it is screened out without a boot. None: it boots. A KV cache the estimator does not model bounds
+    nothing."""
     o = spec.objective
     if not prior.screen or prior.incumbent is None or o.load.mode != "concurrency":
         return None
-    return cannot_sustain(prior.incumbent, flags, weights_bytes, profile.bandwidth_gbs, o.workload, o.limits)
+    pool = None if estimate.not_modelled else estimate.max_running_seqs
+    return cannot_sustain(prior.incumbent, flags, estimate.weights_bytes, profile.bandwidth_gbs, o.workload,
+                          o.limits, pool)
 
 
 def load_prior(study: optuna.Study, trial: optuna.Trial, flags: dict[str, object], spec: StudySpec,

@@ -230,7 +230,7 @@ def breakdown_rows(est: Estimate) -> list[tuple[str, str]]:
              ("KV tokens", f"{est.kv_tokens:,} (range {est.kv_tokens_low:,}-{est.kv_tokens_high:,})"),
              ("uncertainty of the non-KV memory", g(est.uncertainty_bytes)),
              (f"max concurrency at {est.max_model_len:,} tokens", f"{est.max_concurrency_at_max_len:.2f}x"),
-             ("sequences whose state fits", str(est.max_seqs_by_state)),
+             ("sequences running at once, at most", str(est.max_running_seqs)),
              ("fits", "yes" if est.fits else "refused" if est.refused else "inside the band: booted to learn")]
     rows += [("reason", r) for r in est.reasons]
     return rows

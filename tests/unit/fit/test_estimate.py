@@ -161,10 +161,17 @@ def test_hybrid_blocks_on_gpu_by_hand():
     # a request: ceil(1000/48) = 21 attention blocks + 3 state blocks (no prefix caching: one per group)
     assert est.blocks_per_request == 24
     assert est.kv_tokens == int(4266 / 24 * 1000) == 177_750
-    # state (3 blocks) + a first attention block per sequence, null block excluded
-    assert est.max_seqs_by_state == 4265 // 4 == 1066
+    # running sequences: each holds a block of every group (3 states + a first attention block), null block
+    # excluded; an explicit KV size is exact
+    assert est.max_running_seqs == 4265 // 4 == 1066
     with_prefix = estimate(shape, RTX3090, {**cfg, "enable_prefix_caching": True})
     assert with_prefix.blocks_per_request == 21 + 3 * 2  # 'align' mode keeps two states per group
+    # what runs at once does not count the second state a max_model_len request reserves: the device's surface
+    # ran 16 chat requests on 63 blocks with prefix caching (benchmarks/data/surface-rtx3090.json #13)
+    assert with_prefix.max_running_seqs == est.max_running_seqs
+    sized = estimate(shape, RTX3090, {k: v for k, v in cfg.items() if k != "kv_cache_memory_bytes"})
+    assert sized.uncertainty_bytes > 0  # sized by vLLM: the bound takes the band's optimistic end
+    assert sized.max_running_seqs == ((sized.kv_cache_bytes + sized.uncertainty_bytes) // 24_576 - 1) // 4
 
 
 def test_hybrid_on_cpu_by_hand():

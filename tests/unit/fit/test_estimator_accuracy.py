@@ -80,7 +80,7 @@ WARM_FAILED = [r for r in WARM if not r.boot.ready]
 def test_a_warm_boot_that_did_not_fit_is_not_predicted_to_fit(row: acc.Row) -> None:
     """A true non-fit (warm: nothing of torch.compile in the profiling) is refused or inside the band (booted to
     learn), never predicted as surely fitting."""
-    assert not row.new.fits, (row.new.kv_tokens, row.new.max_seqs_by_state, row.new.num_blocks)
+    assert not row.new.fits, (row.new.kv_tokens, row.new.max_running_seqs, row.new.num_blocks)
 
 
 def test_warm_non_fits_of_the_second_session() -> None:

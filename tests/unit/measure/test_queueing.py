@@ -3,6 +3,7 @@ Qwen3.5-27B AWQ shape (17.246 GiB of weights predicted and loaded), the chat obj
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import replace
 from pathlib import Path
 
@@ -12,6 +13,7 @@ from optuna.trial import TrialState
 
 from autotune.config.objective import load_objective
 from autotune.config.study_file import load_study
+from autotune.fit.estimate import Estimate
 from autotune.fit.hardware import PROFILES
 from autotune.measure.ladder import Prior
 from autotune.measure.queueing import cannot_sustain, least_queue_wait
@@ -58,12 +60,47 @@ def test_nothing_is_said_without_a_certain_bound() -> None:
     assert cannot_sustain(36, spec, WEIGHTS, 936.0, w, lim) is None
 
 
+def test_the_kv_cache_bounds_what_runs_at_once_where_max_num_seqs_does_not() -> None:
+    """The device's surface #13: max_num_seqs 66, but its 63 KV blocks (the estimate's optimistic end: 17 requests
+    of one attention and three Gated DeltaNet blocks) ran 16 chat requests and failed 32 (p95 TTFT 6.5 s). On a
+    3090's bandwidth even the least wait says so before a boot; on the H200's it is too short to."""
+    flags = {"max_num_seqs": 66}
+    assert cannot_sustain(32, flags, WEIGHTS, 936.0, CHAT.workload, CHAT.limits) is None
+    text = cannot_sustain(32, flags, WEIGHTS, 936.0, CHAT.workload, CHAT.limits, pool_seqs=17)
+    assert text is not None and text.startswith("the KV cache (a block of each of its groups per request) holds 17 "
+                                                 "of the incumbent's 32")
+    wait = least_queue_wait(32, flags, WEIGHTS, 936.0, CHAT.workload, pool_seqs=17)
+    assert wait is not None and wait.wait_s == pytest.approx(15 / 17 * 127 * WEIGHTS / 936e9)
+    assert cannot_sustain(16, flags, WEIGHTS, 936.0, CHAT.workload, CHAT.limits, pool_seqs=17) is None
+    assert cannot_sustain(32, flags, WEIGHTS, 4800.0, CHAT.workload, CHAT.limits, pool_seqs=17) is None
+    # the smaller of the two bounds holds: max_num_seqs 6 below a pool of 17
+    six = least_queue_wait(32, {"max_num_seqs": 6}, WEIGHTS, 936.0, CHAT.workload, pool_seqs=17)
+    assert six is not None and six.slots == 6 and six.held_by == "max_num_seqs 6"
+    # vLLM's own max_num_seqs (unset): the pool alone bounds it
+    assert least_queue_wait(32, {}, WEIGHTS, 936.0, CHAT.workload, pool_seqs=17) is not None
+
+
 def test_only_a_screened_sampled_configuration_is_screened_before_boot() -> None:
     spec = load_study(ROOT / "studies" / "qwen3.5-27b-rtx3090.toml")
     card, flags = PROFILES["rtx3090"], {"max_num_seqs": 16}
-    assert screen_before_boot(Prior(incumbent=36, screen=True), flags, WEIGHTS, card, spec) is not None
-    assert screen_before_boot(Prior(incumbent=36, screen=False), flags, WEIGHTS, card, spec) is None  # a baseline
-    assert screen_before_boot(Prior(screen=True), flags, WEIGHTS, card, spec) is None  # no incumbent yet
+    est = _estimate(weights_bytes=WEIGHTS, max_running_seqs=0)
+    assert screen_before_boot(Prior(incumbent=36, screen=True), flags, est, card, spec) is not None
+    assert screen_before_boot(Prior(incumbent=36, screen=False), flags, est, card, spec) is None  # a baseline
+    assert screen_before_boot(Prior(screen=True), flags, est, card, spec) is None  # no incumbent yet
+    # the KV cache's bound, unless the estimator does not model the configuration's cache
+    roomy = {"max_num_seqs": 64}
+    assert screen_before_boot(Prior(incumbent=36, screen=True), roomy, est, card, spec) is None
+    small = _estimate(weights_bytes=WEIGHTS, max_running_seqs=12)
+    assert "the KV cache" in (screen_before_boot(Prior(incumbent=36, screen=True), roomy, small, card, spec) or "")
+    unknown = replace(small, not_modelled=("kv_cache_dtype fp8_e5m2",))
+    assert screen_before_boot(Prior(incumbent=36, screen=True), roomy, unknown, card, spec) is None
+
+
+def _estimate(**fields: object) -> Estimate:
+    """An Estimate with every other field empty: the screen reads the weights, the pool and what is not modelled."""
+    empty = {f.name: 0 if f.type in ("int", "float") else False if f.type == "bool" else ()
+             for f in dataclasses.fields(Estimate) if f.default is dataclasses.MISSING}
+    return Estimate(**{**empty, **fields})  # type: ignore[arg-type]
 
 
 def test_a_configuration_screened_before_boot_is_pruned_with_nothing_delivered() -> None:

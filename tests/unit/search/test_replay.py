@@ -284,6 +284,9 @@ def test_the_gpu_surfaces_screen_before_boot_is_autotunes_on_the_recorded_flags(
     assert screen(one, 1) is None  # ...it holds one
     best = max(surface.points, key=lambda p: p.value)
     assert screen(best, 16) is None
+    # no level the device saw a configuration sustain is screened (max_num_seqs and the KV cache's bound alike)
+    passed = [(p, r.concurrency) for p in surface.points for r in p.rungs if r.passed]
+    assert len(passed) >= 10 and all(screen(p, level) is None for p, level in passed)
     cpu = load_surface(data / "surface-tiny-cpu.json")  # no flags kept, no bandwidth: nothing screened
     assert se.before_boot_screen(cpu)(cpu.points[0], 64) is None
 
