@@ -103,8 +103,9 @@ class Estimate:
     kv_tokens: int  # as vLLM prints "KV cache size: N tokens"
     max_concurrency_at_max_len: float  # as vLLM prints "Maximum concurrency for max_model_len"
     # The most sequences the pool can run at once, at the optimistic end of the band: vLLM admits a request only
-    # when it holds a block of every group (one per attention group, at least one per mamba group). An upper bound
-    # (0: no pool), for the queue wait before boot (measure/queueing.py).
+    # when it holds a block of every group (one per attention group, 1 + speculative tokens per mamba group). An
+    # upper bound (0: no pool), for the queue wait before boot (measure/queueing.py) and the start's pick
+    # (search/start.py).
     max_running_seqs: int
     fits: bool  # the central prediction fits and every startup rule holds
     reasons: tuple[str, ...]
@@ -233,6 +234,7 @@ def estimate(
     num_blocks = max(kv_bytes, 0) // bpb
     usable = max(num_blocks - 1, 0)
     most_blocks = max((kv_bytes if s.explicit_kv is not None else kv_bytes + uncertainty) // bpb - 1, 0)
+    per_running = lay.g_attn + lay.g_mamba * (1 + s.num_spec)  # blocks a running request holds at least
     len_fit = max(0, (usable - lay.g_mamba * lay.per_state) // lay.g_attn * lay.block) if lay.n_attn else 0
     concurrency = num_blocks / blocks_req if blocks_req else 0.0
     reasons = rules + memory
@@ -241,7 +243,7 @@ def estimate(
         block_size=lay.block, activation_peak_bytes=activation, cudagraph_bytes=cudagraph, overhead_bytes=overhead,
         reserved_bytes=reserved, kv_cache_bytes=kv_bytes, kv_tokens=int(concurrency * s.max_len),
         max_concurrency_at_max_len=concurrency,
-        max_running_seqs=most_blocks // (lay.g_attn + lay.g_mamba) if lay.g_attn + lay.g_mamba else 0,
+        max_running_seqs=most_blocks // per_running if per_running else 0,
         fits=not reasons, reasons=tuple(reasons), excess_bytes=int(excess), num_blocks=num_blocks,
         bytes_per_block=bpb, blocks_per_request=blocks_req, max_model_len=s.max_len,
         max_model_len_fit=min(len_fit, shape.max_position_embeddings),

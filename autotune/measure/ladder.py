@@ -275,10 +275,12 @@ class Prior:
 NO_PRIOR = Prior()  # nothing known: start from the geometric middle of [start, max]
 
 
-def capacity(max_num_seqs: float | None, kv_tokens: float | None, tokens_per_request: float) -> float | None:
-    """Concurrent requests a configuration can hold at once: the smaller of its batch and its KV cache."""
-    caps = [c for c in (max_num_seqs, kv_tokens / tokens_per_request if kv_tokens and tokens_per_request else None)
-            if c]
+def capacity(max_num_seqs: float | None, kv_tokens: float | None, tokens_per_request: float,
+             running: float | None = None) -> float | None:
+    """Concurrent requests a configuration can hold at once: the smaller of its batch, its KV tokens over a
+    request's, and `running`, what its KV cache's blocks run at once (estimate.max_running_seqs)."""
+    caps = [c for c in (max_num_seqs, kv_tokens / tokens_per_request if kv_tokens and tokens_per_request else None,
+                        running) if c]
     return min(caps) if caps else None
 
 
