@@ -28,6 +28,8 @@ every configuration in full. The grid in vLLM's auto_tune order boots everything
 from __future__ import annotations
 
 import argparse
+import functools
+import itertools
 import json
 import math
 import random
@@ -49,10 +51,12 @@ from autotune.fit.hardware import PROFILES
 from autotune.measure.ladder import Prior, percentile_interval
 from autotune.measure.stats import Limits
 from autotune.measure.trial import configured
+from autotune.search import start
 from autotune.search import tell as search_tell
 from autotune.search.samplers import sampler_for
 from autotune.search.space import suggest
-from autotune.search.study import screen_before_boot
+from autotune.search.start import START_CANDIDATES, Capacity
+from autotune.search.study import runs_at_once, screen_before_boot
 from benchmarks.surface import Point, Surface, _records, load_surface
 
 REPO = Path(__file__).resolve().parents[1]
@@ -88,6 +92,10 @@ class Method:
     # autotune's screening (measure/ladder.py Prior.screen): a sampled configuration is measured at the incumbent's
     # level first and, failing it, ends there (PRUNED, its figure there reported). False: a plain Optuna loop.
     screen: bool = True
+    # search/start.py: the first `start_picks` sampled trials each the one of `start_candidates` random
+    # configurations that runs the most requests at once (0: none picked)
+    start_picks: int = 0
+    start_candidates: int = START_CANDIDATES
 
 
 def _tell_infeasible(study: optuna.Study, trial: optuna.Trial, method: Method, **violated: float) -> None:
@@ -170,11 +178,31 @@ def before_boot_screen(surface: Surface) -> Screen:
     return screen
 
 
+# The CPU grid keeps neither its study nor its model: those it was swept for (its two flags, VLLM_CPU_KVCACHE_SPACE)
+CPU_GRID_STUDY, CPU_GRID_MODEL = "studies/tiny-cpu.toml", "tiny:dense"
+
+
+def start_capacity(surface: Surface) -> Capacity:
+    """What the study's estimator says a sampled configuration runs at once (search/start.py's pick), as
+    autotune's study computes it: its flags for the capped card (the GPU surface) or the CPU build (the grid),
+    served from the surface's model."""
+    prov = surface.provenance
+    study, model, device = prov.get("study"), prov.get("model"), prov.get("device")
+    if isinstance(study, str) and isinstance(model, str) and isinstance(device, str) and device in PROFILES:
+        spec = load_study(REPO / study)
+        profile = memcap.capped_profile(PROFILES[device], spec.memory_cap) if spec.memory_cap else PROFILES[device]
+    else:
+        spec, profile, model = load_study(REPO / CPU_GRID_STUDY), PROFILES["cpu"], CPU_GRID_MODEL
+    return functools.partial(runs_at_once, spec, profile, model)
+
+
 def replay(surface: Surface, method: Method, seed: int, target: float, max_booted: int = MAX_BOOTED,
-           noise: Callable[[], float] = lambda: 1.0, min_booted: int = 0, screen: Screen | None = None) -> list[Step]:
+           noise: Callable[[], float] = lambda: 1.0, min_booted: int = 0, screen: Screen | None = None,
+           capacity: Capacity | None = None) -> list[Step]:
     """Booted trials of one study, until one has measured at least `target` and `min_booted` have run, or
     `max_booted` have run. Each trial's throughputs are scaled by a fresh `noise()` (1: as recorded).
-    `screen`: before_boot_screen(surface), for the methods that screen (Method.screen)."""
+    `screen`: before_boot_screen(surface), for the methods that screen (Method.screen); `capacity`:
+    start_capacity(surface), for the methods that pick their start (Method.start_picks)."""
     study = optuna.create_study(direction="maximize", sampler=method.sampler(seed),
                                 pruner=method.pruner() if method.pruner else optuna.pruners.NopPruner())
     if method.baselines:  # in the order the study queues them
@@ -184,6 +212,8 @@ def replay(surface: Surface, method: Method, seed: int, target: float, max_boote
     reached = False
     incumbent: Step | None = None  # the best measured so far: its best level is where sampled ones are screened
     for _ in range(20 * max_booted):  # proposals; refusals before boot cost nothing but are bounded
+        if method.start_picks and capacity is not None:  # as study._one_trial does before it asks
+            start.queue_pick(study, surface.space, capacity, seed, method.start_candidates, method.start_picks)
         trial = study.ask()
         params = suggest(trial, surface.space)
         index = trial.user_attrs.get(POINT_ATTR)
@@ -274,12 +304,12 @@ GRID = "grid in vLLM auto_tune order"
 def evaluate(surface: Surface, methods: list[Method], seeds: int) -> dict[str, list[Figures]]:
     target = (1 - WITHIN) * surface.best
     marks = checkpoints_for(surface)
-    screen = before_boot_screen(surface)
+    screen, capacity = before_boot_screen(surface), start_capacity(surface)
     out: dict[str, list[Figures]] = {}
     for m in methods:
         t0 = time.perf_counter()
-        out[m.name] = [figures(replay(surface, m, seed, target, min_booted=max(marks), screen=screen), target,
-                               surface.best, marks) for seed in range(seeds)]
+        out[m.name] = [figures(replay(surface, m, seed, target, min_booted=max(marks), screen=screen,
+                                      capacity=capacity), target, surface.best, marks) for seed in range(seeds)]
         print(f"  {m.name}: {time.perf_counter() - t0:.1f} s", file=sys.stderr, flush=True)
     out[GRID] = [figures(grid(surface.auto_tune_order()), target, surface.best, marks)]
     shuffled = []
@@ -309,7 +339,7 @@ def table(results: dict[str, list[Figures]], marks: Sequence[int]) -> str:
     return "\n".join(lines)
 
 
-DEFAULT = "default: TPE + constraints + estimator"
+DEFAULT = "default: TPE + constraints + estimator + start picks"
 DEFAULT_BARE = DEFAULT + ", no baselines"
 RANDOM = "random search, no baselines"
 
@@ -320,8 +350,9 @@ def default_methods() -> list[Method]:
     rnd = lambda seed: sampler_for("random", seed)  # noqa: E731
     return [
         # No pruner: autotune screens a sampled configuration at the incumbent's level instead (Method.screen).
-        Method(DEFAULT + ", baselines first", tpe),
-        Method(DEFAULT_BARE, tpe, baselines=False),
+        Method(DEFAULT + ", baselines first", tpe, start_picks=start.START_PICKS),
+        Method(DEFAULT_BARE, tpe, baselines=False, start_picks=start.START_PICKS),
+        Method("TPE + constraints + estimator, no start picks, no baselines", tpe, baselines=False),
         Method("random search, baselines first", rnd, constraints=False, estimator=False, screen=False),
         Method(RANDOM, rnd, baselines=False, constraints=False, estimator=False, screen=False),
         Method("random search + estimator, no baselines", rnd, baselines=False, constraints=False),
@@ -382,6 +413,11 @@ def tuning_methods() -> list[Method]:
     out.append(Method("random search + estimator + screening", lambda seed: sampler_for("random", seed),
                       baselines=False))
     tpe = lambda seed: sampler_for("tpe", seed)  # noqa: E731
+    # search/start.py: the first `picks` sampled trials each the one of `of` random ones that runs the most at once
+    for picks, of in itertools.product((1, 3, 10), (4, 8, 16)):
+        for baselines in (False, True):
+            out.append(Method(f"start: pick {picks} of {of}" + (", baselines first" if baselines else ""), tpe,
+                              baselines=baselines, start_picks=picks, start_candidates=of))
     for label, pruner in [
         ("Percentile(25) = keep top quarter, warmup 1", lambda: P(25.0, n_startup_trials=5, n_warmup_steps=1)),
         ("Percentile(75) = prune bottom quarter, warmup 1", lambda: P(75.0, n_startup_trials=5, n_warmup_steps=1)),
@@ -393,6 +429,16 @@ def tuning_methods() -> list[Method]:
 
 def _label(params: dict[str, object]) -> str:
     return ", ".join(f"{k}={v}" for k, v in params.items())
+
+
+def ceiling(points: int, feasible: int, near: int) -> str:
+    """What knowing feasibility alone is worth on a surface: drawing configurations without repeats, the first of
+    `near` good ones among n comes on average at draw (n + 1) / (near + 1). A method that knows which are feasible
+    (and nothing of their throughput) draws among `feasible`; random search among all `points`."""
+    oracle, blind = (feasible + 1) / (near + 1), (points + 1) / (near + 1)
+    return (f"knowing which configurations are feasible and nothing more, a method needs {oracle:.1f} configurations "
+            f"on average (random order among the {feasible} feasible), random search {blind:.1f} (among all "
+            f"{points}): {blind / oracle:.2f}x on 'points'; more needs a prediction of throughput")
 
 
 def describe(surface: Surface) -> str:
@@ -410,7 +456,8 @@ def describe(surface: Surface) -> str:
                                         surface.baselines),
             f"recorded {prov.get('started')} .. {prov.get('finished')} with {prov.get('vllm')} on "
             f"{prov.get('device') or prov.get('machine')}",
-            f"workload {prov.get('workload')}, limits {prov.get('limits')}, ladder {prov.get('ladder')}"]
+            f"workload {prov.get('workload')}, limits {prov.get('limits')}, ladder {prov.get('ladder')}",
+            ceiling(len(surface.points), len(feasible), len(near))]
     names = [p.name for p in surface.space]
     if names == ["max_num_seqs", "max_num_batched_tokens"]:  # a grid: print it
         seqs = sorted({int(p.params["max_num_seqs"]) for p in surface.points})  # type: ignore[call-overload]
@@ -574,7 +621,8 @@ def main() -> None:
         for rounds in (1, 2):
             print(remeasure_gain(surfaces[0], sd, opts.seeds, rounds=rounds))
     for surface in surfaces if opts.tuning else ():
-        print(f"\nthe settings compared, under {surface.provenance.get('limits')}:")
+        print(f"\nthe settings compared, under {surface.provenance.get('limits')} (no start picks but in the "
+              f"'start:' rows):")
         results = evaluate(surface, tuning_methods(), opts.seeds)
         print(table(results, checkpoints_for(surface)))
 

@@ -11,7 +11,7 @@ import json
 import shlex
 import threading
 import tomllib
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
@@ -30,7 +30,7 @@ from autotune.fit.hardware import GpuProfile, detect_gpus
 from autotune.measure.ladder import Prior, capacity
 from autotune.measure.queueing import cannot_sustain
 from autotune.measure.trial import LevelOutcome, TrialResult, configured, plan_trial, run_trial, warm_kv_blocks
-from autotune.search import record, remeasure, tell
+from autotune.search import record, remeasure, start, tell
 from autotune.search.budget import Budget
 from autotune.search.record import (
     BASELINE_ATTR,
@@ -371,6 +371,10 @@ def _one_trial(run: _Run, slot: Slot) -> _Booted | None:
     spec, study = run.spec, run.study
     with run.asking:
         optuna.storages.fail_stale_trials(study)  # another worker died mid-trial: mark it, and it is retried once
+        if spec.sampler.name == "tpe" and spec.objective.load.mode == "concurrency":
+            seen = feasibility.observations(study.trials)
+            start.queue_pick(study, spec.space, lambda p: runs_at_once(spec, run.profile, None, p, seen),
+                             spec.sampler.seed)
         trial = study.ask()
     baseline = trial_baseline(trial)
     searched = searched_trial(trial)
@@ -437,6 +441,22 @@ def _one_trial(run: _Run, slot: Slot) -> _Booted | None:
     run.ended(trial, state, _summary(result))
     tell.abort_if_model_missing(result, config.model)
     return _Booted(result, searched)
+
+
+def runs_at_once(spec: StudySpec, profile: GpuProfile, model: str | None, params: dict[str, object],
+                 seen: Sequence[feasibility.Observation] = ()) -> float | None:
+    """How many requests a sampled configuration runs at once, as the estimator predicts (ladder.capacity with
+    its KV cache's bound); None when it would be refused before boot. `model` replaces the configuration's."""
+    config = engine_config(spec, params)
+    path, flags = configured(model or config.model, config.flags)
+    if invalid_reason(flags):
+        return None
+    verdict = feasibility.judge(path, profile, flags, spec.env, seen)
+    if not verdict.fits:
+        return None
+    w, seqs, est = spec.objective.workload, flags.get("max_num_seqs"), verdict.estimate
+    return capacity(float(seqs) if isinstance(seqs, int | float) else None, est.kv_tokens,
+                    w.input_len.mean + w.output_len.mean, est.max_running_seqs or None)
 
 
 def screen_before_boot(prior: Prior, flags: dict[str, object], estimate: Estimate, profile: GpuProfile,

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 import math
+import random
+import statistics
 from pathlib import Path
 
 import optuna
@@ -309,3 +311,38 @@ def test_the_sobol_started_tpe_proposes_sobol_points_then_tpe_ones() -> None:
     sobol = run(optuna.samplers.QMCSampler(seed=0, scramble=True, warn_asynchronous_seeding=False))
     assert mixed[:3] == sobol[:3]
     assert mixed[3:] != sobol[3:]
+
+
+def test_the_ceiling_of_knowing_feasibility_alone_is_the_expected_draw_without_repeats() -> None:
+    """17 points, 8 feasible, 1 within 5% (the GPU surface at 17): 4.5 draws among the feasible, 9 among all."""
+    text = se.ceiling(17, 8, 1)
+    assert "needs 4.5 configurations" in text and "random search 9.0" in text and "2.00x" in text
+    # checked by drawing: the mean position of the one good point in shuffled orders of 8
+    rng = random.Random(0)
+    draws = [rng.sample(range(8), 8).index(0) + 1 for _ in range(20_000)]
+    assert statistics.fmean(draws) == pytest.approx(4.5, abs=0.05)
+    assert "needs 2.0 configurations" in se.ceiling(26, 5, 2)  # (5 + 1) / (2 + 1)
+
+
+def test_a_replay_with_start_picks_boots_the_pick_first_as_autotune_does() -> None:
+    """On the GPU surface with the real estimator (start_capacity): the first sampled trial is the one of 16
+    random configurations that runs the most at once, replayed as the recorded configuration nearest to it."""
+    from autotune.search import start
+    surface = load_surface(Path(__file__).parents[3] / "benchmarks" / "data" / "surface-rtx3090.json")
+    capacity = se.start_capacity(surface)
+    method = se.Method("m", lambda s: optuna.samplers.TPESampler(seed=s), baselines=False, start_picks=1,
+                       start_candidates=16)
+    checked = 0
+    for seed in range(6):
+        first = se.replay(surface, method, seed, math.inf, max_booted=1, capacity=capacity)[0]
+        best = start.best_of(start.candidates(surface.space, seed * 10_007, 16), capacity)
+        assert best is not None
+        near = surface.nearest(best[0])
+        if near.refused is None:  # else the estimator refuses the recorded one: no boot, no step
+            assert first.point is near
+            checked += 1
+    assert checked >= 3
+    # nothing the estimator accepts: nothing picked, the sampler's own first trial
+    plain = se.Method("m", method.sampler, baselines=False)
+    assert [s.point for s in se.replay(surface, method, 0, math.inf, max_booted=3, capacity=lambda p: None)] == \
+        [s.point for s in se.replay(surface, plain, 0, math.inf, max_booted=3)]

@@ -1,0 +1,70 @@
+"""The start of a search: of a few random configurations, the one that runs the most requests at once.
+
+TPE's first trials are random (samplers.TPE_STARTUP_TRIALS): it has nothing to model yet. But where memory decides
+what a configuration can serve (a 27B hybrid model in 24 GB), the estimator knows before any boot how many requests
+each configuration runs at once (ladder.capacity: max_num_seqs, the KV tokens per request, and what the KV cache
+holds, estimate.max_running_seqs), and throughput under a latency limit comes from requests running at once: on
+the device's surface (benchmarks/data/surface-rtx3090.json) the level each configuration sustained was the ladder's
+highest at or just above that count, and ordered by it the nine configurations autotune boots run 612, 516, 470,
+535, 471, 135, 144, (did not boot), 128 output tok/s. So each of the first START_PICKS sampled trials is, of
+START_CANDIDATES random configurations the estimator does not refuse, the one that runs the most (the first drawn on
+a tie); the rest of the start stays random, which is what TPE learns from.
+
+Chosen by benchmarks/search_efficiency.py --tuning (50 seeds; median booted trials to within 5% of the best, without
+baselines / with them). GPU surface, chat limits: no picks 6.0 / 6.0; 3 of 16: 3.0 / 5.0; 10 of 16 (every start-up
+trial): 3.0 / 4.0; random search 11.0. The same at a 1 s TTFT. CPU surface at its 500 ms TTFT: no picks 7.5 / 1.0,
+3 of 16: 2.0 / 1.0. But at 150 ms, where capacity is not what wins on two cores: no picks 15.5 / 18.5, 3 of 16
+16.0 / 16.0, 10 of 16 23.0 / 17.0. Three picks keep most of the gain and lose nothing there.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import optuna
+from optuna.trial import TrialState
+
+from autotune.config.params import Param
+from autotune.search.space import suggest
+
+START_PICKS = 3
+START_CANDIDATES = 16
+PICK_ATTR = "start_pick"  # trial user attr: {"runs_at_once": n, "of": candidates} of a picked configuration
+
+Capacity = Callable[[dict[str, object]], "float | None"]  # requests it runs at once; None: refused before boot
+
+
+def candidates(space: Sequence[Param], seed: int | None, n: int) -> list[dict[str, object]]:
+    """n configurations drawn uniformly from the space (as Optuna's RandomSampler draws them, conditions kept)."""
+    scratch = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=seed))
+    return [suggest(scratch.ask(), space) for _ in range(n)]
+
+
+def best_of(configs: Sequence[dict[str, object]], capacity: Capacity) -> tuple[dict[str, object], float] | None:
+    """The configuration that runs the most requests at once, the first on a tie; None when all are refused."""
+    scored = [(params, c) for params in configs if (c := capacity(params)) is not None]
+    return max(scored, key=lambda s: s[1]) if scored else None
+
+
+def due(study: optuna.Study, picks: int = START_PICKS) -> bool:
+    """Whether the next sampled trial is picked: fewer than `picks` were, and nothing is queued (a baseline, a
+    warm start or a re-measurement goes first)."""
+    trials = study.get_trials(deepcopy=False)
+    if any(t.state is TrialState.WAITING for t in trials):
+        return False
+    return sum(PICK_ATTR in t.user_attrs for t in trials) < picks
+
+
+def queue_pick(study: optuna.Study, space: Sequence[Param], capacity: Capacity, seed: int | None,
+               n: int = START_CANDIDATES, picks: int = START_PICKS) -> dict[str, object] | None:
+    """Queue the pick of `n` fresh random configurations as the next trial; None (nothing queued) when the
+    estimator refuses every one, or when the pick is not due. `seed` with the count of trials so far draws them."""
+    if not due(study, picks):
+        return None
+    drawn = candidates(space, None if seed is None else seed * 10_007 + len(study.trials), n)
+    best = best_of(drawn, capacity)
+    if best is None:
+        return None
+    params, runs = best
+    study.enqueue_trial(params, user_attrs={PICK_ATTR: {"runs_at_once": runs, "of": n}})
+    return params
