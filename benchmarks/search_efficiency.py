@@ -339,9 +339,11 @@ def table(results: dict[str, list[Figures]], marks: Sequence[int]) -> str:
     return "\n".join(lines)
 
 
-DEFAULT = "default: TPE + constraints + estimator + start picks"
+DEFAULT = "default"  # autotune's: LEGEND
 DEFAULT_BARE = DEFAULT + ", no baselines"
 RANDOM = "random search, no baselines"
+LEGEND = ("default: autotune's search (TPE with the trials' constraints, refusals before boot, screening at the "
+          "incumbent's level, start picks: search/start.py)")
 
 
 def default_methods() -> list[Method]:
@@ -352,7 +354,7 @@ def default_methods() -> list[Method]:
         # No pruner: autotune screens a sampled configuration at the incumbent's level instead (Method.screen).
         Method(DEFAULT + ", baselines first", tpe, start_picks=start.START_PICKS),
         Method(DEFAULT_BARE, tpe, baselines=False, start_picks=start.START_PICKS),
-        Method("TPE + constraints + estimator, no start picks, no baselines", tpe, baselines=False),
+        Method("default without start picks, no baselines", tpe, baselines=False),
         Method("random search, baselines first", rnd, constraints=False, estimator=False, screen=False),
         Method(RANDOM, rnd, baselines=False, constraints=False, estimator=False, screen=False),
         Method("random search + estimator, no baselines", rnd, baselines=False, constraints=False),
@@ -608,6 +610,7 @@ def main() -> None:
               f"minutes on configurations that met no limit or did not boot; pruned trials; share of runs that "
               f"pruned one within {WITHIN:.0%}; best found after n booted trials / the best (mean); the infeasible "
               f"share of all of a run's minutes")
+        print(LEGEND)
         print(table(results, marks))
         print(ratios(results))
         print()

@@ -385,6 +385,8 @@ def _one_trial(run: _Run, slot: Slot) -> _Booted | None:
         trial.set_user_attr(key, value)
     label = ((trial.user_attrs.get("baseline") or {}).get("name")
              or ", ".join(f"{k}={value_text(v)}" for k, v in params.items()))
+    if pick := trial.user_attrs.get(start.PICK_ATTR):
+        label += f" (start pick: runs {pick['runs_at_once']:g} at once, the most of {pick['of']} drawn)"
     run.progress.trial_started(trial.number, label, slot.name)
 
     if reason := invalid_reason(flags):
