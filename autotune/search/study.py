@@ -371,7 +371,7 @@ def _one_trial(run: _Run, slot: Slot) -> _Booted | None:
     spec, study = run.spec, run.study
     with run.asking:
         optuna.storages.fail_stale_trials(study)  # another worker died mid-trial: mark it, and it is retried once
-        if spec.sampler.name == "tpe" and spec.objective.load.mode == "concurrency":
+        if spec.sampler.name == "tpe" and spec.objective.load.mode == "concurrency" and start.due(study):
             seen = feasibility.observations(study.trials)
             start.queue_pick(study, spec.space, lambda p: runs_at_once(spec, run.profile, None, p, seen),
                              spec.sampler.seed)
