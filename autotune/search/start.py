@@ -5,8 +5,8 @@ what a configuration can serve (a 27B hybrid model in 24 GB), the estimator know
 each configuration runs at once (ladder.capacity: max_num_seqs, the KV tokens per request, and what the KV cache
 holds, estimate.max_running_seqs), and throughput under a latency limit comes from requests running at once: on
 the device's surface (benchmarks/data/surface-rtx3090.json) the level each configuration sustained was the ladder's
-highest at or just above that count, and ordered by it the nine configurations autotune boots run 612, 516, 470,
-535, 471, 135, 144, (did not boot), 128 output tok/s. So each of the first START_PICKS sampled trials is, of
+highest at or just above that count, and ordered by it the configurations autotune boots there ran 612, 516, 470,
+535, 471, 135, (did not boot), 128 and 144 output tok/s. So each of the first START_PICKS sampled trials is, of
 START_CANDIDATES random configurations the estimator does not refuse, the one that runs the most (the first drawn on
 a tie); the rest of the start stays random, which is what TPE learns from.
 

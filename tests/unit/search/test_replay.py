@@ -346,3 +346,15 @@ def test_a_replay_with_start_picks_boots_the_pick_first_as_autotune_does() -> No
     plain = se.Method("m", method.sampler, baselines=False)
     assert [s.point for s in se.replay(surface, method, 0, math.inf, max_booted=3, capacity=lambda p: None)] == \
         [s.point for s in se.replay(surface, plain, 0, math.inf, max_booted=3)]
+
+
+def test_on_the_gpu_surface_what_runs_at_once_ranks_the_best_first() -> None:
+    """search/start.py's premise, on the device's recordings: ordered by what the estimator says each configuration
+    runs at once, the best comes first and the five that served over 400 tok/s before any other."""
+    surface = load_surface(Path(__file__).parents[3] / "benchmarks" / "data" / "surface-rtx3090.json")
+    capacity = se.start_capacity(surface)
+    runs = {i: capacity(dict(p.params)) for i, p in enumerate(surface.points)}
+    ranked = sorted((i for i in runs if runs[i] is not None), key=lambda i: -runs[i])  # type: ignore[operator]
+    values = [surface.points[i].value for i in ranked]
+    assert values[0] == surface.best
+    assert all(v > 400 for v in values[:5]) and not any(v > 400 for v in values[5:])
