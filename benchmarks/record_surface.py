@@ -230,8 +230,15 @@ class Memory:
         peak, self.sampler = self.sampler.stop(), None
         serving = None if peak.boot_peak_bytes is None else round(peak.peak_bytes / GiB, 3)
         booting = peak.peak_bytes if peak.boot_peak_bytes is None else peak.boot_peak_bytes
+        ready = None if peak.ready_bytes is None else round(peak.ready_bytes / GiB, 3)
         return {"memory_source": peak.source, "peak_memory_gib": serving,
-                "boot_peak_memory_gib": round(booting / GiB, 3)}
+                "boot_peak_memory_gib": round(booting / GiB, 3), "ready_memory_gib": ready}
+
+
+MEMORY_FIELDS = ("peak_memory_gib: the peak while the server served, boot_peak_memory_gib: until it served, "
+                 "ready_memory_gib: the reading when it became ready (GiB, memory_source: NVML on the CUDA build, "
+                 "the server tree's RSS on the CPU build); recorded from the surface's second session on (the "
+                 "first, s22, sampled none), ready_memory_gib for those recorded after 2026-12-05")
 
 
 def boot(server: Server, memory: Memory | None = None) -> BootInfo | BootFailed:
@@ -723,9 +730,7 @@ def surface_doc(out: Path, plan_path: Path, plan: dict, spec: StudySpec, real: G
         "new and the estimate fits (kv_blocks_given; vLLM's own sizing in kv_blocks_profiled); else sized by vLLM, "
         "and a cold CUDA boot booted again warm. A first boot booted again is kept under cold_boot",
         "record_columns": RECORD_COLUMNS,
-        "memory": "peak_memory_gib: the peak while the server served, boot_peak_memory_gib: until it served (GiB, "
-        "memory_source: NVML on the CUDA build, the server tree's RSS on the CPU build); recorded from the "
-        "surface's second session on (the first, s22, sampled none)",
+        "memory": MEMORY_FIELDS,
         "space": plan["space"], "baselines": [{"name": b.name, "flags": b.flags} for b in spec.baselines],
         "started": dt.datetime.now(dt.UTC).isoformat(timespec="seconds")}, "configs": []}
 

@@ -99,6 +99,9 @@ class MemoryPeak:
     samples: int
     process_peak_bytes: int | None = None  # NVML: peak summed usage of the watched processes, when reported
     boot_peak_bytes: int | None = None  # the peak until the server was ready; None: it never was
+    # The reading when it became ready: what its boot left held (weights, KV cache, graphs, the CUDA context);
+    # peak_bytes above it is what serving added (the caching allocator's growth beyond vLLM's profile run).
+    ready_bytes: int | None = None
 
 
 @dataclass(frozen=True)
@@ -119,22 +122,26 @@ class PeakTracker:
         self.peak = 0
         self.process_peak: int | None = None
         self.boot_peak: int | None = None
+        self.last: int | None = None
+        self.ready: int | None = None
 
     def serving(self) -> None:
         """The server is ready: what was seen so far is the boot's peak; the peak starts again."""
         if self.boot_peak is None:
-            self.boot_peak, self.peak, self.process_peak = self.peak, 0, None
+            self.boot_peak, self.peak, self.process_peak, self.ready = self.peak, 0, None, self.last
 
     def observe(self, reading: MemoryReading) -> None:
         if self.samples == 0:
             self.baseline = reading.total_bytes
         self.samples += 1
+        self.last = reading.total_bytes
         self.peak = max(self.peak, reading.total_bytes)
         if reading.process_bytes is not None:
             self.process_peak = max(self.process_peak or 0, reading.process_bytes)
 
     def result(self) -> MemoryPeak:
-        return MemoryPeak(self.peak, self.source, self.baseline, self.samples, self.process_peak, self.boot_peak)
+        return MemoryPeak(self.peak, self.source, self.baseline, self.samples, self.process_peak, self.boot_peak,
+                          self.ready)
 
 
 def tree_pids(root_pid: int) -> list[int]:

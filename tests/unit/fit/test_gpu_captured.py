@@ -124,6 +124,11 @@ def test_a_compiling_boot_peaks_over_the_cap_and_serves_under_it():
     assert round(peak.boot_peak_bytes / GiB, 3) == head["peak_memory_gib_recorded"] == 31.362  # what it recorded
     cap = memcap.parse_cap(24)
     assert peak.boot_peak_bytes > 24 * GiB > cap.cuda_total_bytes > peak.peak_bytes > 22 * GiB
+    # Ready, it held what vLLM budgets (the capped card's CUDA total x vLLM's default 0.92: 21.73 GiB); serving
+    # added 1.29 GiB more, beyond what gpu_memory_utilization governs: on the small card that has to fit beside it.
+    budget = memcap.reserved_bytes(cap.cuda_total_bytes, 0.92)
+    assert peak.ready_bytes is not None and abs(peak.ready_bytes - budget) < 0.05 * GiB
+    assert round((peak.peak_bytes - peak.ready_bytes) / GiB, 2) == 1.29
 
 
 # ---- the memory cap -------------------------------------------------------------------------------------------
