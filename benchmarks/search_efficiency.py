@@ -44,10 +44,10 @@ from pathlib import Path
 import optuna
 from optuna.trial import TrialState
 
-from autotune.config.study_file import load_study
+from autotune.config.study_file import StudySpec, load_study
 from autotune.fit import feasibility, memcap
 from autotune.fit.estimate import Estimate
-from autotune.fit.hardware import PROFILES
+from autotune.fit.hardware import PROFILES, GpuProfile
 from autotune.measure.ladder import Prior, percentile_interval
 from autotune.measure.stats import Limits
 from autotune.measure.trial import configured
@@ -148,6 +148,18 @@ def tell(study: optuna.Study, trial: optuna.Trial, point: Point, method: Method,
 Screen = Callable[[Point, int], "str | None"]
 
 
+def surface_study(surface: Surface) -> tuple[StudySpec, GpuProfile, str] | None:
+    """The study a planned surface was recorded for, the card its estimator plans with (capped as the study
+    says) and the model; None for the CPU grid, which keeps neither."""
+    prov = surface.provenance
+    device, study, model = prov.get("device"), prov.get("study"), prov.get("model")
+    if not (isinstance(device, str) and device in PROFILES and isinstance(study, str) and isinstance(model, str)):
+        return None
+    spec = load_study(REPO / study)
+    profile = memcap.capped_profile(PROFILES[device], spec.memory_cap) if spec.memory_cap else PROFILES[device]
+    return spec, profile, model
+
+
 def before_boot_screen(surface: Surface) -> Screen:
     """autotune's screen before boot (search/study.py screen_before_boot: a sampled configuration that must miss
     the incumbent's level by Little's law on the card's bandwidth, with what max_num_seqs and its KV cache run at
@@ -155,13 +167,12 @@ def before_boot_screen(surface: Surface) -> Screen:
     its logical gpu_memory_utilization, as the study judges it on the capped card), the device's bandwidth, the
     study's workload and the surface's limits. The CPU grid keeps no flags and the CPU build has no bandwidth:
     nothing is screened there."""
-    prov = surface.provenance
-    device, study, model = prov.get("device"), prov.get("study"), prov.get("model")
-    if not (isinstance(device, str) and device in PROFILES and isinstance(study, str) and isinstance(model, str)):
+    recorded = surface_study(surface)
+    if recorded is None:
         return lambda point, level: None
-    spec = load_study(REPO / study)
-    spec = replace(spec, objective=replace(spec.objective, limits=Limits(**prov["limits"])))  # type: ignore[arg-type]
-    profile = memcap.capped_profile(PROFILES[device], spec.memory_cap) if spec.memory_cap else PROFILES[device]
+    spec, profile, model = recorded
+    limits = Limits(**surface.provenance["limits"])  # type: ignore[arg-type]
+    spec = replace(spec, objective=replace(spec.objective, limits=limits))
     estimates: dict[int, Estimate] = {}
 
     def screen(point: Point, level: int) -> str | None:
@@ -186,13 +197,8 @@ def start_capacity(surface: Surface) -> Capacity:
     """What the study's estimator says a sampled configuration runs at once (search/start.py's pick), as
     autotune's study computes it: its flags for the capped card (the GPU surface) or the CPU build (the grid),
     served from the surface's model."""
-    prov = surface.provenance
-    study, model, device = prov.get("study"), prov.get("model"), prov.get("device")
-    if isinstance(study, str) and isinstance(model, str) and isinstance(device, str) and device in PROFILES:
-        spec = load_study(REPO / study)
-        profile = memcap.capped_profile(PROFILES[device], spec.memory_cap) if spec.memory_cap else PROFILES[device]
-    else:
-        spec, profile, model = load_study(REPO / CPU_GRID_STUDY), PROFILES["cpu"], CPU_GRID_MODEL
+    spec, profile, model = surface_study(surface) or (load_study(REPO / CPU_GRID_STUDY), PROFILES["cpu"],
+                                                       CPU_GRID_MODEL)
     return functools.partial(runs_at_once, spec, profile, model)
 
 

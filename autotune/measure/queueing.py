@@ -50,7 +50,9 @@ def least_queue_wait(level: float, flags: Mapping[str, object], weights_bytes: i
     bandwidth (the CPU build), or output lengths a dataset decides. `pool_seqs`: the most requests its KV cache
     runs at once (estimate.max_running_seqs), when the estimator knows it."""
     seqs = flags.get("max_num_seqs")
-    bounds = [(s, f"max_num_seqs {s}") for s in (seqs,) if isinstance(s, int) and not isinstance(s, bool) and s >= 1]
+    bounds: list[tuple[int, str]] = []  # (slots, what holds them)
+    if isinstance(seqs, int) and not isinstance(seqs, bool) and seqs >= 1:
+        bounds.append((seqs, f"max_num_seqs {seqs}"))
     if pool_seqs is not None and pool_seqs >= 1:
         bounds.append((pool_seqs, "the KV cache (a block of each of its groups per request)"))
     if not bounds or bandwidth_gbs <= 0 or weights_bytes <= 0 or workload.dataset is not None:

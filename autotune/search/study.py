@@ -456,9 +456,15 @@ def runs_at_once(spec: StudySpec, profile: GpuProfile, model: str | None, params
     verdict = feasibility.judge(path, profile, flags, spec.env, seen)
     if not verdict.fits:
         return None
-    w, seqs, est = spec.objective.workload, flags.get("max_num_seqs"), verdict.estimate
-    return capacity(float(seqs) if isinstance(seqs, int | float) else None, est.kv_tokens,
-                    w.input_len.mean + w.output_len.mean, est.max_running_seqs or None)
+    return _holds_at_once(spec, flags, verdict.estimate.kv_tokens, verdict.estimate.max_running_seqs or None)
+
+
+def _holds_at_once(spec: StudySpec, flags: dict[str, object], kv_tokens: int | None,
+                   running: int | None = None) -> float | None:
+    """ladder.capacity of a configuration's flags for the study's mean request."""
+    w, seqs = spec.objective.workload, flags.get("max_num_seqs")
+    return capacity(float(seqs) if isinstance(seqs, int | float) else None, kv_tokens,
+                    w.input_len.mean + w.output_len.mean, running)
 
 
 def screen_before_boot(prior: Prior, flags: dict[str, object], estimate: Estimate, profile: GpuProfile,
@@ -494,10 +500,7 @@ def load_prior(study: optuna.Study, trial: optuna.Trial, flags: dict[str, object
         return sum(t.params.get(k) != v for k, v in params.items()) + sum(k not in params for k in t.params)
     nearest = min(map(distance, trials), default=None)
     similar = tuple(float(view(t).best_level or 0) for t in trials if distance(t) == nearest)
-    w = spec.objective.workload
-    seqs = flags.get("max_num_seqs")
-    cap = capacity(float(seqs) if isinstance(seqs, int | float) else None, kv_tokens,
-                   w.input_len.mean + w.output_len.mean)
+    cap = _holds_at_once(spec, flags, kv_tokens)
     screen = level is not None and of is None and trial_baseline(trial) is None
     return Prior(incumbent=level, similar=() if original else similar, cap=cap, screen=screen,
                  exact_first=original is not None)
