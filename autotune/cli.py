@@ -171,8 +171,12 @@ def _run(spec, plan, storage: str | None, slots) -> None:
     # KeyboardInterrupt: then `kill -INT` (the signal Ctrl-C sends) was lost and the run went on (seen: the fault
     # suite under `make test &`). A run stops cleanly on it however it was started.
     signal.signal(signal.SIGINT, signal.default_int_handler)
-    with LiveProgress(console, plan) as progress:
-        summary = run_study(spec, plan, storage_url=storage, progress=progress, slots=slots)
+    try:
+        with LiveProgress(console, plan) as progress:
+            summary = run_study(spec, plan, storage_url=storage, progress=progress, slots=slots)
+    except KeyboardInterrupt:  # while no trial runs: during one, Ctrl-C stops the study cleanly and raises nothing
+        console.print("interrupted (no trial was running)")
+        sys.exit(130)
     study = _load_study(spec.name, storage) if storage else _load_study(str(spec.path), None)
     console.print(study_table(study.trials))
     for line in summary.lines():

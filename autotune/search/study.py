@@ -6,12 +6,14 @@ a kill of the tuner loses at most the trial in flight, and the next run of the s
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import shlex
+import signal
 import threading
 import tomllib
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
@@ -254,20 +256,15 @@ def run_study(
             budget.record(result.duration_s, searched=result.searched)
             remeasure.hold(budget, study.get_trials(deepcopy=False), spec.remeasure)
 
-    interrupted = False
-
     def search() -> remeasure.Searched:
-        nonlocal interrupted
         before = counts["booted"]
         reasons.clear()
-        interrupted = _until_done([(f"slot-{slot.name}", functools.partial(worker, slot)) for slot in slots],
-                                  run.stop) or interrupted
+        _until_done([(f"slot-{slot.name}", functools.partial(worker, slot)) for slot in slots])
         if errors:
             raise errors[0]
         return remeasure.Searched(counts["booted"] - before, reasons[0] if reasons else "")
 
     def remeasure_in(reserved: remeasure.Reserve) -> remeasure.RemeasureRun:
-        nonlocal interrupted
         ran: list[remeasure.RemeasureRun] = []
 
         def target() -> None:
@@ -277,22 +274,44 @@ def run_study(
             except BaseException as e:
                 errors.append(e)
 
-        interrupted = _until_done([("remeasure", target)], run.stop) or interrupted
+        _until_done([("remeasure", target)])
         if errors:
             raise errors[0]
         return ran[0]
 
-    again = remeasure.search_and_remeasure(search, remeasure_in, reserved, run.stop)
-    why = "interrupted" if interrupted else again.stopped_because
+    with _ctrl_c_stops(run.stop) as interrupted:
+        again = remeasure.search_and_remeasure(search, remeasure_in, reserved, run.stop)
+    why = "interrupted" if interrupted.is_set() else again.stopped_because
     return RunSummary(counts["booted"], counts["refused"] + len(again.done) - again.booted, again.booted, why,
                       best_trial(study), export_command(spec, storage_url))
 
 
-def _until_done(targets: list[tuple[str, Callable[[], None]]], stop: threading.Event) -> bool:
-    """Run each target in a thread of its own until all have ended; on Ctrl-C set `stop` and keep waiting,
-    so that each stops its server and records its trial as interrupted. Returns whether Ctrl-C came.
+@contextlib.contextmanager
+def _ctrl_c_stops(stop: threading.Event) -> Iterator[threading.Event]:
+    """While the study runs, Ctrl-C (SIGINT) sets `stop` and the event it yields, and raises nothing: each slot
+    stops its server and records its trial as interrupted. A KeyboardInterrupt could land anywhere in the main
+    thread, even between two waits, and escape with the trials RUNNING (seen in CI: exit 1, "Aborted!").
+    Only the main thread may set a handler; elsewhere no signal reaches this code anyway."""
+    pressed = threading.Event()
+    if threading.current_thread() is not threading.main_thread():
+        yield pressed
+        return
 
-    Waits on events, never on Thread.join: on CPython 3.11 a join interrupted by Ctrl-C marks the live thread
+    def handler(signum: int, frame: object) -> None:
+        pressed.set()
+        stop.set()
+
+    before = signal.signal(signal.SIGINT, handler)
+    try:
+        yield pressed
+    finally:
+        signal.signal(signal.SIGINT, before)
+
+
+def _until_done(targets: list[tuple[str, Callable[[], None]]]) -> None:
+    """Run each target in a thread of its own until all have ended.
+
+    Waits on events, never on Thread.join: on CPython 3.11 a join interrupted by a signal marks the live thread
     as stopped, so the next join returns at once and the thread dies at exit with its trial RUNNING."""
     ended = [threading.Event() for _ in targets]
 
@@ -304,15 +323,9 @@ def _until_done(targets: list[tuple[str, Callable[[], None]]], stop: threading.E
 
     for (name, target), done in zip(targets, ended, strict=True):  # one event per target
         threading.Thread(target=run, args=(target, done), name=name, daemon=True).start()
-    interrupted = False
-    while not all(done.is_set() for done in ended):
-        try:
-            for done in ended:
-                done.wait(0.2)
-        except KeyboardInterrupt:  # a second Ctrl-C too: the slots are stopping, and their trials must be told
-            interrupted = True
-            stop.set()
-    return interrupted
+    for done in ended:
+        while not done.wait(0.2):
+            pass
 
 
 def preview_configs(spec: StudySpec, n: int, seed: int = 0) -> list[tuple[str, EngineConfig]]:
