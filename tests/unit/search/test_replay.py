@@ -350,11 +350,13 @@ def test_a_replay_with_start_picks_boots_the_pick_first_as_autotune_does() -> No
 
 def test_on_the_gpu_surface_what_runs_at_once_ranks_the_best_first() -> None:
     """search/start.py's premise, on the device's recordings: ordered by what the estimator says each configuration
-    runs at once, the best comes first and the five that served over 400 tok/s before any other."""
+    runs at once, the best comes first and every one that served over 400 tok/s before any other (five of 17
+    when the picks were chosen; #17, recorded after, served 442 and ranks fourth)."""
     surface = load_surface(Path(__file__).parents[3] / "benchmarks" / "data" / "surface-rtx3090.json")
     capacity = se.start_capacity(surface)
     runs = {i: capacity(dict(p.params)) for i, p in enumerate(surface.points)}
     ranked = sorted((i for i in runs if runs[i] is not None), key=lambda i: -runs[i])  # type: ignore[operator]
     values = [surface.points[i].value for i in ranked]
     assert values[0] == surface.best
-    assert all(v > 400 for v in values[:5]) and not any(v > 400 for v in values[5:])
+    high = sum(v > 400 for v in values)
+    assert high >= 5 and all(v > 400 for v in values[:high])
