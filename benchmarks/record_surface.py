@@ -104,6 +104,8 @@ import os
 import platform
 import random
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -700,12 +702,17 @@ def sessions(seconds: Sequence[float], session_s: float = SESSION_S, cost: Cost 
     return out
 
 
-def surface_doc(out: Path, plan_path: Path, plan: dict, spec: StudySpec, real: GpuProfile) -> dict:
-    """The surface recorded so far in `out` (resumed), or a new one: its provenance and no configurations."""
+def surface_doc(out: Path, plan_path: Path, plan: dict, spec: StudySpec, real: GpuProfile,
+                ballast: str | None = None) -> dict:
+    """The surface recorded so far in `out` (resumed), or a new one: its provenance and no configurations.
+    `ballast`: the line benchmarks/h200/ballast.py printed once it held the card down to the capped card's total."""
     if out.exists():
         doc = json.loads(out.read_text())
         if doc["provenance"].get("how") != plan["how"]:
             raise SystemExit(f"{out}: recorded from another plan than {plan_path}; give another --out")
+        if bool(doc["provenance"].get("ballast")) != bool(ballast):
+            raise SystemExit(f"{out}: recorded {'with' if ballast is None else 'without'} a ballast; give another "
+                             "--out")
         return doc
     obj = spec.objective
     ladder = gpu_ladder(obj)
@@ -732,6 +739,8 @@ def surface_doc(out: Path, plan_path: Path, plan: dict, spec: StudySpec, real: G
         "record_columns": RECORD_COLUMNS,
         "memory": MEMORY_FIELDS,
         "space": plan["space"], "baselines": [{"name": b.name, "flags": b.flags} for b in spec.baselines],
+        **({"ballast": f"{ballast} (benchmarks/h200/ballast.py; memory figures are the card's, ballast included)"}
+           if ballast else {}),
         "started": dt.datetime.now(dt.UTC).isoformat(timespec="seconds")}, "configs": []}
 
 
@@ -806,16 +815,46 @@ def estimate_plan(plan_path: Path, out: Path) -> None:
     print_estimate(configs, to_record(configs, doc), spec)
 
 
-def record_plan(plan_path: Path, out: Path, stop_after: float | None, logs: Path) -> None:
-    """The planned configurations not yet in `out`, each booted (given the estimate's KV blocks where its key is
-    new) and measured on the adaptive ladder (gpu_ladder); `out` is rewritten after every one. Refused ones are
-    booted too: how they fail is recorded."""
+def record_plan(plan_path: Path, out: Path, stop_after: float | None, logs: Path,
+                only: Sequence[int] = (), ballast: bool = False) -> None:
+    """The planned configurations not yet in `out` (`only`: those of these plan indices), each booted (given the
+    estimate's KV blocks where its key is new) and measured on the adaptive ladder (gpu_ladder); `out` is
+    rewritten after every one. Refused ones are booted too: how they fail is recorded. With `ballast`, the card
+    keeps only the capped card's CUDA total free while they run (benchmarks/h200/ballast.py)."""
     t0 = time.monotonic()
     plan, spec = read_plan(plan_path)
     real = memcap.present_gpu(0)
     write_model()
-    configs = planned_configs(plan, spec, str(MODEL), real)
-    doc = surface_doc(out, plan_path, plan, spec, real)
+    configs = planned_configs(plan, spec, str(MODEL), real)  # refuses a study without a memory cap
+    assert spec.memory_cap is not None
+    with contextlib.ExitStack() as stack:
+        held = stack.enter_context(ballast_held(spec.memory_cap.cuda_total_gib)) if ballast else None
+        doc = surface_doc(out, plan_path, plan, spec, real, held)
+        _record(out, stop_after, logs, spec, real, [c for c in configs if not only or c.index in only], doc, t0)
+
+
+@contextlib.contextmanager
+def ballast_held(leave_gib: float) -> Iterator[str]:
+    """benchmarks/h200/ballast.py in a subprocess while the block runs; yields the line it printed once held."""
+    proc = subprocess.Popen([sys.executable, "-m", "benchmarks.h200.ballast", "--gpu", "0",
+                             "--leave-gib", str(leave_gib)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        line = proc.stdout.readline().strip() if proc.stdout else ""
+        if not line.startswith("ballast: holding"):
+            raise SystemExit(f"the ballast did not hold: {line or proc.wait()}")
+        print(line, flush=True)
+        yield line
+    finally:
+        if proc.stdin:
+            proc.stdin.close()
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+def _record(out: Path, stop_after: float | None, logs: Path, spec: StudySpec, real: GpuProfile,
+            configs: list[PlannedConfig], doc: dict, t0: float) -> None:
     todo = to_record(configs, doc)
     ladder = gpu_ladder(spec.objective)
     vocab = model_vocab_size(str(MODEL))
@@ -859,6 +898,11 @@ def main() -> None:
     ap.add_argument("--stop-after", type=float, default=None,
                     help="Seconds: start no configuration that would not finish by then (--plan).")
     ap.add_argument("--logs", type=Path, default=None, help="Folder for the server logs (default: a new temporary).")
+    ap.add_argument("--only", type=lambda v: [int(i) for i in v.split(",")], default=[],
+                    help="With --plan: record only these plan indices, e.g. 9,13.")
+    ap.add_argument("--ballast", action="store_true",
+                    help="With --plan: hold the card down to the capped card's CUDA total while recording "
+                         "(benchmarks/h200/ballast.py; give another --out).")
     ap.add_argument("--estimate", action="store_true",
                     help="With --plan: print each configuration's expected seconds and the sessions they need; "
                          "boots nothing (reads --out, when it exists, for what is recorded).")
@@ -870,7 +914,7 @@ def main() -> None:
             estimate_plan(opts.plan, GPU_OUT if opts.out == OUT else opts.out)
         else:
             record_plan(opts.plan, opts.out, opts.stop_after,
-                        opts.logs or Path(tempfile.mkdtemp(prefix="surface-logs-")))
+                        opts.logs or Path(tempfile.mkdtemp(prefix="surface-logs-")), opts.only, opts.ballast)
         return
     logs = opts.logs or Path(tempfile.mkdtemp(prefix="surface-logs-"))
     spec = load_study(STUDY)

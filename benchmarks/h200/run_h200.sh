@@ -49,6 +49,11 @@
 #   or N: bash benchmarks/h200/run_h200.sh surface-start SECONDS .gpuN    carry [".gpuN", ".whl"]
 #      N+1 ...: bash benchmarks/h200/run_h200.sh surface-wait 560          (the GPU response surface of issue 15:
 #       benchmarks/record_surface.py's docstring has its runbook)
+#      The card held down to the capped card's CUDA total (does a capped winner that grew past it while serving
+#      run on a real 24 GiB card?): SURFACE=surface-rtx3090-ballast.json bash benchmarks/h200/run_h200.sh
+#      surface-start SECONDS .gpuN --only 9 --ballast, then SURFACE=surface-rtx3090-ballast.json ... surface-wait.
+#      Before surface-start on a fresh machine: `triton-cache` carry [".triton"] (the cache a surface-wait brought
+#      back, kept in .triton/triton-cache.tgz) spares the first configuration Triton's compile.
 # Each phase leaves $OUT/<phase>.tgz: server logs, NVML and nvidia-smi series, results-raw.json.
 # Then, here: python -m benchmarks.h200.collect_h200 <folders the tgz files were unpacked into>
 #   -> benchmarks/data/results-h200.json.
@@ -62,7 +67,10 @@ here=$(cd "$(dirname "$0")" && pwd)
 export GPURUN=/tmp/gpurun PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1 VLLM_USE_FLASHINFER_SAMPLER=0 \
   HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 VLLM_NO_USAGE_STATS=1 DO_NOT_TRACK=1
 mkdir -p /tmp/acc "$GPURUN"
-SURFACE=surface-rtx3090.json  # the GPU response surface, resumed across sessions (benchmarks/data/ in the tree)
+# the GPU response surface, resumed across sessions (benchmarks/data/ in the tree); another name for another
+# recording of the plan, e.g. SURFACE=surface-rtx3090-ballast.json with the recorder's --ballast
+SURFACE=${SURFACE:-surface-rtx3090.json}
+LOGS=$GPURUN/${SURFACE%.json}-logs
 CACHE=$HOME/.cache/autotune/vllm  # autotune's compile cache (autotune/engine/compile_cache.py), Triton's under it
 
 install() {  # FOLDER: stage the last wheel folder and .whl, install into /tmp/site, copy the tree to /tmp/src
@@ -126,12 +134,13 @@ case $phase in
     # planned configurations for $2 s in the background. It resumes the surface a previous start on this machine
     # left in $GPURUN, else the one the tree carries in benchmarks/data/ (a later session's), else starts one.
     # First it prints what the configurations to go are expected to cost (--estimate: boots nothing).
+    # Further arguments go to the recorder, e.g. `--only 9 --ballast` with SURFACE=surface-rtx3090-ballast.json.
     install "$3"
     [ -f "$GPURUN/$SURFACE" ] || cp "benchmarks/data/$SURFACE" "$GPURUN/" 2>/dev/null
     (cd /tmp/src && python3 -m benchmarks.record_surface --plan benchmarks/data/surface-plan-rtx3090.json \
       --out "$GPURUN/$SURFACE" --estimate | tail -3)
     launch surface python3 -m benchmarks.record_surface --plan benchmarks/data/surface-plan-rtx3090.json \
-      --out "$GPURUN/$SURFACE" --logs "$GPURUN/surface-logs" --stop-after "$2" ;;
+      --out "$GPURUN/$SURFACE" --logs "$LOGS" --stop-after "$2" "${@:4}" ;;
   surface-wait)
     # Waits up to $2 s for the recording surface-start began, then brings back the surface file (rewritten after
     # every configuration), the recorder's output and the server logs.
@@ -140,7 +149,7 @@ case $phase in
     wait_for "benchmarks.record_surface" "$2"
     tail -30 "$GPURUN/surface.out"
     cp "$GPURUN/$SURFACE" "$OUT/" 2>/dev/null
-    tar czf "$OUT/surface.tgz" -C "$GPURUN" surface.out surface-logs
+    tar czf "$OUT/surface.tgz" -C "$GPURUN" surface.out "$(basename "$LOGS")"
     # The session's first key compiles Triton's kernels (s22: 263 s against 55-141 s for later cold boots); the
     # Triton cache goes back (under 40 MiB) to be carried into the next session's machine with `triton-cache`.
     du -sh "$CACHE"/* /tmp/torchinductor_* 2>/dev/null

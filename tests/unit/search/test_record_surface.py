@@ -108,6 +108,22 @@ def test_a_surface_of_another_plan_is_not_resumed(planned, tmp_path: Path) -> No
         rs.surface_doc(out, PLAN, plan, spec, H200)
 
 
+def test_a_surface_recorded_with_a_ballast_is_resumed_only_with_one_and_says_so(planned, tmp_path: Path) -> None:
+    """Memory figures with the card held down to the capped card's total (benchmarks/h200/ballast.py) are not
+    those of the surface recorded without: the two never mix in one file."""
+    plan, spec, _ = planned
+    held = "ballast: holding 115.000 GiB on GPU 0; CUDA free 23.620 of 139.800 GiB"
+    with_ballast, without = tmp_path / "ballast.json", tmp_path / "surface.json"
+    rs.save(rs.surface_doc(with_ballast, PLAN, plan, spec, H200, held), with_ballast)
+    rs.save(rs.surface_doc(without, PLAN, plan, spec, H200), without)
+    assert rs.surface_doc(with_ballast, PLAN, plan, spec, H200, held)["provenance"]["ballast"].startswith(held)
+    assert "ballast" not in rs.surface_doc(without, PLAN, plan, spec, H200)["provenance"]
+    with pytest.raises(SystemExit, match="recorded with a ballast"):
+        rs.surface_doc(with_ballast, PLAN, plan, spec, H200)
+    with pytest.raises(SystemExit, match="recorded without a ballast"):
+        rs.surface_doc(without, PLAN, plan, spec, H200, held)
+
+
 @pytest.mark.parametrize(("recorded", "reserve"), [
     ([], 200.0),  # nothing recorded yet: as expected
     ([(50.0, 100.0), (300.0, 250.0), (90.0, 100.0)], 180.0),  # 0.9 x as long (the median): scaled down
