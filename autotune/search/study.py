@@ -190,9 +190,17 @@ class _Run:
     profile: GpuProfile  # what the estimator plans with: the capped card under a memory cap
     real_profile: GpuProfile  # the card present, for which the flags are translated
     store: FileSystemArtifactStore  # server logs, shown by optuna-dashboard
-    stop: threading.Event
+    stop: threading.Event  # set by halt: every slot ends its trial and takes no other
     # SQLite ignores SELECT ... FOR UPDATE, so two slots asking at once could both pop the same enqueued trial.
     asking: threading.Lock = field(default_factory=threading.Lock)
+    why_stopped: str = ""  # what the trials in flight when it stopped are recorded as (tell.tell_interrupted)
+
+    def halt(self, why: str) -> None:
+        """Stop every slot; the first reason given is what the trials in flight are recorded with. No lock: the
+        Ctrl-C handler calls it, in the main thread, between any two of its steps."""
+        if not self.stop.is_set():
+            self.why_stopped = why
+            self.stop.set()
 
     def ended(self, trial: optuna.Trial, state: TrialState, summary: str) -> None:
         save_trial_note(self.study, trial)
@@ -231,7 +239,7 @@ def run_study(
             work(slot)
         except BaseException as e:  # the machine, the setup or a bug, not a configuration: stop every slot cleanly
             errors.append(e)
-            run.stop.set()
+            run.halt(f"stopped when slot {slot.name} failed: {e}")
 
     def work(slot: Slot) -> None:
         rejected_in_a_row = 0
@@ -279,7 +287,7 @@ def run_study(
             raise errors[0]
         return ran[0]
 
-    with _ctrl_c_stops(run.stop) as interrupted:
+    with _ctrl_c_stops(run.halt) as interrupted:
         again = remeasure.search_and_remeasure(search, remeasure_in, reserved, run.stop)
     why = "interrupted" if interrupted.is_set() else again.stopped_because
     return RunSummary(counts["booted"], counts["refused"] + len(again.done) - again.booted, again.booted, why,
@@ -287,10 +295,11 @@ def run_study(
 
 
 @contextlib.contextmanager
-def _ctrl_c_stops(stop: threading.Event) -> Iterator[threading.Event]:
-    """While the study runs, Ctrl-C (SIGINT) sets `stop` and the event it yields, and raises nothing: each slot
-    stops its server and records its trial as interrupted. A KeyboardInterrupt could land anywhere in the main
-    thread, even between two waits, and escape with the trials RUNNING (seen in CI: exit 1, "Aborted!").
+def _ctrl_c_stops(halt: Callable[[str], None]) -> Iterator[threading.Event]:
+    """While the study runs, Ctrl-C (SIGINT) calls `halt` and sets the event it yields, and raises nothing: each
+    slot stops its server and records its trial as interrupted by the user. A KeyboardInterrupt could land
+    anywhere in the main thread, even between two waits, and escape with the trials RUNNING (seen in CI: exit 1,
+    "Aborted!").
     Only the main thread may set a handler; elsewhere no signal reaches this code anyway."""
     pressed = threading.Event()
     if threading.current_thread() is not threading.main_thread():
@@ -299,7 +308,7 @@ def _ctrl_c_stops(stop: threading.Event) -> Iterator[threading.Event]:
 
     def handler(signum: int, frame: object) -> None:
         pressed.set()
-        stop.set()
+        halt(tell.INTERRUPTED)
 
     before = signal.signal(signal.SIGINT, handler)
     try:
@@ -433,7 +442,7 @@ def _one_trial(run: _Run, slot: Slot) -> _Booted | None:
 
     def on_level(step: int, value: float, level: LevelOutcome) -> str | None:
         if run.stop.is_set():
-            return tell.INTERRUPTED
+            return run.why_stopped or tell.INTERRUPTED
         if run.budget.remaining() <= 0:
             return "stopped at the end of the time budget"
         return None
@@ -448,9 +457,10 @@ def _one_trial(run: _Run, slot: Slot) -> _Booted | None:
         run.ended(trial, TrialState.FAIL, str(e))
         raise
     attach_log(study, trial, log_path, run.store)  # before the tell: Optuna refuses artifacts on finished trials
-    if run.stop.is_set():  # whatever the trial saw after Ctrl-C says nothing about the configuration
-        tell.tell_interrupted(study, trial)
-        run.ended(trial, TrialState.FAIL, "interrupted")
+    if run.stop.is_set():  # whatever the trial saw after Ctrl-C (or another slot's failure) says nothing about it
+        why = run.why_stopped or tell.INTERRUPTED
+        tell.tell_interrupted(study, trial, why)
+        run.ended(trial, TrialState.FAIL, "interrupted" if why == tell.INTERRUPTED else why)
         return _Booted(result, searched)
     state = tell.tell_result(study, trial, result)
     run.ended(trial, state, _summary(result))

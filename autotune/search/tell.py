@@ -122,9 +122,10 @@ def tell_screened_before_boot(study: optuna.Study, trial: optuna.Trial, reason: 
     study.tell(trial, state=TrialState.PRUNED)
 
 
-def tell_interrupted(study: optuna.Study, trial: optuna.Trial) -> None:
-    """Ctrl-C: whatever the trial saw after it says nothing about the configuration; it is measured on resume."""
-    _tell_fail(study, trial, INTERRUPTED)
+def tell_interrupted(study: optuna.Study, trial: optuna.Trial, why: str = INTERRUPTED) -> None:
+    """Ctrl-C (or another slot's failure, `why`): whatever the trial saw after it says nothing about the
+    configuration; it is measured on resume."""
+    _tell_fail(study, trial, why)
 
 
 def tell_gpu_busy(study: optuna.Study, trial: optuna.Trial, held: str) -> EngineError:

@@ -399,10 +399,14 @@ def test_ctrl_c_while_slots_run_stops_them_and_raises_nothing_in_the_main_thread
             sent.append(1)
         stop.wait(10)
 
-    before = signal.getsignal(signal.SIGINT)
-    with _ctrl_c_stops(stop) as pressed:
+    def halt(why: str) -> None:
+        reasons.add(why)
+        stop.set()
+
+    before, reasons = signal.getsignal(signal.SIGINT), set()
+    with _ctrl_c_stops(halt) as pressed:
         _until_done([("slot", slot)])
-    assert len(sent) == 300 and pressed.is_set() and stop.is_set()
+    assert len(sent) == 300 and pressed.is_set() and stop.is_set() and reasons == {tell.INTERRUPTED}
     assert signal.getsignal(signal.SIGINT) is before
 
 
@@ -412,6 +416,24 @@ def test_without_ctrl_c_the_stop_event_is_untouched() -> None:
     from autotune.search.study import _ctrl_c_stops, _until_done
 
     stop, ran = threading.Event(), []
-    with _ctrl_c_stops(stop) as pressed:
+    with _ctrl_c_stops(lambda why: stop.set()) as pressed:
         _until_done([("a", lambda: ran.append("a")), ("b", lambda: ran.append("b"))])
     assert sorted(ran) == ["a", "b"] and not pressed.is_set() and not stop.is_set()
+
+
+def test_the_first_reason_to_stop_is_what_the_trials_in_flight_are_recorded_with(tmp_path: Path) -> None:
+    """A slot that fails stops the others: their trials are recorded with that failure, not as a user's Ctrl-C
+    (a later Ctrl-C changes nothing), in the real SQLite study."""
+    import threading
+
+    from autotune.search.study import _Run
+
+    run = _Run(*([None] * 8), stop=threading.Event())  # type: ignore[arg-type]
+    run.halt("stopped when slot gpu1 failed: GPU memory is held by another process")
+    run.halt(tell.INTERRUPTED)
+    assert run.stop.is_set() and run.why_stopped.startswith("stopped when slot gpu1 failed")
+    study = optuna.create_study(storage=f"sqlite:///{tmp_path / 's.db'}")
+    trial = study.ask()
+    tell.tell_interrupted(study, trial, run.why_stopped)
+    got = study.trials[0]
+    assert got.state == TrialState.FAIL and got.user_attrs["reason"] == run.why_stopped
