@@ -14,7 +14,9 @@ measured, and the same counting each recorded configuration once (a sampled conf
 replays exactly as it: the two counts bracket what a real study pays on a sparse surface); the best found after 10,
 20 and 40 booted trials (anytime curve: its recorded throughput / the best, mean over seeds; capped at the surface's
 size); the share of engine time spent on configurations that met no limit or did not boot. Replay rules: a sampled
-configuration is the nearest recorded one (Surface.nearest; on the CPU grid: the grid point, ties going up); a trial
+configuration is the nearest recorded one that autotune judges alike before boot (refusal_now: the estimator and
+vLLM's checks on the sampled configuration itself; surrogate_fit prints how well this predicts each recorded one
+from the others); on the CPU grid, the grid point, ties going up (Surface.nearest); a trial
 measures the rungs a load search from the configuration's recorded start would (up while they pass, down while they
 fail: surface.py says what is assumed of levels not recorded) and its value is its highest passing rung (the real
 search would bisect towards the next one: its time is counted, its finer value is not recorded); with the estimator,
@@ -37,7 +39,7 @@ import statistics
 import sys
 import time
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -107,11 +109,14 @@ def _tell_infeasible(study: optuna.Study, trial: optuna.Trial, method: Method, *
 
 
 def tell(study: optuna.Study, trial: optuna.Trial, point: Point, method: Method, gain: float = 1.0,
-         screen_at: int | None = None) -> Step | None:
+         screen_at: int | None = None, refused: bool | None = None) -> Step | None:
     """Replay one trial: the same outcomes tell.py gives a real one. None when refused before boot.
     `gain` scales the throughputs the study sees (measurement noise; the Step keeps the recorded value).
-    `screen_at`: the incumbent's level, where a sampled configuration is measured first (Method.screen)."""
-    if point.refused is not None and method.estimator:  # tell_rejected: COMPLETE, value 0, constraint violated
+    `screen_at`: the incumbent's level, where a sampled configuration is measured first (Method.screen).
+    `refused`: whether autotune refuses the sampled configuration before boot (None: as the point recorded)."""
+    if refused is None:
+        refused = point.refused is not None
+    if refused and method.estimator:  # tell_rejected: COMPLETE, value 0, constraint violated
         _tell_infeasible(study, trial, method, boots=1.0)
         return None
     if point.status != "measured" or not point.rungs:  # did not boot, or died: boots violated
@@ -196,19 +201,74 @@ CPU_GRID_STUDY, CPU_GRID_MODEL = "studies/tiny-cpu.toml", "tiny:dense"
 def start_capacity(surface: Surface) -> Capacity:
     """What the study's estimator says a sampled configuration runs at once (search/start.py's pick), as
     autotune's study computes it: its flags for the capped card (the GPU surface) or the CPU build (the grid),
-    served from the surface's model."""
+    served from the surface's model. None: autotune refuses it before boot."""
     spec, profile, model = surface_study(surface) or (load_study(REPO / CPU_GRID_STUDY), PROFILES["cpu"],
                                                        CPU_GRID_MODEL)
-    return functools.partial(runs_at_once, spec, profile, model)
+    judged: dict[str, float | None] = {}
+
+    def capacity(params: dict[str, object]) -> float | None:
+        key = json.dumps(params, sort_keys=True, default=str)
+        if key not in judged:
+            judged[key] = runs_at_once(spec, profile, model, params)
+        return judged[key]
+    return capacity
+
+
+Refusal = Callable[[Mapping[str, object]], bool]
+
+
+def refusal_now(surface: Surface) -> Refusal | None:
+    """Whether autotune refuses a configuration before boot today (vLLM's argument checks and the estimator, as
+    study._one_trial judges it), for a planned surface; None for the CPU grid, whose every point is recorded.
+    The replay maps a sampled configuration to the nearest recorded one that autotune judges alike: the plain
+    nearest one, left one out, gets feasibility right for 6 of the GPU surface's 19 configurations (it maps a
+    configuration the estimator accepts to a refused neighbour that failed, and the reverse), the one judged alike
+    for 16 (surrogate_fit prints it)."""
+    if surface_study(surface) is None:
+        return None
+    capacity = start_capacity(surface)
+    return lambda params: capacity(dict(params)) is None
+
+
+def _judged_alike(refusal: Refusal, refused: bool, point: Point) -> bool:
+    return refusal(point.params) == refused
+
+
+def left_one_out(surface: Surface, refusal: Refusal | None = None) -> tuple[int, float]:
+    """Each recorded configuration predicted by the map from the others: how many get feasibility right, and the
+    mean |throughput error| as a share of the best. `refusal`: the nearest that autotune judges alike (the
+    replay's map); None: the nearest of all."""
+    right, errors = 0, []
+    for p in surface.points:
+        def among(q: Point, p: Point = p) -> bool:
+            return q is not p and (refusal is None or refusal(q.params) == refusal(p.params))
+        q = surface.nearest(p.params, among)
+        right += q.feasible == p.feasible
+        errors.append(abs(q.value - p.value) / surface.best)
+    return right, statistics.fmean(errors)
+
+
+def surrogate_fit(surface: Surface, refusal: Refusal | None) -> str:
+    """How well the replay's map predicts a recorded configuration from the others (left_one_out), beside the
+    plain nearest one."""
+    rows = [("the nearest recorded configuration", left_one_out(surface))]
+    if refusal is not None:
+        rows.append(("the nearest that autotune judges alike (the replay's map)", left_one_out(surface, refusal)))
+    n = len(surface.points)
+    return "the replay's map, left one out: " + "; ".join(
+        f"{name}: feasibility right for {right} of {n}, mean |throughput error| {err:.0%} of the best"
+        for name, (right, err) in rows)
 
 
 def replay(surface: Surface, method: Method, seed: int, target: float, max_booted: int = MAX_BOOTED,
            noise: Callable[[], float] = lambda: 1.0, min_booted: int = 0, screen: Screen | None = None,
-           capacity: Capacity | None = None) -> list[Step]:
+           capacity: Capacity | None = None, refusal: Refusal | None = None) -> list[Step]:
     """Booted trials of one study, until one has measured at least `target` and `min_booted` have run, or
     `max_booted` have run. Each trial's throughputs are scaled by a fresh `noise()` (1: as recorded).
     `screen`: before_boot_screen(surface), for the methods that screen (Method.screen); `capacity`:
-    start_capacity(surface), for the methods that pick their start (Method.start_picks)."""
+    start_capacity(surface), for the methods that pick their start (Method.start_picks); `refusal`:
+    refusal_now(surface), which maps a sampled configuration to the nearest recorded one autotune judges alike
+    (None: the nearest of all, refused as recorded)."""
     study = optuna.create_study(direction="maximize", sampler=method.sampler(seed),
                                 pruner=method.pruner() if method.pruner else optuna.pruners.NopPruner())
     if method.baselines:  # in the order the study queues them
@@ -223,13 +283,21 @@ def replay(surface: Surface, method: Method, seed: int, target: float, max_boote
         trial = study.ask()
         params = suggest(trial, surface.space)
         index = trial.user_attrs.get(POINT_ATTR)
-        point = surface.points[index] if index is not None else surface.nearest(params)
+        if index is not None:
+            point = surface.points[index]
+            refused = refusal(point.params) if refusal is not None else point.refused is not None
+        elif refusal is not None:
+            refused = refusal(params)
+            point = surface.nearest(params, functools.partial(_judged_alike, refusal, refused))
+        else:
+            point = surface.nearest(params)
+            refused = point.refused is not None
         # baselines (enqueued) are searched in full, as autotune does: they are the references a user reads
         level = incumbent.point.best_level() if incumbent and method.screen and index is None else None
-        if level is not None and screen is not None and point.refused is None and (why := screen(point, level)):
+        if level is not None and screen is not None and not refused and (why := screen(point, level)):
             search_tell.tell_screened_before_boot(study, trial, why)  # as a real trial: PRUNED, no boot
             continue
-        step = tell(study, trial, point, method, noise(), screen_at=level)
+        step = tell(study, trial, point, method, noise(), screen_at=level, refused=refused)
         if step is not None:
             steps.append(step)
             if step.found > 0 and (incumbent is None or step.found > incumbent.found):
@@ -310,12 +378,13 @@ GRID = "grid in vLLM auto_tune order"
 def evaluate(surface: Surface, methods: list[Method], seeds: int) -> dict[str, list[Figures]]:
     target = (1 - WITHIN) * surface.best
     marks = checkpoints_for(surface)
-    screen, capacity = before_boot_screen(surface), start_capacity(surface)
+    screen, capacity, refusal = before_boot_screen(surface), start_capacity(surface), refusal_now(surface)
     out: dict[str, list[Figures]] = {}
     for m in methods:
         t0 = time.perf_counter()
         out[m.name] = [figures(replay(surface, m, seed, target, min_booted=max(marks), screen=screen,
-                                      capacity=capacity), target, surface.best, marks) for seed in range(seeds)]
+                                      capacity=capacity, refusal=refusal), target, surface.best, marks)
+                       for seed in range(seeds)]
         print(f"  {m.name}: {time.perf_counter() - t0:.1f} s", file=sys.stderr, flush=True)
     out[GRID] = [figures(grid(surface.auto_tune_order()), target, surface.best, marks)]
     shuffled = []
@@ -605,6 +674,7 @@ def main() -> None:
     for surface in surfaces:
         marks = checkpoints_for(surface)
         print(describe(surface))
+        print(surrogate_fit(surface, refusal_now(surface)))
         if max(marks) < max(ANYTIME):
             print(f"(the surface holds {len(surface.points)} configurations: the anytime curve stops at {max(marks)} "
                   f"booted trials, not {max(ANYTIME)})")

@@ -23,7 +23,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -153,14 +153,16 @@ class Surface:
         found = [p for p in self.points if p.baseline is not None]
         return sorted(found, key=lambda p: order.index(p.baseline) if p.baseline in order else len(order))
 
-    def nearest(self, params: Mapping[str, object]) -> Point:
+    def nearest(self, params: Mapping[str, object], among: Callable[[Point], bool] | None = None) -> Point:
         """The recorded configuration closest to a sampled one: per parameter, the distance in the space's scale
         (log where the parameter is log) over its range, 1 for a different category or a parameter only one side
-        has; ties go to the larger numbers (as the grid snapping did: ties go up)."""
+        has; ties go to the larger numbers (as the grid snapping did: ties go up). `among`: only the recorded ones
+        it accepts (all, where it accepts none)."""
         def rank(p: Point) -> tuple[float, tuple[float, ...]]:
             return (round(distance(self.space, params, p.params), 9),
                     tuple(-float(v) for _, v in p.key if isinstance(v, int | float) and not isinstance(v, bool)))
-        return min(self.points, key=rank)
+        candidates = [p for p in self.points if among is None or among(p)]
+        return min(candidates or self.points, key=rank)
 
     def auto_tune_order(self) -> list[Point]:
         """vLLM's benchmarks/auto_tune/auto_tune.sh order: max_num_seqs outer, max_num_batched_tokens inner, each

@@ -360,3 +360,41 @@ def test_on_the_gpu_surface_what_runs_at_once_ranks_the_best_first() -> None:
     assert values[0] == surface.best
     high = sum(v > 400 for v in values)
     assert high >= 5 and all(v > 400 for v in values[:high])
+
+
+def test_left_one_out_the_map_judged_alike_predicts_the_gpu_surface_far_better_than_the_plain_nearest() -> None:
+    """The replay's surrogate, checked on what the device recorded: each configuration predicted from the others.
+    The plain nearest one maps a configuration the estimator accepts to a refused neighbour that failed (and the
+    reverse); the nearest that autotune judges alike does not."""
+    surface = load_surface(Path(__file__).parents[3] / "benchmarks" / "data" / "surface-rtx3090.json")
+    refusal = se.refusal_now(surface)
+    assert refusal is not None
+    plain, alike = se.left_one_out(surface), se.left_one_out(surface, refusal)
+    n = len(surface.points)
+    assert alike[0] >= 0.8 * n and alike[0] > plain[0] and alike[1] < plain[1] / 2
+    assert se.refusal_now(load_surface(Path(__file__).parents[3] / "benchmarks" / "data" /
+                                       "surface-tiny-cpu.json")) is None  # every grid point is recorded
+
+
+def test_a_sampled_configuration_is_replayed_as_the_nearest_recorded_one_autotune_judges_alike() -> None:
+    """200 random configurations of the GPU space: each maps to a recorded one with its own verdict before boot,
+    and some of those autotune accepts would have mapped to a refused one (booted by nobody) by plain distance."""
+    from autotune.search.space import suggest
+    surface = load_surface(Path(__file__).parents[3] / "benchmarks" / "data" / "surface-rtx3090.json")
+    refusal = se.refusal_now(surface)
+    assert refusal is not None
+    study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0))
+    rescued = 0
+    for _ in range(200):
+        params = suggest(study.ask(), surface.space)
+        refused = refusal(params)
+        alike = surface.nearest(params, lambda p, r=refused: refusal(p.params) == r)
+        assert refusal(alike.params) == refused
+        rescued += not refused and refusal(surface.nearest(params).params)
+    assert rescued > 0
+    # the pick of a replay is booted as the nearest accepted configuration: never lost to a refused neighbour
+    capacity = se.start_capacity(surface)
+    method = se.Method("m", lambda s: optuna.samplers.TPESampler(seed=s), baselines=False, start_picks=1)
+    for seed in range(4):
+        first = se.replay(surface, method, seed, math.inf, max_booted=1, capacity=capacity, refusal=refusal)[0]
+        assert not refusal(first.point.params)
