@@ -827,10 +827,37 @@ def record_plan(plan_path: Path, out: Path, stop_after: float | None, logs: Path
     write_model()
     configs = planned_configs(plan, spec, str(MODEL), real)  # refuses a study without a memory cap
     assert spec.memory_cap is not None
-    with contextlib.ExitStack() as stack:
-        held = stack.enter_context(ballast_held(spec.memory_cap.cuda_total_gib)) if ballast else None
+    configs = [c for c in configs if not only or c.index in only]
+    with ballast_held(spec.memory_cap.cuda_total_gib) if ballast else contextlib.nullcontext() as held:
         doc = surface_doc(out, plan_path, plan, spec, real, held)
-        _record(out, stop_after, logs, spec, real, [c for c in configs if not only or c.index in only], doc, t0)
+        todo = to_record(configs, doc)
+        ladder = gpu_ladder(spec.objective)
+        vocab = model_vocab_size(str(MODEL))
+        logs.mkdir(parents=True, exist_ok=True)
+        print(f"{len(doc['configs'])} configurations recorded, {len(todo)} to go; logs in {logs}", flush=True)
+        for n, c in enumerate(todo):
+            # the run's first configuration also compiles Triton's kernels (a session's machine is fresh)
+            expect = expected(c, ladder, spec.objective.workload).seconds + (COST.first_key_extra_s if n == 0 else 0.0)
+            left = None if stop_after is None else stop_after - (time.monotonic() - t0)
+            if left is not None and left < reserve_s(doc, expect):
+                print(f"stopping: {left:.0f} s left of --stop-after, #{c.index} is expected to take "
+                      f"~{reserve_s(doc, expect):.0f} s", flush=True)
+                break
+            print(f"[{n + 1}/{len(todo)}] #{c.index} {c.params} (expected ~{expect:.0f} s, {c.boots}"
+                  f"{f' {c.warm_kv_blocks} KV blocks' if c.warm_kv_blocks else ''})", flush=True)
+            engine = EngineSpec(model=c.model, flags=c.flags, env={**spec.env, **ENV}, boot_timeout_s=600)
+            entry = plan_entry(c, real, record_config(engine, spec.objective, vocab, logs / f"{c.index:02d}.log",
+                                                      ladder, c.warm_kv_blocks, c.now.kv_tokens), expect)
+            cold = entry.get("cold_boot")
+            print(f"    -> {entry['status']} {entry.get('reason', '')} ({entry['wall_s']} s, {entry['compile_cache']}"
+                  f", KV blocks given {entry['kv_blocks_given']}, vLLM's own {entry['kv_blocks_profiled']}"
+                  f", peak {entry.get('peak_memory_gib')} GiB serving, {entry.get('boot_peak_memory_gib')} booting"
+                  + (f"; first boot {cold['status']} in {cold['boot_s']} s" if isinstance(cold, dict) else "") + ")",
+                  flush=True)
+            doc["configs"].append(entry)
+            doc["provenance"]["finished"] = entry["recorded"]
+            save(doc, out)
+        print(f"{len(to_record(configs, doc))} to go", flush=True)
 
 
 @contextlib.contextmanager
@@ -851,38 +878,6 @@ def ballast_held(leave_gib: float) -> Iterator[str]:
             proc.wait(timeout=30)
         except subprocess.TimeoutExpired:
             proc.kill()
-
-
-def _record(out: Path, stop_after: float | None, logs: Path, spec: StudySpec, real: GpuProfile,
-            configs: list[PlannedConfig], doc: dict, t0: float) -> None:
-    todo = to_record(configs, doc)
-    ladder = gpu_ladder(spec.objective)
-    vocab = model_vocab_size(str(MODEL))
-    logs.mkdir(parents=True, exist_ok=True)
-    print(f"{len(doc['configs'])} configurations recorded, {len(todo)} to go; logs in {logs}", flush=True)
-    for n, c in enumerate(todo):
-        # the run's first configuration also compiles Triton's kernels (a session's machine is fresh)
-        expect = expected(c, ladder, spec.objective.workload).seconds + (COST.first_key_extra_s if n == 0 else 0.0)
-        left = None if stop_after is None else stop_after - (time.monotonic() - t0)
-        if left is not None and left < reserve_s(doc, expect):
-            print(f"stopping: {left:.0f} s left of --stop-after, #{c.index} is expected to take "
-                  f"~{reserve_s(doc, expect):.0f} s", flush=True)
-            break
-        print(f"[{n + 1}/{len(todo)}] #{c.index} {c.params} (expected ~{expect:.0f} s, {c.boots}"
-              f"{f' {c.warm_kv_blocks} KV blocks' if c.warm_kv_blocks else ''})", flush=True)
-        engine = EngineSpec(model=c.model, flags=c.flags, env={**spec.env, **ENV}, boot_timeout_s=600)
-        entry = plan_entry(c, real, record_config(engine, spec.objective, vocab, logs / f"{c.index:02d}.log",
-                                                  ladder, c.warm_kv_blocks, c.now.kv_tokens), expect)
-        cold = entry.get("cold_boot")
-        print(f"    -> {entry['status']} {entry.get('reason', '')} ({entry['wall_s']} s, {entry['compile_cache']}"
-              f", KV blocks given {entry['kv_blocks_given']}, vLLM's own {entry['kv_blocks_profiled']}"
-              f", peak {entry.get('peak_memory_gib')} GiB serving, {entry.get('boot_peak_memory_gib')} booting"
-              + (f"; first boot {cold['status']} in {cold['boot_s']} s" if isinstance(cold, dict) else "") + ")",
-              flush=True)
-        doc["configs"].append(entry)
-        doc["provenance"]["finished"] = entry["recorded"]
-        save(doc, out)
-    print(f"{len(to_record(configs, doc))} to go", flush=True)
 
 
 def main() -> None:

@@ -217,17 +217,17 @@ def start_capacity(surface: Surface) -> Capacity:
 Refusal = Callable[[Mapping[str, object]], bool]
 
 
-def refusal_now(surface: Surface) -> Refusal | None:
+def refusal_now(surface: Surface, capacity: Capacity | None = None) -> Refusal | None:
     """Whether autotune refuses a configuration before boot today (vLLM's argument checks and the estimator, as
     study._one_trial judges it), for a planned surface; None for the CPU grid, whose every point is recorded.
     The replay maps a sampled configuration to the nearest recorded one that autotune judges alike: the plain
     nearest one, left one out, gets feasibility right for 6 of the GPU surface's 19 configurations (it maps a
     configuration the estimator accepts to a refused neighbour that failed, and the reverse), the one judged alike
-    for 16 (surrogate_fit prints it)."""
+    for 16 (surrogate_fit prints it). `capacity`: start_capacity(surface), whose verdicts it shares."""
     if surface_study(surface) is None:
         return None
-    capacity = start_capacity(surface)
-    return lambda params: capacity(dict(params)) is None
+    judged = capacity or start_capacity(surface)
+    return lambda params: judged(dict(params)) is None
 
 
 def _judged_alike(refusal: Refusal, refused: bool, point: Point) -> bool:
@@ -241,7 +241,7 @@ def left_one_out(surface: Surface, refusal: Refusal | None = None) -> tuple[int,
     right, errors = 0, []
     for p in surface.points:
         def among(q: Point, p: Point = p) -> bool:
-            return q is not p and (refusal is None or refusal(q.params) == refusal(p.params))
+            return q is not p and (refusal is None or _judged_alike(refusal, refusal(p.params), q))
         q = surface.nearest(p.params, among)
         right += q.feasible == p.feasible
         errors.append(abs(q.value - p.value) / surface.best)
@@ -378,7 +378,8 @@ GRID = "grid in vLLM auto_tune order"
 def evaluate(surface: Surface, methods: list[Method], seeds: int) -> dict[str, list[Figures]]:
     target = (1 - WITHIN) * surface.best
     marks = checkpoints_for(surface)
-    screen, capacity, refusal = before_boot_screen(surface), start_capacity(surface), refusal_now(surface)
+    screen, capacity = before_boot_screen(surface), start_capacity(surface)
+    refusal = refusal_now(surface, capacity)  # one verdict per configuration, for the picks and the map
     out: dict[str, list[Figures]] = {}
     for m in methods:
         t0 = time.perf_counter()

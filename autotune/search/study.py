@@ -333,8 +333,7 @@ def _until_done(targets: list[tuple[str, Callable[[], None]]]) -> None:
     for (name, target), done in zip(targets, ended, strict=True):  # one event per target
         threading.Thread(target=run, args=(target, done), name=name, daemon=True).start()
     for done in ended:
-        while not done.wait(0.2):
-            pass
+        done.wait()  # a signal's handler runs during the wait (Ctrl-C's: _ctrl_c_stops), and the wait goes on
 
 
 def preview_configs(spec: StudySpec, n: int, seed: int = 0) -> list[tuple[str, EngineConfig]]:
