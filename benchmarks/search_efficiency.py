@@ -492,7 +492,7 @@ def tuning_methods() -> list[Method]:
                       baselines=False))
     tpe = lambda seed: sampler_for("tpe", seed)  # noqa: E731
     # search/start.py: the first `picks` sampled trials each the one of `of` random ones that runs the most at once
-    for picks, of in itertools.product((1, 3, 10), (4, 8, 16)):
+    for picks, of in itertools.product((1, 3, 10), (4, 16, 64, 256)):
         for baselines in (False, True):
             out.append(Method(f"start: pick {picks} of {of}" + (", baselines first" if baselines else ""), tpe,
                               baselines=baselines, start_picks=picks, start_candidates=of))

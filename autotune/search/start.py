@@ -4,17 +4,23 @@ TPE's first trials are random (samplers.TPE_STARTUP_TRIALS): it has nothing to m
 what a configuration can serve (a 27B hybrid model in 24 GB), the estimator knows before any boot how many requests
 each configuration runs at once (ladder.capacity: max_num_seqs, the KV tokens per request, and what the KV cache
 holds, estimate.max_running_seqs), and throughput under a latency limit comes from requests running at once: on
-the device's surface (benchmarks/data/surface-rtx3090.json) the level each configuration sustained was the ladder's
-highest at or just above that count, and ordered by it the configurations autotune boots there ran 612, 516, 470,
-535, 471, 135, (did not boot), 128 and 144 output tok/s. So each of the first START_PICKS sampled trials is, of
-START_CANDIDATES random configurations the estimator does not refuse, the one that runs the most (the first drawn on
-a tie); the rest of the start stays random, which is what TPE learns from.
+the device's surface (benchmarks/data/surface-rtx3090.json, 19 configurations) the level each configuration sustained
+was the ladder's highest at or just above that count, and ordered by it the configurations autotune boots there ran
+612, 516, 470, 442, 535, 471, 135, (did not boot), 128 and 144 output tok/s. So each of the first START_PICKS
+sampled trials is, of START_CANDIDATES random configurations the estimator does not refuse, the one that runs the
+most (the first drawn on a tie); the rest of the start stays random, which is what TPE learns from. The estimator
+judges a configuration in about 0.2 ms, so drawing many costs nothing; where memory caps what runs at once (the
+hybrid model's state pool tops out near 24 requests on the capped card) many configurations tie at the top, and
+the first drawn of them keeps the picks apart.
 
 Chosen by benchmarks/search_efficiency.py --tuning (50 seeds; median booted trials to within 5% of the best, without
-baselines / with them). GPU surface, chat limits: no picks 6.0 / 6.0; 3 of 16: 3.0 / 5.0; 10 of 16 (every start-up
-trial): 3.0 / 4.0; random search 11.0. The same at a 1 s TTFT. CPU surface at its 500 ms TTFT: no picks 7.5 / 1.0,
-3 of 16: 2.0 / 1.0. But at 150 ms, where capacity is not what wins on two cores: no picks 15.5 / 18.5, 3 of 16
-16.0 / 16.0, 10 of 16 23.0 / 17.0. Three picks keep most of the gain and lose nothing there.
+baselines / with them). GPU surface, chat limits: no picks 10.0 / 12.0; 3 of 16: 6.0 / 5.0; 3 of 32: 4.5 / 5.0;
+3 of 64: 3.0 / 4.0; 3 of 128: 3.0 / 4.0; 3 of 1024: 2.0 / 2.0; random search 13.0, vLLM's auto_tune grid 15. At a
+1 s TTFT the same within half a trial. CPU surface at its 500 ms TTFT: 3 of 16: 2.0 / 1.0; 3 of 64: 3.0 / 1.0. At
+150 ms, where capacity is not what wins on two cores (the best there is a noise peak): 3 of 16: 16.0 / 16.0; 3 of
+64: 14.5 / 20.0; random search 17.0 / 19.0. 64 meets the GPU goal (a fifth of the grid's trials) and keeps the
+picks random: the estimator refuses about half of the 3090 space, so each pick is the most of some 32; 1024
+would take the estimator's argmax, which the 19 recorded configurations cannot yet tell apart from luck.
 """
 
 from __future__ import annotations
@@ -28,7 +34,7 @@ from autotune.config.params import Param
 from autotune.search.space import suggest
 
 START_PICKS = 3
-START_CANDIDATES = 16
+START_CANDIDATES = 64
 PICK_ATTR = "start_pick"  # trial user attr: {"runs_at_once": n, "of": candidates} of a picked configuration
 
 Capacity = Callable[[dict[str, object]], "float | None"]  # requests it runs at once; None: refused before boot
