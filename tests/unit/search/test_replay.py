@@ -13,7 +13,9 @@ from pathlib import Path
 import optuna
 import pytest
 
+from autotune.engine.flags import Build, installed_vllm
 from autotune.measure.stats import Limits
+from autotune.search.study import runs_at_once
 from benchmarks import search_efficiency as se
 from benchmarks.surface import load_surface, rejudge
 
@@ -360,6 +362,22 @@ def test_on_the_gpu_surface_what_runs_at_once_ranks_the_best_first() -> None:
     assert values[0] == surface.best
     high = sum(v > 400 for v in values)
     assert high >= 5 and all(v > 400 for v in values[:high])
+
+
+def test_the_replay_judges_the_gpu_surface_with_the_devices_vllm_build_not_the_one_installed_here() -> None:
+    """The replay refuses before boot what autotune refused on the device: every recorded configuration's verdict
+    as the device judged it. Judged with the vLLM installed here (the CPU build) it accepted one the device refused
+    (#14: no CUDA graph capture-size pin, so no CUDA graph memory) and gave others other capacities."""
+    surface = load_surface(Path(__file__).parents[3] / "benchmarks" / "data" / "surface-rtx3090.json")
+    refusal = se.refusal_now(surface)
+    assert refusal is not None
+    assert [i for i, p in enumerate(surface.points) if refusal(p.params) != (p.refused is not None)] == []
+    assert sum(p.refused is not None for p in surface.points) >= 9
+    if installed_vllm() != (Build.CUDA, surface.provenance["vllm"]):  # the CPU build, as in CI
+        # the same judge with the build installed here disagrees: the test tells the two apart
+        spec, profile, model = se.surface_study(surface)  # type: ignore[misc]
+        here = [runs_at_once(spec, profile, model, dict(p.params)) is None for p in surface.points]
+        assert here != [p.refused is not None for p in surface.points]
 
 
 def test_left_one_out_the_map_judged_alike_predicts_the_gpu_surface_far_better_than_the_plain_nearest() -> None:
