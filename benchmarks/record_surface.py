@@ -524,7 +524,7 @@ class PlannedConfig:
 
     index: int  # its place in the plan (its server log is named by it)
     params: dict[str, object]
-    origin: str  # "baseline" | "sobol" | "unsure" (benchmarks/surface_plan.py)
+    origin: str  # "baseline" | "sobol" | "unsure" | "pick" (benchmarks/surface_plan.py)
     baseline: str | None
     estimate: dict[str, object]  # the estimator's verdict for the capped card, from the plan
     model: str

@@ -9,16 +9,22 @@ its `model` choice: the model is the Qwen3.5-27B AWQ shape the device runs (rand
      mapped to a parameter in the space's own scale (log for log ints), so the set covers it evenly;
   3. UNSURE configurations the estimator is least sure about, out of CANDIDATES more Sobol points: those it boots
      to learn (not refused, yet the central prediction does not fit), then those whose pessimistic KV capacity
-     (`kv_tokens_low`) is nearest one max_model_len request.
+     (`kv_tokens_low`) is nearest one max_model_len request;
+  4. (added after 19 were recorded, `--picks`) the first start pick of the replay's first PICK_SEEDS seeds
+     (search/start.py: of START_CANDIDATES random configurations, the one the estimator says runs the most at
+     once): none of 1-3 reaches the capacity the picks seek, so only these test, out of sample, the premise the
+     default's start rests on (that such a configuration serves near the best).
 Every configuration carries the estimator's verdict (refused / fits / kv_tokens and its range), so the replay
 scores refusals against what booting it did. Configurations it refuses are booted once all the same: how they
 fail is part of the surface.
 
     .venv/bin/python -m benchmarks.surface_plan     # rewrites the plan (deterministic), judged for the device's vLLM
+    .venv/bin/python -m benchmarks.surface_plan --picks   # appends source 4 to the plan and the surface recorded
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import math
 from pathlib import Path
@@ -31,8 +37,10 @@ from autotune.engine.flags import invalid_reason
 from autotune.fit import feasibility, memcap
 from autotune.fit.hardware import get_profile
 from autotune.measure.trial import configured
+from autotune.search import start
 from autotune.search.space import baseline_params, condition_met, engine_config
-from benchmarks.record_surface import DEVICE_VLLM, device_vllm
+from autotune.search.study import runs_at_once
+from benchmarks.record_surface import DEVICE_VLLM, GPU_OUT, device_vllm, save
 from benchmarks.surface import space_as_json
 
 REPO = Path(__file__).resolve().parents[1]
@@ -43,6 +51,7 @@ CARD = "h200"  # the device; capped to the study's memory_cap_gib
 SOBOL_POINTS = 32
 CANDIDATES = 1024
 UNSURE = 8
+PICK_SEEDS = 3
 
 
 def from_unit(space: tuple[Param, ...], u: list[float]) -> dict[str, object]:
@@ -118,7 +127,61 @@ def plan() -> dict[str, object]:
             "configs": configs}
 
 
+def start_picks(seeds: int = PICK_SEEDS) -> list[dict[str, object]]:
+    """Source 4: what the replay's seed s boots first without baselines, search/start.py's pick from the draw
+    study._one_trial makes (candidates of seed s * 10_007 with no trial yet), judged on the capped card."""
+    spec = load_study(STUDY)
+    space = tuple(p for p in spec.space if p.name != "model")
+    profile = memcap.capped_profile(get_profile(CARD), spec.memory_cap)  # type: ignore[arg-type]
+    out = []
+    for seed in range(seeds):
+        best = start.best_of(start.candidates(space, seed * 10_007, start.START_CANDIDATES),
+                             lambda params: runs_at_once(spec, profile, MODEL, params))
+        assert best is not None, "the estimator refuses every candidate"
+        params, runs = best
+        out.append({"params": params, "origin": "pick", "runs_at_once": runs, "seed": seed,
+                    "estimate": verdict(spec, profile, params)})
+    return out
+
+
+PICKS_HOW = (f"; then (stop 25, after 19 were recorded) the first start pick of seeds 0-{PICK_SEEDS - 1} "
+             f"(search/start.py: the most of {start.START_CANDIDATES} random configurations that the estimator "
+             f"accepts, by what it runs at once), to test that premise out of sample")
+
+
+def append_picks(plan_path: Path = PLAN, surface_path: Path = GPU_OUT) -> list[dict[str, object]]:
+    """Append source 4 to the plan and keep the surface recorded from it resumable (the recorder resumes a
+    surface only from the plan it was recorded from: its `how`). The planned configurations before stay as
+    they are, indices included."""
+    doc = json.loads(plan_path.read_text())
+    if doc["how"].endswith(PICKS_HOW):
+        raise SystemExit(f"{plan_path}: the start picks are already planned")
+    with device_vllm():
+        picks = start_picks()
+    planned = {json.dumps(c["params"], sort_keys=True) for c in doc["configs"]}
+    new = [c for c in picks if json.dumps(c["params"], sort_keys=True) not in planned]
+    old_how = doc["how"]
+    doc["how"] += PICKS_HOW
+    doc["configs"] += new
+    plan_path.write_text(json.dumps(doc, indent=1) + "\n")
+    if surface_path.exists():
+        surface = json.loads(surface_path.read_text())
+        prov = surface["provenance"]
+        if prov["how"] == old_how:
+            prov["how"] = doc["how"]
+            prov["plan_revised"] = (prov.get("plan_revised", "") + f" Stop 25: {len(new)} start picks appended "
+                                    f"(plan indices {len(doc['configs']) - len(new)}-{len(doc['configs']) - 1}).")
+            save(surface, surface_path)
+    return new
+
+
 def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--picks", action="store_true", help="Append the start picks (source 4) to the plan.")
+    if ap.parse_args().picks:
+        for c in append_picks():
+            print(f"start pick, seed {c['seed']}: runs {c['runs_at_once']:g} at once: {c['params']}")
+        return
     with device_vllm():
         doc = plan()
     PLAN.write_text(json.dumps(doc, indent=1) + "\n")

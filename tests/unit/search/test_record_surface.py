@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import shutil
 import subprocess
 import sys
 import time
@@ -399,3 +400,45 @@ def test_a_server_that_never_served_has_only_a_boot_peak(tmp_path: Path) -> None
         proc.kill()
         proc.wait()
     assert fields["peak_memory_gib"] is None and fields["boot_peak_memory_gib"] > 0
+
+
+def test_the_plans_start_picks_are_what_the_replays_first_seeds_boot_first(tmp_path: Path) -> None:
+    """surface_plan source 4: the configurations search/start.py picks first for the replay's seeds 0-2, judged
+    with the device's vLLM, appended after the 42 so that the recorded ones keep their indices and the surface
+    recorded so far stays resumable from the plan."""
+    import optuna
+
+    from autotune.search import start
+    from benchmarks import search_efficiency as se
+    from benchmarks import surface_plan
+    from benchmarks.surface import load_surface
+    plan_path, surface_path = tmp_path / "plan.json", tmp_path / "surface.json"
+    shutil.copy(PLAN, plan_path)
+    shutil.copy(REPO / "benchmarks" / "data" / "surface-rtx3090.json", surface_path)
+    before = json.loads(plan_path.read_text())
+    if before["how"].endswith(surface_plan.PICKS_HOW):  # the shipped plan has them: take them off to add again
+        picks = [c for c in before["configs"] if c["origin"] == "pick"]
+        before["configs"] = [c for c in before["configs"] if c["origin"] != "pick"]
+        before["how"] = before["how"].removesuffix(surface_plan.PICKS_HOW)
+        plan_path.write_text(json.dumps(before))
+        surface = json.loads(surface_path.read_text())
+        surface["provenance"]["how"] = before["how"]
+        surface_path.write_text(json.dumps(surface))
+    else:
+        picks = None
+    new = surface_plan.append_picks(plan_path, surface_path)
+    assert picks is None or new == picks  # deterministic: the shipped plan's are these
+    after = json.loads(plan_path.read_text())
+    assert after["configs"][:len(before["configs"])] == before["configs"] and after["configs"][-3:] == new
+    assert [c["seed"] for c in new] == [0, 1, 2] and all(c["origin"] == "pick" for c in new)
+    # what the replay boots first: the same draw, the same estimator, the same build
+    surface = load_surface(surface_path)
+    capacity = se.start_capacity(surface)
+    for c in new:
+        queued = start.queue_pick(optuna.create_study(), surface.space, capacity, c["seed"])
+        assert queued == c["params"] and capacity(c["params"]) == c["runs_at_once"]
+    # the recorder resumes the surface from the plan so revised, and a second append is refused
+    plan, spec = rs.read_plan(plan_path)
+    assert rs.surface_doc(surface_path, plan_path, plan, spec, H200)["configs"]
+    with pytest.raises(SystemExit, match="already planned"):
+        surface_plan.append_picks(plan_path, surface_path)
