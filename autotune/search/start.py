@@ -9,18 +9,17 @@ was the ladder's highest at or just above that count, and ordered by it the conf
 612, 516, 470, 442, 535, 471, 135, (did not boot), 128 and 144 output tok/s. So each of the first START_PICKS
 sampled trials is, of START_CANDIDATES random configurations the estimator does not refuse, the one that runs the
 most (the first drawn on a tie); the rest of the start stays random, which is what TPE learns from. The estimator
-judges a configuration in about 0.2 ms, so drawing many costs nothing; where memory caps what runs at once (the
-hybrid model's state pool tops out near 24 requests on the capped card) many configurations tie at the top, and
-the first drawn of them keeps the picks apart.
+judges a configuration in about 0.2 ms, so drawing many costs nothing (a pick of 64 takes about 30 ms).
 
 Chosen by benchmarks/search_efficiency.py --tuning (50 seeds; median booted trials to within 5% of the best, without
-baselines / with them). GPU surface, chat limits: no picks 10.0 / 12.0; 3 of 16: 6.0 / 5.0; 3 of 32: 4.5 / 5.0;
-3 of 64: 3.0 / 4.0; 3 of 128: 3.0 / 4.0; 3 of 1024: 2.0 / 2.0; random search 13.0, vLLM's auto_tune grid 15. At a
-1 s TTFT the same within half a trial. CPU surface at its 500 ms TTFT: 3 of 16: 2.0 / 1.0; 3 of 64: 3.0 / 1.0. At
-150 ms, where capacity is not what wins on two cores (the best there is a noise peak): 3 of 16: 16.0 / 16.0; 3 of
-64: 14.5 / 20.0; random search 17.0 / 19.0. 64 meets the GPU goal (a fifth of the grid's trials) and keeps the
-picks random: the estimator refuses about half of the 3090 space, so each pick is the most of some 32; 1024
-would take the estimator's argmax, which the 19 recorded configurations cannot yet tell apart from luck.
+baselines / with them). GPU surface, chat limits: no picks 9.0 / 15.5; 3 of 16: 6.0 / 5.5; 3 of 64: 3.0 / 4.5; 3 of
+256: 2.0 / 3.0; 10 of 64: 3.0 / 4.5; random search 16.5, vLLM's auto_tune grid 15. At a 1 s TTFT 3 of 16: 5.5 / 5.5;
+3 of 64: 3.0 / 4.0. CPU surface at its 500 ms TTFT: 3 of 16: 2.0 / 1.0; 3 of 64: 3.0 / 1.0. At 150 ms, where
+capacity is not what wins on two cores (the best there is a noise peak): 3 of 16: 16.0 / 16.0; 3 of 64: 14.5 /
+20.0; random search 17.0 / 19.0. 64 meets the GPU goal (a fifth of the grid's trials) and keeps the picks random:
+the estimator accepts a third of the 3090 space on the capped H200 and half on the 3090's own profile, so each pick
+is the most of some 20-30. More would take the estimator's argmax, which 19 recorded configurations cannot tell
+apart from luck; the plan's #42-44 (what these picks boot first) test it.
 """
 
 from __future__ import annotations
