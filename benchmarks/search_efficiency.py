@@ -239,7 +239,7 @@ def refusal_now(surface: Surface, capacity: Capacity | None = None) -> Refusal |
     The replay maps a sampled configuration to the nearest recorded one that autotune judges alike: the plain
     nearest one, left one out, gets feasibility right for 6 of the GPU surface's 19 configurations (it maps a
     configuration the estimator accepts to a refused neighbour that failed, and the reverse), the one judged alike
-    for 16 (surrogate_fit prints it). `capacity`: start_capacity(surface), whose verdicts it shares."""
+    for 17 (surrogate_fit prints it). `capacity`: start_capacity(surface), whose verdicts it shares."""
     if surface_study(surface) is None:
         return None
     judged = capacity or start_capacity(surface)
