@@ -15,16 +15,17 @@ replays exactly as it: the two counts bracket what a real study pays on a sparse
 20 and 40 booted trials (anytime curve: its recorded throughput / the best, mean over seeds; capped at the surface's
 size); the share of engine time spent on configurations that met no limit or did not boot. Replay rules: a sampled
 configuration is the nearest recorded one that autotune judges alike before boot (refusal_now: the estimator and
-vLLM's checks on the sampled configuration itself; surrogate_fit prints how well this predicts each recorded one
-from the others); on the CPU grid, the grid point, ties going up (Surface.nearest); a trial
-measures the rungs a load search from the configuration's recorded start would (up while they pass, down while they
-fail: surface.py says what is assumed of levels not recorded) and its value is its highest passing rung (the real
-search would bisect towards the next one: its time is counted, its finer value is not recorded); with the estimator,
-a configuration it refuses costs nothing and is no trial; without it, it is booted and costs its recorded boot.
-autotune's methods screen a sampled configuration at the incumbent's best level (measure/ladder.py): one that fails
-there (known from its rungs: a level at or above a failing rung fails) is PRUNED after its boot and that one level,
-as a real trial is; the plain Optuna loops (random search, TPE and GP without constraints) and the grid measure
-every configuration in full. The grid in vLLM's auto_tune order boots everything in order.
+vLLM's checks on the sampled configuration itself, with the vLLM build the surface was recorded with: as_recorded;
+surrogate_fit prints how well this predicts each recorded one from the others); on the CPU grid, the grid point,
+ties going up (Surface.nearest); a trial measures the rungs a load search from the configuration's recorded start
+would (up while they pass, down while they fail: surface.py says what is assumed of levels not recorded) and its
+value is its highest passing rung (the real search would bisect towards the next one: its time is counted, its finer
+value is not recorded); with the estimator, a configuration it refuses costs nothing and is no trial; without it, it
+is booted and costs its recorded boot. autotune's methods screen a sampled configuration at the incumbent's best
+level (measure/ladder.py): one that fails there (known from its rungs: a level at or above a failing rung fails) is
+PRUNED after its boot and that one level, as a real trial is; the plain Optuna loops (random search, TPE and GP
+without constraints) and the grid measure every configuration in full. The grid in vLLM's auto_tune order boots
+everything in order.
 """
 
 from __future__ import annotations
