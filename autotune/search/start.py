@@ -3,13 +3,13 @@
 TPE's first trials are random (samplers.TPE_STARTUP_TRIALS): it has nothing to model yet. But where memory decides
 what a configuration can serve (a 27B hybrid model in 24 GB), the estimator knows before any boot how many requests
 each configuration runs at once (ladder.capacity: max_num_seqs, the KV tokens per request, and what the KV cache
-holds, estimate.max_running_seqs), and throughput under a latency limit comes from requests running at once: on
-the device's surface (benchmarks/data/surface-rtx3090.json, 19 configurations) the level each configuration sustained
-was the ladder's highest at or just above that count, and ordered by it the configurations autotune boots there ran
-612, 516, 470, 442, 535, 471, 135, (did not boot), 128 and 144 output tok/s. So each of the first START_PICKS
-sampled trials is, of START_CANDIDATES random configurations the estimator does not refuse, the one that runs the
-most (the first drawn on a tie); the rest of the start stays random, which is what TPE learns from. The estimator
-judges a configuration in about 0.2 ms, so drawing many costs nothing (a pick of 64 takes about 30 ms).
+holds, estimate.max_running_seqs), and throughput under a latency limit comes from requests running at once: on the
+device's surface (benchmarks/data/surface-rtx3090.json, 19 configurations) the level each configuration sustained was
+within one step of that count on the ladder (which doubles), and ordered by it the configurations autotune boots there
+ran 612, 516, 470, 442, 535, 471, 135 output tok/s and, tied, 128, 144 and one that did not boot. So each of the first
+START_PICKS sampled trials is, of START_CANDIDATES random configurations the estimator does not refuse, the one that
+runs the most (the first drawn on a tie); the rest of the start stays random, which is what TPE learns from. The
+estimator judges a configuration in about 0.2 ms, so drawing many costs nothing (a pick of 64 takes about 30 ms).
 
 Chosen by benchmarks/search_efficiency.py --tuning (50 seeds; median booted trials to within 5% of the best, without
 baselines / with them). GPU surface, chat limits: no picks 9.0 / 15.5; 3 of 16: 6.0 / 5.5; 3 of 64: 3.0 / 4.5; 3 of

@@ -362,6 +362,11 @@ def test_on_the_gpu_surface_what_runs_at_once_ranks_the_best_first() -> None:
     assert values[0] == surface.best
     high = sum(v > 400 for v in values)
     assert high >= 5 and all(v > 400 for v in values[:high])
+    # and each level sustained lies within one ladder step (a factor of 2) of what the estimator says runs at once
+    for i in ranked:
+        level = surface.points[i].best_level()
+        if level is not None:
+            assert runs[i] / 2 <= level <= 2 * runs[i], (i, runs[i], level)  # type: ignore[operator]
 
 
 def test_the_replay_judges_the_gpu_surface_with_the_devices_vllm_build_not_the_one_installed_here() -> None:
