@@ -658,6 +658,24 @@ def parse_limits(items: list[str], recorded: dict[str, float]) -> list[Limits]:
     return out
 
 
+def left_out(surface: Surface, seeds: int, top: int = 3) -> str:
+    """The default against random search and the grid with each of the `top` best configurations left out of the
+    surface in turn: on a sparse surface a method's figure can hang on one point (the GPU surface's best is one
+    configuration), and this shows whether it does."""
+    default, rnd = (next(m for m in default_methods() if m.name == name) for name in (DEFAULT_BARE, RANDOM))
+    ranked = sorted((p for p in surface.points if p.feasible), key=lambda p: -p.value)[:top]
+    rows = []
+    for gone in ranked:
+        rest = replace(surface, points=tuple(p for p in surface.points if p is not gone))
+        med = {name: _median([f.trials for f in figs]) for name, figs in evaluate(rest, [default, rnd], seeds).items()}
+        near = sum(p.feasible and p.value >= (1 - WITHIN) * rest.best for p in rest.points)
+        rows.append(f"  without #{surface.points.index(gone)} ({gone.value:,.0f} tok/s): best {rest.best:,.0f} "
+                    f"({near} within {WITHIN:.0%}); {default.name} {_fmt(med[default.name])}, random search "
+                    f"{_fmt(med[RANDOM])} ({med[RANDOM] / med[default.name]:.1f}x), the grid in vLLM's auto_tune order "
+                    f"{_fmt(med[GRID])} ({med[GRID] / med[default.name]:.1f}x)")
+    return "\n".join(rows)
+
+
 def ratios(results: dict[str, list[Figures]]) -> str:
     med = {name: _median([f.trials for f in figs]) for name, figs in results.items()}
     pts = {name: _median([f.points for f in figs]) for name, figs in results.items()}
@@ -707,6 +725,9 @@ def main() -> None:
         print(LEGEND)
         print(table(results, marks))
         print(ratios(results))
+        print(f"each of the 3 best recorded configurations left out in turn (median booted trials to within "
+              f"{WITHIN:.0%} of the best left):")
+        print(left_out(surface, opts.seeds))
         print()
     if opts.measurement:
         print("recorded rungs (fixed count per level):")

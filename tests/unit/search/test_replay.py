@@ -421,3 +421,14 @@ def test_a_sampled_configuration_is_replayed_as_the_nearest_recorded_one_autotun
     for seed in range(4):
         first = se.replay(surface, method, seed, math.inf, max_booted=1, capacity=capacity, refusal=refusal)[0]
         assert not refusal(first.point.params)
+
+
+def test_left_out_replays_the_surface_without_each_of_its_best_configurations() -> None:
+    """On the GPU surface, without its best (#9, 612 tok/s) the best left is #6's 535, and #13's 516 is within 5%
+    of it: two configurations to find."""
+    surface = load_surface(Path(__file__).parents[3] / "benchmarks" / "data" / "surface-rtx3090.json")
+    rows = se.left_out(surface, seeds=2, top=2).splitlines()
+    assert len(rows) == 2
+    assert rows[0].startswith("  without #9 (612 tok/s): best 535 (2 within 5%); default, no baselines ")
+    assert rows[1].startswith("  without #6 (535 tok/s): best 612 (1 within 5%)")
+    assert "the grid in vLLM's auto_tune order 7.0 (" in rows[0]  # auto_tune's order reaches #6 or #13 sooner
