@@ -18,7 +18,7 @@ Every configuration carries the estimator's verdict (refused / fits / kv_tokens 
 scores refusals against what booting it did. Configurations it refuses are booted once all the same: how they
 fail is part of the surface.
 
-    .venv/bin/python -m benchmarks.surface_plan     # rewrites the plan (deterministic), judged for the device's vLLM
+    .venv/bin/python -m benchmarks.surface_plan     # rewrites the plan (deterministic; source 4 kept if planned)
     .venv/bin/python -m benchmarks.surface_plan --picks   # appends source 4 to the plan and the surface recorded
 """
 
@@ -182,8 +182,12 @@ def main() -> None:
         for c in append_picks():
             print(f"start pick, seed {c['seed']}: runs {c['runs_at_once']:g} at once: {c['params']}")
         return
+    had_picks = PLAN.exists() and json.loads(PLAN.read_text())["how"].endswith(PICKS_HOW)
     with device_vllm():
         doc = plan()
+        if had_picks:  # kept: the surface recorded from the plan resumes only from the same `how`
+            doc["how"] += PICKS_HOW
+            doc["configs"] += start_picks()  # type: ignore[operator]
     PLAN.write_text(json.dumps(doc, indent=1) + "\n")
     est = [c["estimate"] for c in doc["configs"]]  # type: ignore[union-attr]
     print(f"{PLAN}: {len(est)} configurations, {sum(e['refused'] for e in est)} refused by the estimator, "
