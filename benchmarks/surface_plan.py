@@ -32,10 +32,10 @@ from pathlib import Path
 from scipy.stats import qmc
 
 from autotune.config.params import Param
-from autotune.config.study_file import load_study
+from autotune.config.study_file import StudySpec, load_study
 from autotune.engine.flags import invalid_reason
 from autotune.fit import feasibility, memcap
-from autotune.fit.hardware import get_profile
+from autotune.fit.hardware import GpuProfile, get_profile
 from autotune.measure.trial import configured
 from autotune.search import start
 from autotune.search.space import baseline_params, condition_met, engine_config
@@ -90,10 +90,15 @@ def verdict(spec, profile, params: dict[str, object], baseline: dict[str, object
             "kv_tokens_high": e.kv_tokens_high, "max_model_len": e.max_model_len, "reason": v.reason}
 
 
-def plan() -> dict[str, object]:
+def planned_for() -> tuple[StudySpec, tuple[Param, ...], GpuProfile]:
+    """The study, its space without `model`, and the card capped as the study says: what every source plans on."""
     spec = load_study(STUDY)
     space = tuple(p for p in spec.space if p.name != "model")
-    profile = memcap.capped_profile(get_profile(CARD), spec.memory_cap)  # type: ignore[arg-type]
+    return spec, space, memcap.capped_profile(get_profile(CARD), spec.memory_cap)  # type: ignore[arg-type]
+
+
+def plan() -> dict[str, object]:
+    spec, space, profile = planned_for()
     configs: list[dict[str, object]] = []
     for b in spec.baselines:
         params = baseline_params(b, space)
@@ -130,9 +135,7 @@ def plan() -> dict[str, object]:
 def start_picks(seeds: int = PICK_SEEDS) -> list[dict[str, object]]:
     """Source 4: what the replay's seed s boots first without baselines, search/start.py's pick from the draw
     study._one_trial makes (candidates of seed s * 10_007 with no trial yet), judged on the capped card."""
-    spec = load_study(STUDY)
-    space = tuple(p for p in spec.space if p.name != "model")
-    profile = memcap.capped_profile(get_profile(CARD), spec.memory_cap)  # type: ignore[arg-type]
+    spec, space, profile = planned_for()
     out = []
     for seed in range(seeds):
         best = start.best_of(start.candidates(space, seed * 10_007, start.START_CANDIDATES),

@@ -416,18 +416,16 @@ def test_the_plans_start_picks_are_what_the_replays_first_seeds_boot_first(tmp_p
     shutil.copy(PLAN, plan_path)
     shutil.copy(REPO / "benchmarks" / "data" / "surface-rtx3090.json", surface_path)
     before = json.loads(plan_path.read_text())
-    if before["how"].endswith(surface_plan.PICKS_HOW):  # the shipped plan has them: take them off to add again
-        picks = [c for c in before["configs"] if c["origin"] == "pick"]
-        before["configs"] = [c for c in before["configs"] if c["origin"] != "pick"]
-        before["how"] = before["how"].removesuffix(surface_plan.PICKS_HOW)
-        plan_path.write_text(json.dumps(before))
-        surface = json.loads(surface_path.read_text())
-        surface["provenance"]["how"] = before["how"]
-        surface_path.write_text(json.dumps(surface))
-    else:
-        picks = None
+    assert before["how"].endswith(surface_plan.PICKS_HOW)  # the shipped plan has them: take them off to add again
+    picks = [c for c in before["configs"] if c["origin"] == "pick"]
+    before["configs"] = [c for c in before["configs"] if c["origin"] != "pick"]
+    before["how"] = before["how"].removesuffix(surface_plan.PICKS_HOW)
+    plan_path.write_text(json.dumps(before))
+    surface = json.loads(surface_path.read_text())
+    surface["provenance"]["how"] = before["how"]
+    surface_path.write_text(json.dumps(surface))
     new = surface_plan.append_picks(plan_path, surface_path)
-    assert picks is None or new == picks  # deterministic: the shipped plan's are these
+    assert new == picks  # deterministic: the shipped plan's are these
     after = json.loads(plan_path.read_text())
     assert after["configs"][:len(before["configs"])] == before["configs"] and after["configs"][-3:] == new
     assert [c["seed"] for c in new] == [0, 1, 2] and all(c["origin"] == "pick" for c in new)
