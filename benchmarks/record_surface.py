@@ -815,6 +815,17 @@ def estimate_plan(plan_path: Path, out: Path) -> None:
     print_estimate(configs, to_record(configs, doc), spec)
 
 
+def chosen(configs: Sequence[PlannedConfig], only: Sequence[int]) -> list[PlannedConfig]:
+    """`only`'s plan indices in the order given (all of them where it is empty): `--only 42,43,44,0,1,...` records
+    the start picks first and then the rest, in one call of a session that has no time for two installs."""
+    if not only:
+        return list(configs)
+    missing = sorted(set(only) - {c.index for c in configs})
+    if missing:
+        raise SystemExit(f"--only: the plan has no configuration {', '.join(f'#{i}' for i in missing)}")
+    return sorted((c for c in configs if c.index in only), key=lambda c: list(only).index(c.index))
+
+
 def record_plan(plan_path: Path, out: Path, stop_after: float | None, logs: Path,
                 only: Sequence[int] = (), ballast: bool = False) -> None:
     """The planned configurations not yet in `out` (`only`: those of these plan indices), each booted (given the
@@ -827,7 +838,7 @@ def record_plan(plan_path: Path, out: Path, stop_after: float | None, logs: Path
     write_model()
     configs = planned_configs(plan, spec, str(MODEL), real)  # refuses a study without a memory cap
     assert spec.memory_cap is not None
-    configs = [c for c in configs if not only or c.index in only]
+    configs = chosen(configs, only)
     with ballast_held(spec.memory_cap.cuda_total_gib) if ballast else contextlib.nullcontext() as held:
         doc = surface_doc(out, plan_path, plan, spec, real, held)
         todo = to_record(configs, doc)
@@ -894,7 +905,7 @@ def main() -> None:
                     help="Seconds: start no configuration that would not finish by then (--plan).")
     ap.add_argument("--logs", type=Path, default=None, help="Folder for the server logs (default: a new temporary).")
     ap.add_argument("--only", type=lambda v: [int(i) for i in v.split(",")], default=[],
-                    help="With --plan: record only these plan indices, e.g. 9,13.")
+                    help="With --plan: record only these plan indices, in this order, e.g. 9,13.")
     ap.add_argument("--ballast", action="store_true",
                     help="With --plan: hold the card down to the capped card's CUDA total while recording "
                          "(benchmarks/h200/ballast.py; give another --out).")

@@ -53,6 +53,15 @@ def test_every_planned_configuration_boots_the_device_model_with_the_study_and_d
         assert DEVICE_FLAGS.items() <= c.flags.items()
 
 
+def test_only_records_the_indices_given_in_the_order_given(planned) -> None:
+    _, _, configs = planned
+    last = len(configs) - 1
+    assert [c.index for c in rs.chosen(configs, [last, 3, 0])] == [last, 3, 0]  # the start picks first
+    with pytest.raises(SystemExit, match=f"--only: the plan has no configuration #{last + 7}"):
+        rs.chosen(configs, [5, last + 7])
+    assert rs.chosen(configs, []) == configs
+
+
 def test_a_sampled_configuration_boots_its_params(planned) -> None:
     _, _, configs = planned
     c = next(c for c in configs if c.origin == "sobol" and c.params["speculative_method"] == "mtp")
