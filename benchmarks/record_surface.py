@@ -713,6 +713,9 @@ def surface_doc(out: Path, plan_path: Path, plan: dict, spec: StudySpec, real: G
         if bool(doc["provenance"].get("ballast")) != bool(ballast):
             raise SystemExit(f"{out}: recorded {'with' if ballast is None else 'without'} a ballast; give another "
                              "--out")
+        if doc["provenance"].get("device") != real.name:  # throughput is the card's: a lent H100 is not the H200
+            raise SystemExit(f"{out}: recorded on {doc['provenance'].get('device')}, not on this {real.name}; give "
+                             "another --out")
         return doc
     obj = spec.objective
     ladder = gpu_ladder(obj)

@@ -118,6 +118,16 @@ def test_a_surface_of_another_plan_is_not_resumed(planned, tmp_path: Path) -> No
         rs.surface_doc(out, PLAN, plan, spec, H200)
 
 
+def test_a_surface_is_resumed_only_on_the_card_it_was_recorded_on(planned, tmp_path: Path) -> None:
+    """The same capped study on a lent H100 serves at another speed: its figures never join the H200's file."""
+    plan, spec, _ = planned
+    out = tmp_path / "surface.json"
+    rs.save(rs.surface_doc(out, PLAN, plan, spec, H200), out)
+    assert rs.surface_doc(out, PLAN, plan, spec, H200)["provenance"]["device"] == "h200"
+    with pytest.raises(SystemExit, match="recorded on h200, not on this h100-80gb"):
+        rs.surface_doc(out, PLAN, plan, spec, get_profile("h100-80gb"))
+
+
 def test_a_surface_recorded_with_a_ballast_is_resumed_only_with_one_and_says_so(planned, tmp_path: Path) -> None:
     """Memory figures with the card held down to the capped card's total (benchmarks/h200/ballast.py) are not
     those of the surface recorded without: the two never mix in one file."""
