@@ -12,14 +12,18 @@ as it. Here, once: `bash benchmarks/h200/fetch-wheels.sh` (-> .gpu1 ... .gpuN, 5
           installs into /tmp/site, copies the tree to /tmp/src and starts this recorder there in the background:
           --plan benchmarks/data/surface-plan-rtx3090.json --out $GPURUN/surface-rtx3090.json --stop-after SECONDS
           (SECONDS: what the session has left after this call), from the surface the tree carries in
-          benchmarks/data/surface-rtx3090.json when there is one (a new file on the first session)
+          benchmarks/data/surface-rtx3090.json when there is one (a new file on the first session). Further
+          arguments go to the recorder: `--only 42,43,44,0,1,...,41` records the start picks first, then the rest
+          (in the order given). The surface resumes only on the card it was recorded on (h200): on a lent H100
+          give SURFACE=surface-rtx3090-h100.json (a file of its own, e.g. `--only 42,9`: a pick beside the best)
   N+1..:  bash benchmarks/h200/run_h200.sh surface-wait 560
           waits, prints the recorder's last lines and brings back surface-rtx3090.json and surface.tgz (its output,
           the server logs NN.log / NN.cold.log by plan index); until it says "finished" or the session ends
-Session 1 (s22) recorded 9, session 2 (s24) 8 more: 17 of 42 (benchmarks/data/surface-rtx3090-logs/s22, s24: the
-calls and what they printed). s24's boots given blocks took 129-257 s where s22's took 59-69 s (#9, the machine's
-first key, 257 s with Triton's compile; the two MTP ones 129 and 144 s); its surface-wait brought the Triton cache
-back (12 MiB packed, in .triton/ here, ignored by git): the next session stages it with `triton-cache` first.
+Session 1 (s22) recorded 9, session 2 (s24) 8 more, s25 2 more: 19 of 45, the start picks #42-44 appended after
+(benchmarks/data/surface-rtx3090-logs/s22, s24, s25: the calls and what they printed). s24's boots given blocks took
+129-257 s where s22's took 59-69 s (#9, the machine's first key, 257 s with Triton's compile; the two MTP ones 129 and
+144 s); its surface-wait brought the Triton cache back (12 MiB packed, in .triton/ here, ignored by git): the next
+session stages it with `triton-cache` first.
 After each call copy surface-rtx3090.json from files_at into benchmarks/data/ (it is rewritten atomically after every
 configuration: the latest copy holds every finished one) and commit it after the session; the next session resumes
 from it, skipping the configurations it holds. Repeat until the recorder prints "0 to go". --stop-after starts no

@@ -34,6 +34,9 @@
 # stopped itself at held 1,349 s (156 s of --stop-after left, the next configuration expected to take 245 s). The
 # recorder run again in the foreground in the same call-chain (`timeout 400`, 450 s of device time left) recorded two
 # more. 9 configurations in all.
+# Seen 2026-12-05 (s26): no machine came, on nvidia-h200 or nvidia-h100-x1, in 10 calls over 80 minutes; each
+# refused start cost 90-180 s of the session's device time (1,800 s -> 780 s). Ask `status` first (its none_now says
+# when to try again), and keep what a session needs for one configuration (~400 s with staging) before trying.
 #   1-4: bash benchmarks/h200/run_h200.sh stage 1   ... stage 4         carry [".gpuN"]
 #   5:   bash benchmarks/h200/run_h200.sh trials                          carry [".gpu5", ".whl"]
 #        (stages .gpu5 and .whl, installs, reads the idle card, then: `autotune trial --memory-cap 24` of vLLM's
