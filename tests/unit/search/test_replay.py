@@ -352,14 +352,16 @@ def test_a_replay_with_start_picks_boots_the_pick_first_as_autotune_does() -> No
 
 def test_on_the_gpu_surface_what_runs_at_once_ranks_the_best_first() -> None:
     """search/start.py's premise, on the device's recordings: ordered by what the estimator says each configuration
-    runs at once, the best comes first and every one that served over 400 tok/s before any other (five of 17
-    when the picks were chosen; #17, recorded after, served 442 and ranks fourth)."""
+    runs at once, every one that served over 400 tok/s comes before any other, and the five that run the most
+    (15-21 at once) each served at least three quarters of the best, the best among them. When the picks were
+    chosen (17 recorded) the best, #9 at 612, came first; the picks recorded after (#42-44, 15-17 at once) served
+    677 (the new best), 539 and 671; #17, recorded after too, served 442 at 11 at once."""
     surface = load_surface(Path(__file__).parents[3] / "benchmarks" / "data" / "surface-rtx3090.json")
     capacity = se.start_capacity(surface)
     runs = {i: capacity(dict(p.params)) for i, p in enumerate(surface.points)}
     ranked = sorted((i for i in runs if runs[i] is not None), key=lambda i: -runs[i])  # type: ignore[operator]
     values = [surface.points[i].value for i in ranked]
-    assert values[0] == surface.best
+    assert surface.best in values[:5] and min(values[:5]) >= 0.75 * surface.best
     high = sum(v > 400 for v in values)
     assert high >= 5 and all(v > 400 for v in values[:high])
     # and each level sustained lies within one ladder step (a factor of 2) of what the estimator says runs at once
@@ -424,11 +426,11 @@ def test_a_sampled_configuration_is_replayed_as_the_nearest_recorded_one_autotun
 
 
 def test_left_out_replays_the_surface_without_each_of_its_best_configurations() -> None:
-    """On the GPU surface, without its best (#9, 612 tok/s) the best left is #6's 535, and #13's 516 is within 5%
-    of it: two configurations to find."""
+    """On the GPU surface its two best are within 1% of each other (#19 and #21, the start picks #42 and #44 of the
+    plan, 677 and 671 tok/s): without either, the other is the one configuration within 5% of the best left."""
     surface = load_surface(Path(__file__).parents[3] / "benchmarks" / "data" / "surface-rtx3090.json")
     rows = se.left_out(surface, seeds=2, top=2).splitlines()
     assert len(rows) == 2
-    assert rows[0].startswith("  without #9 (612 tok/s): best 535 (2 within 5%); default, no baselines ")
-    assert rows[1].startswith("  without #6 (535 tok/s): best 612 (1 within 5%)")
-    assert "the grid in vLLM's auto_tune order 7.0 (" in rows[0]  # auto_tune's order reaches #6 or #13 sooner
+    assert rows[0].startswith("  without #19 (677 tok/s): best 671 (1 within 5%); default, no baselines ")
+    assert rows[1].startswith("  without #21 (671 tok/s): best 677 (1 within 5%)")
+    assert "the grid in vLLM's auto_tune order 12.0 (" in rows[0]  # auto_tune's order reaches #21 at its 12th boot
