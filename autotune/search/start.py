@@ -4,22 +4,25 @@ TPE's first trials are random (samplers.TPE_STARTUP_TRIALS): it has nothing to m
 what a configuration can serve (a 27B hybrid model in 24 GB), the estimator knows before any boot how many requests
 each configuration runs at once (ladder.capacity: max_num_seqs, the KV tokens per request, and what the KV cache
 holds, estimate.max_running_seqs), and throughput under a latency limit comes from requests running at once: on the
-device's surface (benchmarks/data/surface-rtx3090.json, 19 configurations) the level each configuration sustained was
+device's surface (benchmarks/data/surface-rtx3090.json, 22 configurations) the level each configuration sustained was
 within one step of that count on the ladder (which doubles), and ordered by it the configurations autotune boots there
-ran 612, 516, 470, 442, 535, 471, 135 output tok/s and, tied, 128, 144 and one that did not boot. So each of the first
+ran 612, 516, 671, 539, 677, 470, 442, 535, 471, 135 output tok/s and, tied, 128, 144 and one that did not boot (the
+third, fourth and fifth are the picks below, recorded after they were chosen). So each of the first
 START_PICKS sampled trials is, of START_CANDIDATES random configurations the estimator does not refuse, the one that
 runs the most (the first drawn on a tie); the rest of the start stays random, which is what TPE learns from. The
 estimator judges a configuration in about 0.2 ms, so drawing many costs nothing (a pick of 64 takes about 30 ms).
 
 Chosen by benchmarks/search_efficiency.py --tuning (50 seeds; median booted trials to within 5% of the best, without
-baselines / with them). GPU surface, chat limits: no picks 9.0 / 15.5; 3 of 16: 6.0 / 5.5; 3 of 64: 3.0 / 4.5; 3 of
-256: 2.0 / 3.0; 10 of 64: 3.0 / 4.5; random search 16.5, vLLM's auto_tune grid 15. At a 1 s TTFT 3 of 16: 5.5 / 5.5;
-3 of 64: 3.0 / 4.0. CPU surface at its 500 ms TTFT: 3 of 16: 2.0 / 1.0; 3 of 64: 3.0 / 1.0. At 150 ms, where
-capacity is not what wins on two cores (the best there is a noise peak): 3 of 16: 16.0 / 16.0; 3 of 64: 14.5 /
-20.0; random search 17.0 / 19.0. 64 meets the GPU goal (a fifth of the grid's trials) and keeps the picks random:
-the estimator accepts a third of the 3090 space on the capped H200 and half on the 3090's own profile, so each pick
-is the most of some 20-30. More would take the estimator's argmax, which 19 recorded configurations cannot tell
-apart from luck; the plan's #42-44 (what these picks boot first) test it.
+baselines / with them) on the first 19 configurations. GPU surface, chat limits: no picks 9.0 / 15.5; 3 of 16: 6.0 /
+5.5; 3 of 64: 3.0 / 4.5; 3 of 256: 2.0 / 3.0; 10 of 64: 3.0 / 4.5; random search 16.5, vLLM's auto_tune grid 15. At a 1
+s TTFT 3 of 16: 5.5 / 5.5; 3 of 64: 3.0 / 4.0. CPU surface at its 500 ms TTFT: 3 of 16: 2.0 / 1.0; 3 of 64: 3.0 / 1.0.
+At 150 ms, where capacity is not what wins on two cores (the best there is a noise peak): 3 of 16: 16.0 / 16.0; 3 of 64:
+14.5 / 20.0; random search 17.0 / 19.0. 64 met the GPU goal there (a fifth of the grid's trials) and keeps the picks
+random: the estimator accepts a third of the 3090 space on the capped H200 and half on the 3090's own profile, so each
+pick is the most of some 20-30. More would take the estimator's argmax, which 19 recorded configurations cannot tell
+apart from luck; the plan's #42-44 (what these picks boot first for seeds 0-2) test it. Recorded after (stop 26), they
+served 677 (the new best), 539 and 671 tok/s where the replay had mapped them to 516 and 471; on the 22 points the
+default needs 3.0 / 4.0, random search 13.5, the grid 11 (3.7x: its order reaches the new best sooner than #9).
 """
 
 from __future__ import annotations
