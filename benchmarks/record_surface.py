@@ -19,10 +19,10 @@ as it. Here, once: `bash benchmarks/h200/fetch-wheels.sh` (-> .gpu1 ... .gpuN, 5
   N+1..:  bash benchmarks/h200/run_h200.sh surface-wait 560
           waits, prints the recorder's last lines and brings back surface-rtx3090.json and surface.tgz (its output,
           the server logs NN.log / NN.cold.log by plan index); until it says "finished" or the session ends
-Session 1 (s22) recorded 9, session 2 (s24) 8 more, s25 2 more: 19 of 45, the start picks #42-44 appended after
-(benchmarks/data/surface-rtx3090-logs/s22, s24, s25: the calls and what they printed). s24's boots given blocks took
-129-257 s where s22's took 59-69 s (#9, the machine's first key, 257 s with Triton's compile; the two MTP ones 129 and
-144 s); its surface-wait brought the Triton cache back (12 MiB packed, in .triton/ here, ignored by git): the next
+Session 1 (s22) recorded 9, session 2 (s24) 8 more, s25 2, s26 the start picks #42-44 (appended after s25): 22 of 45
+(benchmarks/data/surface-rtx3090-logs/s22, s24, s25, s26: the calls and what they printed). s24's boots given blocks
+took 129-257 s where s22's took 59-69 s (#9, the machine's first key, 257 s with Triton's compile; the two MTP ones 129
+and 144 s); its surface-wait brought the Triton cache back (12 MiB packed, in .triton/ here, ignored by git): the next
 session stages it with `triton-cache` first.
 After each call copy surface-rtx3090.json from files_at into benchmarks/data/ (it is rewritten atomically after every
 configuration: the latest copy holds every finished one) and commit it after the session; the next session resumes

@@ -54,7 +54,8 @@
 #       benchmarks/record_surface.py's docstring has its runbook)
 #      The card held down to the capped card's CUDA total (does a capped winner that grew past it while serving
 #      run on a real 24 GiB card?): SURFACE=surface-rtx3090-ballast.json bash benchmarks/h200/run_h200.sh
-#      surface-start SECONDS .gpuN --only 9 --ballast, then SURFACE=surface-rtx3090-ballast.json ... surface-wait.
+#      surface-start SECONDS .gpuN --only 42 --ballast (the best, 24.79 GiB serving), then
+#      SURFACE=surface-rtx3090-ballast.json ... surface-wait.
 #      Before surface-start on a fresh machine: `triton-cache` carry [".triton"] (the cache a surface-wait brought
 #      back, kept in .triton/triton-cache.tgz) spares the first configuration Triton's compile.
 # Each phase leaves $OUT/<phase>.tgz: server logs, NVML and nvidia-smi series, results-raw.json.
@@ -137,7 +138,7 @@ case $phase in
     # planned configurations for $2 s in the background. It resumes the surface a previous start on this machine
     # left in $GPURUN, else the one the tree carries in benchmarks/data/ (a later session's), else starts one.
     # First it prints what the configurations to go are expected to cost (--estimate: boots nothing).
-    # Further arguments go to the recorder, e.g. `--only 9 --ballast` with SURFACE=surface-rtx3090-ballast.json.
+    # Further arguments go to the recorder, e.g. `--only 42 --ballast` with SURFACE=surface-rtx3090-ballast.json.
     install "$3"
     [ -f "$GPURUN/$SURFACE" ] || cp "benchmarks/data/$SURFACE" "$GPURUN/" 2>/dev/null
     (cd /tmp/src && python3 -m benchmarks.record_surface --plan benchmarks/data/surface-plan-rtx3090.json \
