@@ -156,21 +156,23 @@ def tell(study: optuna.Study, trial: optuna.Trial, point: Point, method: Method,
 Screen = Callable[[Point, int], "str | None"]
 
 
-def _planned(surface: Surface) -> bool:
-    """Whether the surface was recorded from a plan (the GPU one: it keeps its study, card and model); the CPU grid
+def _plan_of(surface: Surface) -> tuple[str, str, str] | None:
+    """The card, study and model a surface recorded from a plan keeps (the GPU one); None for the CPU grid, which
     keeps none of them."""
     prov = surface.provenance
     device, study, model = prov.get("device"), prov.get("study"), prov.get("model")
-    return isinstance(device, str) and device in PROFILES and isinstance(study, str) and isinstance(model, str)
+    if isinstance(device, str) and device in PROFILES and isinstance(study, str) and isinstance(model, str):
+        return device, study, model
+    return None
 
 
 def surface_study(surface: Surface) -> tuple[StudySpec, GpuProfile, str] | None:
     """The study a planned surface was recorded for, the card its estimator plans with (capped as the study
     says) and the model; None for the CPU grid, which keeps neither."""
-    if not _planned(surface):
+    planned = _plan_of(surface)
+    if planned is None:
         return None
-    prov = surface.provenance
-    device, study, model = str(prov["device"]), str(prov["study"]), str(prov["model"])
+    device, study, model = planned
     spec = load_study(REPO / study)
     profile = memcap.capped_profile(PROFILES[device], spec.memory_cap) if spec.memory_cap else PROFILES[device]
     return spec, profile, model
@@ -183,7 +185,7 @@ def as_recorded(surface: Surface) -> contextlib.AbstractContextManager[None]:
     replay accepted one of the GPU surface's 19 configurations that the device refused, and differed on 27 of
     400 random ones. The CPU grid is judged with the build it was recorded with, the one installed."""
     version = surface.provenance.get("vllm")
-    return device_vllm(version) if _planned(surface) and isinstance(version, str) else contextlib.nullcontext()
+    return device_vllm(version) if _plan_of(surface) and isinstance(version, str) else contextlib.nullcontext()
 
 
 def before_boot_screen(surface: Surface) -> Screen:

@@ -350,7 +350,7 @@ def test_a_replay_with_start_picks_boots_the_pick_first_as_autotune_does() -> No
         [s.point for s in se.replay(surface, plain, 0, math.inf, max_booted=3)]
 
 
-def test_on_the_gpu_surface_what_runs_at_once_ranks_the_best_first() -> None:
+def test_on_the_gpu_surface_what_runs_at_once_ranks_the_best_among_the_first_five() -> None:
     """search/start.py's premise, on the device's recordings: ordered by what the estimator says each configuration
     runs at once, every one that served over 400 tok/s comes before any other, and the five that run the most
     (15-21 at once) each served at least three quarters of the best, the best among them. When the picks were
