@@ -125,7 +125,7 @@ from autotune.engine.flags import Build, detect_build, invalid_reason
 from autotune.engine.logs import BootInfo, Failure, FailureKind, parse_boot_info
 from autotune.engine.models import model_vocab_size, resolve_model
 from autotune.engine.server import BootFailed, EngineSpec, Server
-from autotune.fit import feasibility, memcap
+from autotune.fit import feasibility, memcap, vllm_memory
 from autotune.fit.hardware import GpuProfile, get_profile
 from autotune.measure.client import Abandon, Enough, LevelRun, LoadLevel, RequestRecord, measure_level
 from autotune.measure.ladder import LoadSearch, Prior, StopRule, capacity, first_level
@@ -561,14 +561,19 @@ def device_vllm(version: str = DEVICE_VLLM) -> Iterator[None]:
     of its 8 "least sure" ones were refused on the device (by 0.7-1.2 GiB)."""
     if version != DEVICE_VLLM:
         raise SystemExit(f"only vLLM {DEVICE_VLLM}'s compile key is known here, not {version}'s")
-    if flags.installed_vllm() == (Build.CUDA, version):
-        yield
-        return
     cuda = (Build.CUDA, version)
-    with mock.patch.object(flags, "installed_vllm", lambda: cuda), \
-            mock.patch.object(compile_cache, "installed_vllm", lambda: cuda), \
-            mock.patch.object(defaults, "installed_vllm", lambda: cuda), \
-            mock.patch.object(compile_cache, "max_num_seqs_in_compile_key", lambda: False):
+    with contextlib.ExitStack() as stack:
+        # As planned and recorded (s22-s26), so that the surface stays one design and its replay judges it as the
+        # device did: the capture size pinned and the CUDA-graph profiling's KV cache not modelled. Both changed
+        # after the ballast run (s27): on a card of the cap's own total those boots fail (compile_cache
+        # pin_costs_boot_memory, fit/vllm_memory.py profiling_blocks).
+        stack.enter_context(mock.patch.object(compile_cache, "pin_costs_boot_memory", lambda: False))
+        stack.enter_context(mock.patch.object(vllm_memory, "profiling_blocks", lambda *args: 0))
+        if flags.installed_vllm() != cuda:
+            stack.enter_context(mock.patch.object(flags, "installed_vllm", lambda: cuda))
+            stack.enter_context(mock.patch.object(compile_cache, "installed_vllm", lambda: cuda))
+            stack.enter_context(mock.patch.object(defaults, "installed_vllm", lambda: cuda))
+            stack.enter_context(mock.patch.object(compile_cache, "max_num_seqs_in_compile_key", lambda: False))
         yield
 
 
@@ -843,7 +848,8 @@ def record_plan(plan_path: Path, out: Path, stop_after: float | None, logs: Path
     plan, spec = read_plan(plan_path)
     real = memcap.present_gpu(0)
     write_model()
-    configs = planned_configs(plan, spec, str(MODEL), real)  # refuses a study without a memory cap
+    with device_vllm():  # as planned, on the device too
+        configs = planned_configs(plan, spec, str(MODEL), real)  # refuses a study without a memory cap
     assert spec.memory_cap is not None
     configs = chosen(configs, only)
     with ballast_held(spec.memory_cap.cuda_total_gib) if ballast else contextlib.nullcontext() as held:

@@ -32,7 +32,8 @@ study that pins max_cudagraph_capture_size keeps one key across max_num_seqs (se
 and 128 sequences with --max-cudagraph-capture-size 96). Pinning is sound there: with the default
 FULL_AND_PIECEWISE mode the FULL decode graphs are still only captured up to max_num_seqs x (1 +
 num_speculative_tokens) (`vllm/v1/cudagraph_dispatcher.py:CudagraphDispatcher.initialize_cudagraph_keys`); only
-the PIECEWISE (mixed-batch) graphs go up to the pinned size.
+the PIECEWISE (mixed-batch) graphs go up to the pinned size. Not on 0.25.x, whose CUDA-graph profiling holds a KV
+block per capture size at boot (pin_costs_boot_memory): there nothing is pinned.
 """
 
 from __future__ import annotations
@@ -46,6 +47,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Literal
 
+from autotune.engine.defaults import profiling_kv_per_sequence
 from autotune.engine.flags import CACHE_DIR, Build, installed_vllm
 from autotune.engine.logs import Failure, kv_shortfall_gib
 from autotune.errors import EngineError
@@ -186,7 +188,7 @@ def capture_pin(flags: Mapping[str, object], max_num_seqs_searched: int | None,
                 num_speculative_tokens: int = 0) -> dict[str, object]:
     """`flags` with max_cudagraph_capture_size pinned for a study whose space varies max_num_seqs (its largest
     value given), where that keeps the compile key (pin_keeps_compile_key). Otherwise the flags unchanged."""
-    if max_num_seqs_searched is None or not pin_keeps_compile_key():
+    if max_num_seqs_searched is None or not pin_keeps_compile_key() or pin_costs_boot_memory():
         return dict(flags)
     return with_capture_size(flags, pinned_capture_size(max_num_seqs_searched, num_speculative_tokens))
 
@@ -207,6 +209,17 @@ def pin_keeps_compile_key() -> bool:
     except EngineError:  # no vLLM: nothing boots, nothing to pin
         return False
     return build is Build.CUDA and not max_num_seqs_in_compile_key()
+
+
+def pin_costs_boot_memory() -> bool:
+    """Whether the installed vLLM's CUDA-graph profiling allocates a KV block per capture size, not per sequence
+    (0.25.x: engine/defaults.py profiling_kv_per_sequence): there a pin of 512 makes every boot of a hybrid model
+    hold 512 of its large blocks beside the weights (Qwen3.5-27B: 24.5 GiB; seen failing on a 24 GiB card, s27),
+    where vLLM's own size for max_num_seqs 15 holds 30. A warm cache is not worth a boot that cannot fit."""
+    try:
+        return not profiling_kv_per_sequence(installed_vllm()[1])
+    except EngineError:
+        return False
 
 
 @functools.cache

@@ -33,6 +33,16 @@ def hybrid_prefix_caching_default(vllm_version: str | None) -> bool:
     return vllm_version is None or _version(vllm_version) >= (0, 28)
 
 
+def profiling_kv_per_sequence(vllm_version: str | None) -> bool:
+    """Whether the minimal KV cache vLLM allocates to profile CUDA-graph memory (gpu_model_runner.py
+    _init_minimal_kv_cache_for_profiling) holds one block per sequence, min(max_num_seqs,
+    max_cudagraph_capture_size) blocks: from 0.26.0 (vLLM PR #48483, read in the 0.26.0 and 0.32.0 wheels). 0.25.x
+    allocates max_cudagraph_capture_size blocks (read in the 0.25.0 and 0.25.1 wheels): with a hybrid model's
+    blocks (Qwen3.5-27B: 49 MiB, 784 tokens of 16 attention layers) 512 of them are 24.5 GiB beside the weights.
+    Unknown version: the newest."""
+    return vllm_version is None or _version(vllm_version) >= (0, 26)
+
+
 def installed_vllm_version() -> str | None:
     """Defaults moved between vLLM releases (memory utilization, prefix caching for hybrid models)."""
     try:

@@ -36,7 +36,11 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from autotune.engine.defaults import DEFAULT_UTILIZATION, hybrid_prefix_caching_default
+from autotune.engine.defaults import (
+    DEFAULT_UTILIZATION,
+    hybrid_prefix_caching_default,
+    profiling_kv_per_sequence,
+)
 from autotune.fit.hardware import GpuProfile, host_has_avx512_bf16
 from autotune.fit.model_shape import (
     _QUANT_ALIASES,
@@ -118,6 +122,10 @@ class Estimate:
     # What this configuration asks for that the model does not cover (a checkpoint format, a cache dtype): such a
     # configuration is booted to learn, never refused on a guess.
     not_modelled: tuple[str, ...] = ()
+    # What the boot's process holds at its peak, CUDA context included, while it profiles its CUDA graphs (0: not
+    # predicted: the CPU build, eager, or an explicit KV size); over the card's total it fails however small the
+    # KV budget.
+    boot_peak_bytes: int = 0
     # The range: the non-KV memory is known to +-uncertainty_bytes; kv_tokens_low/high are the KV tokens at its
     # pessimistic and optimistic ends.
     uncertainty_bytes: int = 0
@@ -163,6 +171,7 @@ def estimate(
     if shape.is_hybrid and s.prefix and not s.chunked:
         rules.append("hybrid models need chunked prefill when prefix caching is on (mamba cache mode 'align')")
     blocks_req = lay.g_attn * math.ceil(s.max_len / lay.block) + lay.g_mamba * lay.per_state
+    profiling = 0  # KV blocks the CUDA-graph profiling allocates at boot
     if cpu:
         activation, cudagraph = (0 if s.eager else _cpu_activation(shape, s)), 0  # eager: no warm-up pass lingers
         overhead = CPU_RUNTIME_RSS_BYTES + (0 if s.eager else CPU_COMPILE_RSS_BYTES)
@@ -171,6 +180,7 @@ def estimate(
         terms = cuda_terms(shape, s, config, vllm_version, blackwell=profile.compute_capability[0] == 10)
         activation, cudagraph, overhead, spread = (terms.activation_bytes, terms.cudagraph_bytes,
                                                    terms.non_torch_bytes, terms.uncertainty_bytes)
+        profiling = terms.profiling_blocks
     overhead += corrections.overhead_bytes
     non_kv = weights + activation + cudagraph + overhead
     uncertainty = int(math.hypot(spread, WEIGHTS_UNCERTAINTY * weights))
@@ -218,6 +228,20 @@ def estimate(
     memory, excess = memory_misses(kv_bytes, room)
     # an explicit KV size is exact; only what is left beside it is uncertain
     optimistic, _ = memory_misses(kv_bytes + (0 if s.explicit_kv is not None else uncertainty), room + uncertainty)
+    # The boot's peak, outside the budget: the CUDA-graph profiling's minimal KV cache beside the weights and what the
+    # profile run left (vllm_memory.py). An explicit KV size skips that profiling (determine_available_memory).
+    boot_peak = 0
+    if profiling and s.explicit_kv is None:
+        boot_peak = CUDA_CONTEXT_BYTES + weights + activation + cudagraph + overhead + profiling * bpb
+        why = (f"the boot peaks at {gib(boot_peak)}, over the {gib(total)} of {profile.name}: to profile its CUDA "
+               f"graphs vLLM allocates {profiling} KV blocks ({gib(profiling * bpb)}) beside the weights"
+               + ("" if profiling_kv_per_sequence(vllm_version) else
+                  " (vLLM 0.25 takes max_cudagraph_capture_size blocks; 0.26+ one per max_num_seqs)"))
+        if boot_peak > total:
+            memory.append(why)
+            excess = max(excess, boot_peak - total)
+        if boot_peak - uncertainty > total:
+            optimistic.append(why)
     if s.batched < s.seqs:
         rules.append(f"max_num_batched_tokens {s.batched} must be >= max_num_seqs {s.seqs}")
     if not s.chunked and s.batched < s.max_len:
@@ -247,6 +271,7 @@ def estimate(
         fits=not reasons, reasons=tuple(reasons), excess_bytes=int(excess), num_blocks=num_blocks,
         bytes_per_block=bpb, blocks_per_request=blocks_req, max_model_len=s.max_len,
         max_model_len_fit=min(len_fit, shape.max_position_embeddings),
+        boot_peak_bytes=boot_peak,
         uncertainty_bytes=uncertainty, kv_tokens_low=tokens(kv_bytes - uncertainty),
         kv_tokens_high=tokens(kv_bytes + uncertainty),
         not_modelled=tuple(not_modelled),

@@ -26,6 +26,13 @@ leaves and peaks at, less the CUDA-graph estimate; how the first part is measure
   x per-graph, the largest FULL one with min(max_model_len, max_num_tokens // size) as sequence lengths; modes share
   one pool, so the total is the largest first capture plus every mode's per-graph terms. It is subtracted while
   VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS is on (default "1": 0.25 envs.py 280, 0.32 envs.py 328).
+- The boot's transient peak (profiling_blocks below): to capture its graphs, profile_cudagraph_memory first
+  allocates a minimal KV cache (_init_minimal_kv_cache_for_profiling, 0.25 gpu_model_runner.py 6365) beside the
+  weights and what the profile run left in the allocator, outside gpu_memory_utilization's budget: 0.25 takes
+  max_cudagraph_capture_size blocks, 0.26+ min(max_num_seqs, that) (engine/defaults.py profiling_kv_per_sequence).
+  Seen (s27, an H100 held down to a 3090's 23.62 GiB CUDA total): four warm boots of the Qwen3.5-27B shape with
+  --max-cudagraph-capture-size 512 failed there asking for the fourth of 16 tensors of 1.53 GiB; on the capped
+  H200 the same boots peaked at 43.5-43.8 GiB (NVML) and served.
 - Capture sizes (capture_sizes below): VllmConfig._set_cudagraph_sizes is identical in 0.25 and 0.27 (max 512,
   max_num_batched_tokens appended within the cap); 0.28 adds the 1024 default on data-centre Blackwell, 0.29 the
   speculative decode sizes, 0.31 max_num_seqs. Speculative decoding rounds sizes to multiples of the query length
@@ -45,7 +52,7 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from autotune.engine.defaults import _version
+from autotune.engine.defaults import _version, profiling_kv_per_sequence
 from autotune.fit.model_shape import DTYPE_BYTES, ModelShape
 from autotune.fit.settings import Settings
 from autotune.units import MiB
@@ -90,6 +97,7 @@ class CudaTerms:
     cudagraph_bytes: int
     non_torch_bytes: int
     uncertainty_bytes: int  # of the three together (quadrature)
+    profiling_blocks: int = 0  # KV blocks the CUDA-graph profiling allocates at boot (0: no graphs)
 
 
 def _grid(top: int) -> list[int]:
@@ -136,6 +144,15 @@ def capture_sizes(s: Settings, config: Mapping[str, object], vllm_version: str |
     return sizes, [n for n in sizes if query <= n <= s.seqs * query]
 
 
+def profiling_blocks(s: Settings, piecewise: list[int], vllm_version: str | None) -> int:
+    """The minimal KV cache's blocks (_init_minimal_kv_cache_for_profiling): max_cudagraph_capture_size (the largest
+    capture size) in 0.25, min(max_num_seqs, it) from 0.26; at least 1. None without graphs."""
+    if not piecewise:
+        return 0
+    top = max(piecewise)
+    return max(min(s.seqs, top) if profiling_kv_per_sequence(vllm_version) else top, 1)
+
+
 def cudagraph_estimate(layers: int, piecewise: list[int], full: list[int]) -> int:
     """profile_cudagraph_memory's total: the largest first capture + (n - 1) per-graph costs of each mode."""
     if not piecewise:
@@ -179,10 +196,11 @@ def cuda_terms(shape: ModelShape, s: Settings, config: Mapping[str, object], vll
                blackwell: bool = False) -> CudaTerms:
     """A warm boot's (compile cache hit) non-KV terms on a CUDA card."""
     activation = max(int(FORWARD_FUDGE * forward_peak(shape, s) + FORWARD_BASE_BYTES), sampler_peak(shape, s))
-    graphs = 0
+    graphs = blocks = 0
     if not s.eager:
         piecewise, full = capture_sizes(s, config, vllm_version, blackwell)
         graphs = cudagraph_estimate(shape.num_layers, piecewise, full)
+        blocks = profiling_blocks(s, piecewise, vllm_version)
     spread = math.hypot(ACTIVATION_UNCERTAINTY * activation, CUDAGRAPH_UNCERTAINTY * graphs,
                         NON_TORCH_UNCERTAINTY_BYTES)
-    return CudaTerms(activation, graphs, CUDA_NON_TORCH_BYTES, int(spread))
+    return CudaTerms(activation, graphs, CUDA_NON_TORCH_BYTES, int(spread), blocks)

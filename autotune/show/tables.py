@@ -210,6 +210,7 @@ def estimates_json(rows, *, profile_name: str) -> str:
                     "kv_cache_bytes": e.kv_cache_bytes, "uncertainty_bytes": e.uncertainty_bytes,
                     "weights_bytes": e.weights_bytes, "activation_peak_bytes": e.activation_peak_bytes,
                     "cudagraph_bytes": e.cudagraph_bytes, "overhead_bytes": e.overhead_bytes,
+                    "boot_peak_bytes": e.boot_peak_bytes,
                     "max_concurrency_at_max_len": e.max_concurrency_at_max_len,
                     "not_modelled": list(e.not_modelled), "calibrated_by": v.calibrated_by,
                     "calibration": calibration_text(v)})
@@ -223,6 +224,8 @@ def breakdown_rows(est: Estimate) -> list[tuple[str, str]]:
             ("CUDA graphs", g(est.cudagraph_bytes)), ("overhead", g(est.overhead_bytes)),
             ("reserved (total x utilization)", g(est.reserved_bytes)), ("KV cache", g(est.kv_cache_bytes)),
             ("KV per token", f"{est.kv_bytes_per_token / 1024:.1f} KiB")]
+    if est.boot_peak_bytes:
+        rows.append(("boot peak (CUDA-graph profiling, outside the budget)", g(est.boot_peak_bytes)))
     if est.state_bytes_per_seq:
         rows.append(("state per sequence", f"{est.state_bytes_per_seq / MiB:.1f} MiB"))
     rows += [("block size", f"{est.block_size} tokens"),

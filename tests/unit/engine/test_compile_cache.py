@@ -119,6 +119,21 @@ def test_the_cpu_build_gets_no_pin() -> None:
     assert capture_pin({"max_num_seqs": 8}, 64) == {"max_num_seqs": 8}
 
 
+@pytest.mark.parametrize("version,pinned", [("0.25.0", False), ("0.25.1", False), ("0.26.0", True)])
+def test_the_cuda_build_pins_only_where_the_pin_costs_the_boot_no_memory(version: str, pinned: bool,
+                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """Neither 0.25 nor 0.26 hashes max_num_seqs, so a pin would keep one compile key; but 0.25's CUDA-graph
+    profiling allocates a KV block per capture size (512 with the pin, 2 x max_num_seqs without), which a 24 GiB
+    card cannot hold beside a hybrid 27B model (benchmarks/data/surface-rtx3090-ballast.json)."""
+    import autotune.engine.compile_cache as cc
+
+    monkeypatch.setattr(cc, "installed_vllm", lambda: (Build.CUDA, version))
+    monkeypatch.setattr(cc, "max_num_seqs_in_compile_key", lambda: False)
+    assert cc.pin_keeps_compile_key() and cc.pin_costs_boot_memory() is not pinned
+    flags = cc.capture_pin({"max_num_seqs": 8}, 128)
+    assert flags == ({"max_num_seqs": 8, "max_cudagraph_capture_size": 256} if pinned else {"max_num_seqs": 8})
+
+
 def test_triton_keeps_the_shared_folder_after_vllm_moves_its_cache_dir(tmp_path: Path,
                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
     """What vLLM 0.25 does inside the server (InductorAdaptor.initialize_cache sets TRITON_CACHE_DIR to a folder of
