@@ -551,8 +551,14 @@ class PlannedConfig:
 DEVICE_VLLM = "0.25.0"  # the CUDA build the device runs (benchmarks/h200/wheels-vllm-0.25.0.txt)
 
 
+# Which flags a recording boots: the plan's as it was made, or those autotune gives the same params now.
+AS_PLANNED = "as planned (stop 22): the capture size pinned, the CUDA-graph profiling's KV cache not modelled"
+AUTOTUNES_OWN = ("autotune's own since stop 27: no capture-size pin on vLLM 0.25.x, the boot's peak modelled "
+                 "(fit/vllm_memory.py profiling_blocks)")
+
+
 @contextlib.contextmanager
-def device_vllm(version: str = DEVICE_VLLM) -> Iterator[None]:
+def device_vllm(version: str = DEVICE_VLLM, as_planned: bool = True) -> Iterator[None]:
     """Judge configurations as autotune does on the device, whatever vLLM is installed here. The flags and the
     estimate follow the installed vLLM: with 0.25.0's CUDA build a sampled configuration pins
     max_cudagraph_capture_size (compile_cache.capture_pin: 0.25.0's compile key leaves max_num_seqs out, read in
@@ -563,12 +569,13 @@ def device_vllm(version: str = DEVICE_VLLM) -> Iterator[None]:
         raise SystemExit(f"only vLLM {DEVICE_VLLM}'s compile key is known here, not {version}'s")
     cuda = (Build.CUDA, version)
     with contextlib.ExitStack() as stack:
-        # As planned and recorded (s22-s26), so that the surface stays one design and its replay judges it as the
-        # device did: the capture size pinned and the CUDA-graph profiling's KV cache not modelled. Both changed
-        # after the ballast run (s27): on a card of the cap's own total those boots fail (compile_cache
-        # pin_costs_boot_memory, fit/vllm_memory.py profiling_blocks).
-        stack.enter_context(mock.patch.object(compile_cache, "pin_costs_boot_memory", lambda: False))
-        stack.enter_context(mock.patch.object(vllm_memory, "profiling_blocks", lambda *args: 0))
+        if as_planned:
+            # As planned and recorded (s22-s26), so that the surface stays one design and its replay judges it as
+            # the device did: the capture size pinned and the CUDA-graph profiling's KV cache not modelled. Both
+            # changed after the ballast run (s27): on a card of the cap's own total those boots fail
+            # (compile_cache.pin_costs_boot_memory, fit/vllm_memory.py profiling_blocks).
+            stack.enter_context(mock.patch.object(compile_cache, "pin_costs_boot_memory", lambda: False))
+            stack.enter_context(mock.patch.object(vllm_memory, "profiling_blocks", lambda *args: 0))
         if flags.installed_vllm() != cuda:
             stack.enter_context(mock.patch.object(flags, "installed_vllm", lambda: cuda))
             stack.enter_context(mock.patch.object(compile_cache, "installed_vllm", lambda: cuda))
@@ -712,9 +719,10 @@ def sessions(seconds: Sequence[float], session_s: float = SESSION_S, cost: Cost 
 
 
 def surface_doc(out: Path, plan_path: Path, plan: dict, spec: StudySpec, real: GpuProfile,
-                ballast: str | None = None) -> dict:
+                ballast: str | None = None, flags_kind: str = AS_PLANNED) -> dict:
     """The surface recorded so far in `out` (resumed), or a new one: its provenance and no configurations.
-    `ballast`: the line benchmarks/h200/ballast.py printed once it held the card down to the capped card's total."""
+    `ballast`: the line benchmarks/h200/ballast.py printed once it held the card down to the capped card's total.
+    `flags_kind`: AS_PLANNED or AUTOTUNES_OWN (a file without the key was recorded as planned)."""
     if out.exists():
         doc = json.loads(out.read_text())
         if doc["provenance"].get("how") != plan["how"]:
@@ -722,6 +730,9 @@ def surface_doc(out: Path, plan_path: Path, plan: dict, spec: StudySpec, real: G
         if bool(doc["provenance"].get("ballast")) != bool(ballast):
             raise SystemExit(f"{out}: recorded {'with' if ballast is None else 'without'} a ballast; give another "
                              "--out")
+        if doc["provenance"].get("flags", AS_PLANNED) != flags_kind:
+            raise SystemExit(f"{out}: recorded with the flags {doc['provenance'].get('flags', AS_PLANNED)}, not "
+                             f"{flags_kind}; give another --out")
         if doc["provenance"].get("device") != real.name:  # throughput is the card's: a lent H100 is not the H200
             raise SystemExit(f"{out}: recorded on {doc['provenance'].get('device')}, not on this {real.name}; give "
                              "another --out")
@@ -732,6 +743,7 @@ def surface_doc(out: Path, plan_path: Path, plan: dict, spec: StudySpec, real: G
     return {"format": 2, "provenance": {
         "plan": str(plan_path), "how": plan["how"], "study": plan["study"], "model": plan["model"],
         "device": real.name, "memory_cap_gib": plan["memory_cap_gib"], "vllm": installed_vllm_version(),
+        "flags": flags_kind,
         "device_flags": DEVICE_FLAGS, "env": ENV,
         "objective": obj.name, "limits": {k: v for k, v in vars(obj.limits).items() if v is not None},
         "tightest_limits": {k: v for k, v in vars(ladder.tightest).items() if v is not None},
@@ -843,17 +855,18 @@ def record_plan(plan_path: Path, out: Path, stop_after: float | None, logs: Path
     """The planned configurations not yet in `out` (`only`: those of these plan indices), each booted (given the
     estimate's KV blocks where its key is new) and measured on the adaptive ladder (gpu_ladder); `out` is
     rewritten after every one. Refused ones are booted too: how they fail is recorded. With `ballast`, the card
-    keeps only the capped card's CUDA total free while they run (benchmarks/h200/ballast.py)."""
+    keeps only the capped card's CUDA total free while they run (benchmarks/h200/ballast.py), and they boot with
+    the flags autotune gives their params now: whether a real card of the cap's total runs what autotune would."""
     t0 = time.monotonic()
     plan, spec = read_plan(plan_path)
     real = memcap.present_gpu(0)
     write_model()
-    with device_vllm():  # as planned, on the device too
+    with device_vllm(as_planned=not ballast):  # on the device too
         configs = planned_configs(plan, spec, str(MODEL), real)  # refuses a study without a memory cap
     assert spec.memory_cap is not None
     configs = chosen(configs, only)
     with ballast_held(spec.memory_cap.cuda_total_gib) if ballast else contextlib.nullcontext() as held:
-        doc = surface_doc(out, plan_path, plan, spec, real, held)
+        doc = surface_doc(out, plan_path, plan, spec, real, held, AUTOTUNES_OWN if ballast else AS_PLANNED)
         todo = to_record(configs, doc)
         ladder = gpu_ladder(spec.objective)
         vocab = model_vocab_size(str(MODEL))
@@ -921,7 +934,8 @@ def main() -> None:
                     help="With --plan: record only these plan indices, in this order, e.g. 9,13.")
     ap.add_argument("--ballast", action="store_true",
                     help="With --plan: hold the card down to the capped card's CUDA total while recording "
-                         "(benchmarks/h200/ballast.py; give another --out).")
+                         "(benchmarks/h200/ballast.py; give another --out), booting the flags autotune gives "
+                         "the planned params now.")
     ap.add_argument("--estimate", action="store_true",
                     help="With --plan: print each configuration's expected seconds and the sessions they need; "
                          "boots nothing (reads --out, when it exists, for what is recorded).")

@@ -57,10 +57,11 @@
 #   or N: bash benchmarks/h200/run_h200.sh surface-start SECONDS .gpuN    carry [".gpuN", ".whl"]
 #      N+1 ...: bash benchmarks/h200/run_h200.sh surface-wait 560          (the GPU response surface of issue 15:
 #       benchmarks/record_surface.py's docstring has its runbook)
-#      The card held down to the capped card's CUDA total (does a capped winner that grew past it while serving
-#      run on a real 24 GiB card?): SURFACE=surface-rtx3090-ballast.json bash benchmarks/h200/run_h200.sh
-#      surface-start SECONDS .gpuN --only 42 --ballast (the best, 24.79 GiB serving), then
-#      SURFACE=surface-rtx3090-ballast.json ... surface-wait.
+#      The card held down to the capped card's CUDA total (does a real 24 GiB card run what autotune boots? s27:
+#      not the flags as planned, surface-rtx3090-ballast.json): with autotune's own flags now (no pin on 0.25),
+#      SURFACE=surface-rtx3090-ballast-own.json bash benchmarks/h200/run_h200.sh surface-start SECONDS .gpuN
+#      --only 42,9 --ballast (the best, and the one the estimator puts 0.1 GiB under the card), then
+#      SURFACE=surface-rtx3090-ballast-own.json ... surface-wait. Either card answers it (H100 or H200).
 #      Before surface-start on a fresh machine: `triton-cache` carry [".triton"] (the cache a surface-wait brought
 #      back, kept in .triton/triton-cache.tgz) spares the first configuration Triton's compile.
 # Each phase leaves $OUT/<phase>.tgz: server logs, NVML and nvidia-smi series, results-raw.json.
@@ -77,7 +78,7 @@ export GPURUN=/tmp/gpurun PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1 VLLM_USE_FLASH
   HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 VLLM_NO_USAGE_STATS=1 DO_NOT_TRACK=1
 mkdir -p /tmp/acc "$GPURUN"
 # the GPU response surface, resumed across sessions (benchmarks/data/ in the tree); another name for another
-# recording of the plan, e.g. SURFACE=surface-rtx3090-ballast.json with the recorder's --ballast
+# recording of the plan, e.g. SURFACE=surface-rtx3090-ballast-own.json with the recorder's --ballast
 SURFACE=${SURFACE:-surface-rtx3090.json}
 LOGS=$GPURUN/${SURFACE%.json}-logs
 CACHE=$HOME/.cache/autotune/vllm  # autotune's compile cache (autotune/engine/compile_cache.py), Triton's under it
@@ -143,7 +144,7 @@ case $phase in
     # planned configurations for $2 s in the background. It resumes the surface a previous start on this machine
     # left in $GPURUN, else the one the tree carries in benchmarks/data/ (a later session's), else starts one.
     # First it prints what the configurations to go are expected to cost (--estimate: boots nothing).
-    # Further arguments go to the recorder, e.g. `--only 42 --ballast` with SURFACE=surface-rtx3090-ballast.json.
+    # Further arguments go to the recorder, e.g. `--only 42,9 --ballast` with SURFACE=surface-rtx3090-ballast-own.json.
     install "$3"
     [ -f "$GPURUN/$SURFACE" ] || cp "benchmarks/data/$SURFACE" "$GPURUN/" 2>/dev/null
     (cd /tmp/src && python3 -m benchmarks.record_surface --plan benchmarks/data/surface-plan-rtx3090.json \

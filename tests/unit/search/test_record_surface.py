@@ -144,6 +144,39 @@ def test_a_surface_recorded_with_a_ballast_is_resumed_only_with_one_and_says_so(
         rs.surface_doc(without, PLAN, plan, spec, H200, held)
 
 
+def test_flags_as_planned_and_autotunes_own_never_mix_in_one_file(planned, tmp_path: Path) -> None:
+    """The surface's flags as planned (the capture size pinned) against autotune's own since the ballast run: the
+    ballast file of s27 holds the planned ones, so a ballast run of autotune's own flags needs another file."""
+    plan, spec, _ = planned
+    out = tmp_path / "surface.json"
+    rs.save(rs.surface_doc(out, PLAN, plan, spec, H200, flags_kind=rs.AUTOTUNES_OWN), out)
+    assert rs.surface_doc(out, PLAN, plan, spec, H200, flags_kind=rs.AUTOTUNES_OWN)["provenance"]["flags"] == \
+        rs.AUTOTUNES_OWN
+    with pytest.raises(SystemExit, match="recorded with the flags autotune's own .*, not as planned"):
+        rs.surface_doc(out, PLAN, plan, spec, H200)
+    s27 = REPO / "benchmarks" / "data" / "surface-rtx3090-ballast.json"
+    held = json.loads(s27.read_text())["provenance"]["ballast"]
+    copy = tmp_path / "ballast.json"
+    copy.write_text(s27.read_text())
+    with pytest.raises(SystemExit, match="recorded with the flags as planned"):
+        rs.surface_doc(copy, PLAN, plan, spec, get_profile("h100-80gb"), held, rs.AUTOTUNES_OWN)
+
+
+def test_autotunes_own_flags_boot_the_best_unpinned_and_the_estimator_lets_it() -> None:
+    """#42 (the surface's best) as planned boots --max-cudagraph-capture-size 512; as autotune gives it now, with vLLM's
+    own size (30 for 15 sequences), which the estimator, modelling the boot's peak, lets boot (19.7 GiB, where 512
+    blocks were 43.8)."""
+    plan, spec = rs.read_plan(PLAN)
+    by_kind = {}
+    for as_planned in (True, False):
+        with rs.device_vllm(as_planned=as_planned):
+            by_kind[as_planned] = next(c for c in rs.planned_configs(plan, spec, MODEL, H200) if c.index == 42)
+    assert by_kind[True].flags["max_cudagraph_capture_size"] == 512
+    own = by_kind[False]
+    assert "max_cudagraph_capture_size" not in own.flags and own.now.fits
+    assert own.flags["gpu_memory_utilization"] == by_kind[True].flags["gpu_memory_utilization"]
+
+
 @pytest.mark.parametrize(("recorded", "reserve"), [
     ([], 200.0),  # nothing recorded yet: as expected
     ([(50.0, 100.0), (300.0, 250.0), (90.0, 100.0)], 180.0),  # 0.9 x as long (the median): scaled down
