@@ -245,6 +245,53 @@ def published_summary(rs: list[Row]) -> dict[str, object]:
     }
 
 
+SURFACES = ROOT / "benchmarks" / "data"
+_DEVICE_ONLY = ("load_format", "skip_tokenizer_init", "gdn_prefill_backend")
+
+
+def predicted_boot(entry: dict, real: str) -> Estimate:
+    """A GPU surface entry's boot (benchmarks/data/surface-rtx3090*.json): its flags as they booted, with its logical
+    gpu_memory_utilization, judged for the `real` card capped as a 3090 by vLLM 0.25.0 (the device's)."""
+    from autotune.fit import memcap
+    from autotune.fit.hardware import PROFILES
+
+    flags = {k: v for k, v in entry["flags"].items() if k not in _DEVICE_ONLY}
+    flags["gpu_memory_utilization"] = entry["params"].get("gpu_memory_utilization", 0.92)
+    profile = memcap.capped_profile(PROFILES[real], memcap.parse_cap("rtx3090"))
+    return estimate(_shape(str(CONFIG)), profile, flags, vllm_version="0.25.0")
+
+
+def surface_boots(name: str) -> list[dict]:
+    return json.loads((SURFACES / name).read_text())["configs"]
+
+
+def boot_peaks() -> str:
+    """The boot's peak outside the budget (fit/vllm_memory.py profiling_blocks), predicted against what the device
+    saw: NVML's peak while booting on the H200 capped as a 3090, and the ballast run's failures (s27)."""
+    lines = ["boot peaks on the capped H200 (NVML while booting; benchmarks/data/surface-rtx3090.json)",
+             f"{'seqs':>5} {'spec':>5} {'capture':>8} {'seen GiB':>9} {'predicted':>10} {'error':>7}"]
+    errors = []
+    for c in surface_boots("surface-rtx3090.json"):
+        seen = c.get("boot_peak_memory_gib") or 0
+        if seen <= 1:
+            continue
+        e = predicted_boot(c, "h200")
+        errors.append(e.boot_peak_bytes / 2**30 - seen)
+        lines.append(f"{c['params']['max_num_seqs']:>5} {c['params'].get('speculative_method', 'none'):>5} "
+                     f"{c['flags'].get('max_cudagraph_capture_size', '-'):>8} {seen:>9.2f} "
+                     f"{e.boot_peak_bytes / 2**30:>10.2f} {errors[-1]:>+7.2f}")
+    lines.append(f"{len(errors)} boots: median |error| {statistics.median(abs(x) for x in errors):.2f} GiB, max "
+                 f"{max(abs(x) for x in errors):.2f}")
+    lines.append("\nthe ballast run (an H100 held down to the 3090's CUDA total; surface-rtx3090-ballast.json)")
+    for c in surface_boots("surface-rtx3090-ballast.json"):
+        e = predicted_boot(c, "h100-80gb")
+        asked = re.search(r"Tried to allocate ([\d.]+) GiB", c.get("reason", ""))
+        lines.append(f"  max_num_seqs {c['params']['max_num_seqs']}: {c['status']} "
+                     f"({asked.group(0) if asked else '-'}); predicted boot peak {e.boot_peak_bytes / 2**30:.2f} GiB, "
+                     f"{'refused' if e.refused else 'booted'} before boot")
+    return "\n".join(lines)
+
+
 def main(argv: list[str]) -> int:
     rs = rows()
     s = summary(rs)
@@ -273,6 +320,8 @@ def main(argv: list[str]) -> int:
           f"printed inside the predicted range: {p['inside_range']}/{p['with_printed_tokens']}")
     print(f"booted but refused before boot: new {p['booted_refused'] or 'none'}; "
           f"old {p['old_booted_refused'] or 'none'}")
+    print()
+    print(boot_peaks())
     return 0
 
 

@@ -5,36 +5,15 @@ CUDA total, where the same pinned boots failed in the CUDA-graph profiling's KV 
 
 from __future__ import annotations
 
-import json
 import re
 import statistics
-from pathlib import Path
 
 import pytest
 
-from autotune.fit import memcap
-from autotune.fit.estimate import Estimate, estimate
-from autotune.fit.hardware import PROFILES
 from autotune.units import GiB
 from benchmarks import estimator_accuracy as acc
 
-DATA = Path(__file__).resolve().parents[3] / "benchmarks" / "data"
-DEVICE_ONLY = ("load_format", "skip_tokenizer_init", "gdn_prefill_backend")
-
-
-def _predicted(entry: dict, real: str) -> Estimate:
-    """The entry's flags as they booted, with its logical gpu_memory_utilization, for the card capped as a 3090."""
-    flags = {k: v for k, v in entry["flags"].items() if k not in DEVICE_ONLY}
-    flags["gpu_memory_utilization"] = entry["params"].get("gpu_memory_utilization", 0.92)
-    profile = memcap.capped_profile(PROFILES[real], memcap.parse_cap("rtx3090"))
-    return estimate(acc._shape(str(acc.CONFIG)), profile, flags, vllm_version="0.25.0")
-
-
-def _surface(name: str) -> list[dict]:
-    return json.loads((DATA / name).read_text())["configs"]
-
-
-SEEN = [c for c in _surface("surface-rtx3090.json") if (c.get("boot_peak_memory_gib") or 0) > 1]
+SEEN = [c for c in acc.surface_boots("surface-rtx3090.json") if (c.get("boot_peak_memory_gib") or 0) > 1]
 
 
 def test_the_boot_peaks_the_h200_saw_are_the_profiling_kv_cache_beside_the_weights() -> None:
@@ -44,7 +23,7 @@ def test_the_boot_peaks_the_h200_saw_are_the_profiling_kv_cache_beside_the_weigh
     assert len(SEEN) >= 10
     errors = []
     for c in SEEN:
-        e = _predicted(c, "h200")
+        e = acc.predicted_boot(c, "h200")
         assert c["flags"]["max_cudagraph_capture_size"] == 512
         assert e.boot_peak_bytes - e.reserved_bytes > 20 * GiB  # the cap reserved ~22 GiB
         errors.append(e.boot_peak_bytes / GiB - c["boot_peak_memory_gib"])
@@ -52,7 +31,7 @@ def test_the_boot_peaks_the_h200_saw_are_the_profiling_kv_cache_beside_the_weigh
     assert statistics.median(abs(x) for x in errors) <= 0.25, errors
 
 
-BALLAST = _surface("surface-rtx3090-ballast.json")
+BALLAST = acc.surface_boots("surface-rtx3090-ballast.json")
 
 
 @pytest.mark.parametrize("entry", BALLAST, ids=[f"seqs{c['params']['max_num_seqs']}" for c in BALLAST])
@@ -61,11 +40,11 @@ def test_on_a_card_of_the_caps_total_those_boots_fail_in_the_profiling_kv_cache(
     the block's 16) and failed: the estimator refuses them for the boot's peak, whatever gpu_memory_utilization."""
     assert entry["status"] == "boot_failed" and entry["failure_kind"] == "out_of_memory"
     asked = float(re.search(r"Tried to allocate ([\d.]+) GiB", entry["reason"]).group(1))  # type: ignore[union-attr]
-    e = _predicted(entry, "h100-80gb")
+    e = acc.predicted_boot(entry, "h100-80gb")
     assert e.refused and not e.fits
     assert any("vLLM allocates 512 KV blocks" in r for r in e.reasons), e.reasons
     assert round(512 * e.bytes_per_block / 16 / GiB, 2) == asked
     # vLLM's own capture size for its max_num_seqs (no pin) holds 2 x max_num_seqs blocks
-    unpinned = _predicted({**entry, "flags": {k: v for k, v in entry["flags"].items()
+    unpinned = acc.predicted_boot({**entry, "flags": {k: v for k, v in entry["flags"].items()
                                               if k != "max_cudagraph_capture_size"}}, "h100-80gb")
     assert unpinned.boot_peak_bytes < e.boot_peak_bytes - (512 - 2 * 52) * e.bytes_per_block + GiB
