@@ -37,7 +37,7 @@
 # Seen 2026-12-05 (s26): no machine came, on nvidia-h200 or nvidia-h100-x1, in 10 calls over 80 minutes; each
 # refused start cost 90-180 s of the session's device time (1,800 s -> 780 s). Ask `status` first (its none_now says
 # when to try again), and keep what a session needs for one configuration (~400 s with staging) before trying.
-# Seen 2026-12-05 (s27): four refused starts (627 s), then an H100 on a call that named no kind: stage 1..6 (held
+# Seen 2026-12-05 (s27): five refused starts (539 s), then an H100 on a call that named no kind: stage 1..6 (held
 # 630 s), the ballast run (SURFACE=surface-rtx3090-ballast.json surface-start 500 .gpu7 --only 42 --ballast; install
 # 48 s), then --only 44,9 and, in the foreground, --only 6: all four failed to boot, ~100 s a boot, two boots each
 # (benchmarks/data/surface-rtx3090-ballast-logs/s27). The H200 surface cannot resume on an H100: a call naming no kind
