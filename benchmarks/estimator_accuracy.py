@@ -246,7 +246,6 @@ def published_summary(rs: list[Row]) -> dict[str, object]:
 
 
 SURFACES = ROOT / "benchmarks" / "data"
-_DEVICE_ONLY = ("load_format", "skip_tokenizer_init", "gdn_prefill_backend")
 
 
 def predicted_boot(entry: dict, real: str) -> Estimate:
@@ -254,8 +253,9 @@ def predicted_boot(entry: dict, real: str) -> Estimate:
     gpu_memory_utilization, judged for the `real` card capped as a 3090 by vLLM 0.25.0 (the device's)."""
     from autotune.fit import memcap
     from autotune.fit.hardware import PROFILES
+    from benchmarks.h200.run_h200 import DEVICE_FLAGS
 
-    flags = {k: v for k, v in entry["flags"].items() if k not in _DEVICE_ONLY}
+    flags = {k: v for k, v in entry["flags"].items() if k not in DEVICE_FLAGS}
     flags["gpu_memory_utilization"] = entry["params"].get("gpu_memory_utilization", 0.92)
     profile = memcap.capped_profile(PROFILES[real], memcap.parse_cap("rtx3090"))
     return estimate(_shape(str(CONFIG)), profile, flags, vllm_version="0.25.0")

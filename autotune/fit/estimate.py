@@ -232,7 +232,7 @@ def estimate(
     # profile run left (vllm_memory.py). An explicit KV size skips that profiling (determine_available_memory).
     boot_peak = 0
     if profiling and s.explicit_kv is None:
-        boot_peak = CUDA_CONTEXT_BYTES + weights + activation + cudagraph + overhead + profiling * bpb
+        boot_peak = CUDA_CONTEXT_BYTES + non_kv + profiling * bpb
         why = (f"the boot peaks at {gib(boot_peak)}, over the {gib(total)} of {profile.name}: to profile its CUDA "
                f"graphs vLLM allocates {profiling} KV blocks ({gib(profiling * bpb)}) beside the weights"
                + ("" if profiling_kv_per_sequence(vllm_version) else

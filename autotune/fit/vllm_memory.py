@@ -146,7 +146,7 @@ def capture_sizes(s: Settings, config: Mapping[str, object], vllm_version: str |
 
 def profiling_blocks(s: Settings, piecewise: list[int], vllm_version: str | None) -> int:
     """The minimal KV cache's blocks (_init_minimal_kv_cache_for_profiling): max_cudagraph_capture_size (the largest
-    capture size) in 0.25, min(max_num_seqs, it) from 0.26; at least 1. None without graphs."""
+    capture size) in 0.25, min(max_num_seqs, it) from 0.26; at least 1. 0 without graphs."""
     if not piecewise:
         return 0
     top = max(piecewise)
