@@ -262,7 +262,14 @@ def predicted_boot(entry: dict, real: str) -> Estimate:
 
 
 def surface_boots(name: str) -> list[dict]:
-    return json.loads((SURFACES / name).read_text())["configs"]
+    """A surface file's configurations, each with its plan index and, for a ballast run, the ballast's line."""
+    from benchmarks.record_surface import _key
+
+    doc = json.loads((SURFACES / name).read_text())
+    plan = json.loads((ROOT / doc["provenance"]["plan"]).read_text())["configs"]
+    index = {_key(c["params"]): i for i, c in enumerate(plan)}
+    return [{**c, "plan_index": index[_key(c["params"])], "_ballast": doc["provenance"].get("ballast")}
+            for c in doc["configs"]]
 
 
 def boot_peaks() -> str:
@@ -289,7 +296,33 @@ def boot_peaks() -> str:
         lines.append(f"  max_num_seqs {c['params']['max_num_seqs']}: {c['status']} "
                      f"({asked.group(0) if asked else '-'}); predicted boot peak {e.boot_peak_bytes / 2**30:.2f} GiB, "
                      f"{'refused' if e.refused else 'booted'} before boot")
+    lines.append("\nthe ballast run with autotune's own flags (no capture-size pin on 0.25; s28, "
+                 "surface-rtx3090-ballast-own.json): process GiB = NVML less what the ballast held")
+    lines.append(f"{'#':>3} {'seqs':>5} {'verdict':>8} {'boot':>5} {'status':>11} {'asked':>10} {'predicted':>10} "
+                 f"{'booting':>8} {'ready':>6}  KV blocks (vLLM's own: as it sized them)")
+    for c in surface_boots("surface-rtx3090-ballast-own.json"):
+        e, held = predicted_boot(c, "h100-80gb"), ballast_held_gib(c)
+        asked = re.search(r"Tried to allocate ([\d.]+ [GM]iB)", c.get("reason", ""))
+        seen = [f"{v - held:.2f}" if v else "-" for v in (c.get("boot_peak_memory_gib"), c.get("ready_memory_gib"))]
+        if c.get("kv_blocks_given"):
+            blocks = f"given {c['kv_blocks_given']}, own {c['kv_blocks_profiled']}"
+        elif c.get("kv_cache_tokens"):
+            blocks = f"own {c['kv_cache_tokens'] * e.num_blocks // e.kv_tokens}"
+        else:
+            blocks = "-"
+        blocks += f" (est. {e.num_blocks})"
+        lines.append(f"{c['plan_index']:>3} {c['params']['max_num_seqs']:>5} {'refused' if e.refused else 'fits':>8} "
+                     f"{c['compile_cache']:>5} {c['status']:>11} {asked.group(1) if asked else '-':>10} "
+                     f"{e.boot_peak_bytes / 2**30:>10.2f} {seen[0]:>8} {seen[1]:>6}  {blocks}")
     return "\n".join(lines)
+
+
+def ballast_held_gib(entry: dict) -> float:
+    """What the card held besides the server during a ballast run (the ballast and its CUDA context), from the
+    line it printed: 'CUDA free F of T GiB'. 0 for a surface recorded without one."""
+    doc = entry.get("_ballast") or ""
+    m = re.search(r"CUDA free ([\d.]+) of ([\d.]+) GiB", doc)
+    return float(m.group(2)) - float(m.group(1)) if m else 0.0
 
 
 def main(argv: list[str]) -> int:
