@@ -42,6 +42,11 @@
 # 48 s), then --only 44,9 and, in the foreground, --only 6: all four failed to boot, ~100 s a boot, two boots each
 # (benchmarks/data/surface-rtx3090-ballast-logs/s27). The H200 surface cannot resume on an H100: a call naming no kind
 # suits the ballast work, which either card answers.
+# Seen 2026-12-05 (s28): a call naming nvidia-h200 got an H100 at once (held 86 s at the first call). stage 1..6,
+# then SURFACE=surface-rtx3090-ballast-own.json surface-start 1480 .gpu7 --only 42,9,44,6 --ballast (install 45 s,
+# no Triton cache carried: the first boot compiled it, ready after ~260 s), surface-wait 540 and 540 (all four done at held
+# 1,155 s: cold boots 88-134 s with Triton's cache warm), then the recorder in the foreground (timeout 560,
+# --only 43,0,1,2): three more. 1,712 s held in all.
 #   1-4: bash benchmarks/h200/run_h200.sh stage 1   ... stage 4         carry [".gpuN"]
 #   5:   bash benchmarks/h200/run_h200.sh trials                          carry [".gpu5", ".whl"]
 #        (stages .gpu5 and .whl, installs, reads the idle card, then: `autotune trial --memory-cap 24` of vLLM's
@@ -58,9 +63,9 @@
 #      N+1 ...: bash benchmarks/h200/run_h200.sh surface-wait 560          (the GPU response surface of issue 15:
 #       benchmarks/record_surface.py's docstring has its runbook)
 #      The card held down to the capped card's CUDA total (does a real 24 GiB card run what autotune boots? s27:
-#      not the flags as planned, surface-rtx3090-ballast.json): with autotune's own flags now (no pin on 0.25),
-#      SURFACE=surface-rtx3090-ballast-own.json bash benchmarks/h200/run_h200.sh surface-start SECONDS .gpuN
-#      --only 42,9 --ballast (the best, and the one the estimator puts 0.1 GiB under the card), then
+#      not the flags as planned, surface-rtx3090-ballast.json; s28: autotune's own flags, 7 of 7 as the estimator
+#      said, surface-rtx3090-ballast-own.json): SURFACE=surface-rtx3090-ballast-own.json bash
+#      benchmarks/h200/run_h200.sh surface-start SECONDS .gpuN --only I,J --ballast, then
 #      SURFACE=surface-rtx3090-ballast-own.json ... surface-wait. Either card answers it (H100 or H200).
 #      Before surface-start on a fresh machine: `triton-cache` carry [".triton"] (the cache a surface-wait brought
 #      back, kept in .triton/triton-cache.tgz) spares the first configuration Triton's compile.
