@@ -62,11 +62,11 @@
 #   or N: bash benchmarks/h200/run_h200.sh surface-start SECONDS .gpuN    carry [".gpuN", ".whl"]
 #      N+1 ...: bash benchmarks/h200/run_h200.sh surface-wait 560          (the GPU response surface of issue 15:
 #       benchmarks/record_surface.py's docstring has its runbook)
-#      The card held down to the capped card's CUDA total (does a real 24 GiB card run what autotune boots? s27:
-#      not the flags as planned, surface-rtx3090-ballast.json; s28: autotune's own flags, 7 of 7 as the estimator
-#      said, surface-rtx3090-ballast-own.json): SURFACE=surface-rtx3090-ballast-own.json bash
-#      benchmarks/h200/run_h200.sh surface-start SECONDS .gpuN --only I,J --ballast, then
-#      SURFACE=surface-rtx3090-ballast-own.json ... surface-wait. Either card answers it (H100 or H200).
+#      With SURFACE unset the card picks the file: an H200 resumes surface-rtx3090.json (the flags as planned), an
+#      H100 resumes surface-rtx3090-ballast-own.json with --ballast: the same plan on the card held down to the
+#      capped card's CUDA total, booting autotune's own flags (does a real 24 GiB card run what autotune boots?
+#      s27: not the flags as planned, surface-rtx3090-ballast.json; s28: autotune's own, 7 of 7 as the estimator
+#      said). So whichever card comes records a point of one of the two; --only I,J picks which.
 #      Before surface-start on a fresh machine: `triton-cache` carry [".triton"] (the cache a surface-wait brought
 #      back, kept in .triton/triton-cache.tgz) spares the first configuration Triton's compile.
 # Each phase leaves $OUT/<phase>.tgz: server logs, NVML and nvidia-smi series, results-raw.json.
@@ -84,7 +84,16 @@ export GPURUN=/tmp/gpurun PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1 VLLM_USE_FLASH
 mkdir -p /tmp/acc "$GPURUN"
 # the GPU response surface, resumed across sessions (benchmarks/data/ in the tree); another name for another
 # recording of the plan, e.g. SURFACE=surface-rtx3090-ballast-own.json with the recorder's --ballast
-SURFACE=${SURFACE:-surface-rtx3090.json}
+# Left unset, the card picks: the H200 surface resumes only on an H200 (the recorder refuses another card), so an
+# H100 records the same plan held down to the capped card's total with autotune's own flags (--ballast) instead.
+BALLAST=()
+if [ -z "${SURFACE:-}" ]; then
+  case "$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)" in
+    *H100*) SURFACE=surface-rtx3090-ballast-own.json BALLAST=(--ballast) ;;
+    *) SURFACE=surface-rtx3090.json ;;
+  esac
+  echo "surface: $SURFACE ${BALLAST[*]}"
+fi
 LOGS=$GPURUN/${SURFACE%.json}-logs
 CACHE=$HOME/.cache/autotune/vllm  # autotune's compile cache (autotune/engine/compile_cache.py), Triton's under it
 
@@ -155,7 +164,7 @@ case $phase in
     (cd /tmp/src && python3 -m benchmarks.record_surface --plan benchmarks/data/surface-plan-rtx3090.json \
       --out "$GPURUN/$SURFACE" --estimate | tail -3)
     launch surface python3 -m benchmarks.record_surface --plan benchmarks/data/surface-plan-rtx3090.json \
-      --out "$GPURUN/$SURFACE" --logs "$LOGS" --stop-after "$2" "${@:4}" ;;
+      --out "$GPURUN/$SURFACE" --logs "$LOGS" --stop-after "$2" "${BALLAST[@]}" "${@:4}" ;;
   surface-wait)
     # Waits up to $2 s for the recording surface-start began, then brings back the surface file (rewritten after
     # every configuration), the recorder's output and the server logs.
