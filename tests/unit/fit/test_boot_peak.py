@@ -58,15 +58,21 @@ def test_on_a_card_of_the_caps_total_autotunes_own_flags_do_what_the_estimator_s
     """s28: the same held-down H100, the flags autotune gives today (no capture-size pin on vLLM 0.25). Each
     configuration the estimator accepts booted and served, and the warm boot sized the KV cache it predicts; each it
     refuses for the boot's peak failed in the profiling KV cache, asking for one of its 16 attention layers' tensors
-    of exactly the blocks it names (vLLM's own capture size: 2 x max_num_seqs, at most 512)."""
+    of exactly the blocks it names (vLLM's own capture size: 2 x max_num_seqs, at most 512). Inside the estimator's
+    band (neither verdict) either may happen."""
     e = acc.predicted_boot(entry, "h100-80gb")
-    if not e.refused:
+    if e.fits:
         assert entry["status"] == "measured"
         if entry["compile_cache"] == "warm" and not entry["kv_blocks_given"]:
             assert entry["kv_cache_tokens"] == e.kv_tokens
+    if not e.refused:
+        return
+    assert entry["status"] != "measured"
+    peak = re.findall(r"vLLM allocates (\d+) KV blocks", "; ".join(e.reasons))
+    if not peak:
         return
     assert entry["status"] == "boot_failed" and entry["failure_kind"] == "out_of_memory"
-    [(blocks, _)] = re.findall(r"vLLM allocates (\d+) KV blocks \(([\d.]+ GiB)\)", "; ".join(e.reasons))
+    [blocks] = peak
     assert int(blocks) == min(2 * entry["params"]["max_num_seqs"], 512)
     size, unit = re.search(r"Tried to allocate ([\d.]+) ([GM]iB)", entry["reason"]).groups()  # type: ignore[union-attr]
     assert round(int(blocks) * e.bytes_per_block / 16 / (GiB if unit == "GiB" else 2**20), 2) == float(size)
@@ -75,6 +81,7 @@ def test_on_a_card_of_the_caps_total_autotunes_own_flags_do_what_the_estimator_s
 def test_the_held_down_run_covers_both_verdicts() -> None:
     """The file holds what the test above needs to mean something: accepted boots, among them a warm one sized
     by vLLM, and refused ones."""
-    verdicts = [acc.predicted_boot(c, "h100-80gb").refused for c in OWN]
-    assert verdicts.count(False) >= 4 and verdicts.count(True) >= 2
+    estimates = [acc.predicted_boot(c, "h100-80gb") for c in OWN]
+    assert sum(e.fits for e in estimates) >= 4
+    assert sum(any("vLLM allocates" in r for r in e.reasons) for e in estimates if e.refused) >= 2
     assert any(c["compile_cache"] == "warm" and c["status"] == "measured" and not c["kv_blocks_given"] for c in OWN)
