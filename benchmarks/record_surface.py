@@ -800,8 +800,10 @@ def plan_entry(config: PlannedConfig, real: GpuProfile, recorded: dict[str, obje
             "recorded": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"), **recorded}
 
 
-def print_estimate(configs: list[PlannedConfig], todo: list[PlannedConfig], spec: StudySpec) -> None:
-    """--estimate: each configuration's expected cost, now and as the recorder did before, and the sessions."""
+def print_estimate(configs: list[PlannedConfig], todo: list[PlannedConfig], spec: StudySpec, doc: dict) -> None:
+    """--estimate: each configuration's expected cost, now and as the recorder did before, and the sessions; then
+    the sessions scaled as --stop-after scales them (reserve_s: by how long `doc`'s recordings took against their
+    expected seconds)."""
     ladder = gpu_ladder(spec.objective)
     workload = spec.objective.workload
     now = {c.index: expected(c, ladder, workload) for c in configs}
@@ -824,20 +826,28 @@ def print_estimate(configs: list[PlannedConfig], todo: list[PlannedConfig], spec
         print(f"{label}: seconds per configuration: {'; '.join(kinds)}; mean {statistics.fmean(every):.0f}. "
               f"The {len(left)} to go: {sum(left) / 60:.0f} min, {len(sessions(left))} sessions of {SESSION_S:.0f} s "
               f"recording {sessions(left)}")
+    scale = reserve_s(doc, 1.0)
+    if scale != 1.0:
+        left = [reserve_s(doc, now[c.index].seconds) for c in todo]
+        print(f"scaled as this file's {len(doc['configs'])} recordings ran (median wall / expected x{scale:.2f}): the "
+              f"{len(left)} to go: {sum(left) / 60:.0f} min, {len(sessions(left))} sessions recording {sessions(left)}")
     first30 = [c.index for c in configs[:30]]
     print(f"the plan's first 30 configurations: {len(sessions([now[i].seconds for i in first30]))} sessions now, "
           f"{len(sessions([before[i].seconds for i in first30]))} before")
 
 
-def estimate_plan(plan_path: Path, out: Path) -> None:
+def estimate_plan(plan_path: Path, out: Path, ballast: bool = False) -> None:
     """--estimate: what the planned configurations not yet in `out` are expected to cost (print_estimate), for the
     plan's card and the device's vLLM (device_vllm: on the CPU build, the first plan had 14 configurations refused
-    where the device refuses 23); boots nothing."""
+    where the device refuses 23), judged with the flags `out` records (as planned, or autotune's own: `ballast`
+    where `out` is new); boots nothing."""
     plan, spec = read_plan(plan_path)
-    with device_vllm():
-        configs = planned_configs(plan, spec, str(MODEL), get_profile(plan["card"]))
     doc = json.loads(out.read_text()) if out.exists() else {"configs": []}
-    print_estimate(configs, to_record(configs, doc), spec)
+    flags_kind = doc.get("provenance", {}).get("flags", AS_PLANNED) if out.exists() else (
+        AUTOTUNES_OWN if ballast else AS_PLANNED)
+    with device_vllm(as_planned=flags_kind == AS_PLANNED):
+        configs = planned_configs(plan, spec, str(MODEL), get_profile(plan["card"]))
+    print_estimate(configs, to_record(configs, doc), spec, doc)
 
 
 def chosen(configs: Sequence[PlannedConfig], only: Sequence[int]) -> list[PlannedConfig]:
@@ -945,7 +955,7 @@ def main() -> None:
         ap.error("--estimate needs --plan")
     if opts.plan is not None:
         if opts.estimate:
-            estimate_plan(opts.plan, GPU_OUT if opts.out == OUT else opts.out)
+            estimate_plan(opts.plan, GPU_OUT if opts.out == OUT else opts.out, opts.ballast)
         else:
             record_plan(opts.plan, opts.out, opts.stop_after,
                         opts.logs or Path(tempfile.mkdtemp(prefix="surface-logs-")), opts.only, opts.ballast)

@@ -162,7 +162,7 @@ case $phase in
     install "$3"
     [ -f "$GPURUN/$SURFACE" ] || cp "benchmarks/data/$SURFACE" "$GPURUN/" 2>/dev/null
     (cd /tmp/src && python3 -m benchmarks.record_surface --plan benchmarks/data/surface-plan-rtx3090.json \
-      --out "$GPURUN/$SURFACE" --estimate | tail -3)
+      --out "$GPURUN/$SURFACE" --estimate "${BALLAST[@]}" | tail -4)
     launch surface python3 -m benchmarks.record_surface --plan benchmarks/data/surface-plan-rtx3090.json \
       --out "$GPURUN/$SURFACE" --logs "$LOGS" --stop-after "$2" "${BALLAST[@]}" "${@:4}" ;;
   surface-wait)

@@ -492,3 +492,44 @@ def test_the_plans_start_picks_are_what_the_replays_first_seeds_boot_first(tmp_p
     assert rs.surface_doc(surface_path, plan_path, plan, spec, H200)["configs"]
     with pytest.raises(SystemExit, match="already planned"):
         surface_plan.append_picks(plan_path, surface_path)
+
+
+def _estimate(out: Path, capsys: pytest.CaptureFixture[str], ballast: bool = False) -> str:
+    rs.estimate_plan(PLAN, out, ballast)
+    return capsys.readouterr().out
+
+
+def test_the_estimate_judges_with_the_flags_the_surface_file_records(tmp_path: Path, capsys) -> None:
+    """--estimate on the held-down card's file (autotune's own flags) expects the recipe refused, as it was on
+    that card (s28: the boot's profiling KV cache); on the H200 surface (as planned) it expects it to boot. A new
+    file is judged by --ballast."""
+    data = REPO / "benchmarks" / "data"
+    recipe = [line for line in _estimate(data / "surface-rtx3090-ballast-own.json", capsys).splitlines()
+              if line.split()[:1] == ["1"]]
+    assert recipe and recipe[0].split()[1] == "refused" and recipe[0].endswith("(recorded)")
+    planned_recipe = [line for line in _estimate(data / "surface-rtx3090.json", capsys).splitlines()
+                      if line.split()[:1] == ["1"]]
+    assert planned_recipe and planned_recipe[0].split()[1] != "refused"
+    new = [line for line in _estimate(tmp_path / "new.json", capsys, ballast=True).splitlines()
+           if line.split()[:1] == ["1"]]
+    assert new[0].split()[1] == "refused" and not new[0].endswith("(recorded)")
+
+
+def test_the_estimate_scales_the_sessions_as_the_files_recordings_ran(tmp_path: Path, capsys) -> None:
+    """What --stop-after plans with (reserve_s), the estimate prints too: recordings that took twice their
+    expected time double the minutes still to go."""
+    out = tmp_path / "s.json"
+    doc = json.loads((REPO / "benchmarks" / "data" / "surface-rtx3090.json").read_text())
+    doc["configs"] = doc["configs"][:3]
+    for c in doc["configs"]:
+        c["wall_s"] = 2 * c["expected_s"]
+    out.write_text(json.dumps(doc))
+    text = _estimate(out, capsys)
+    [now] = [line for line in text.splitlines() if line.startswith("now:")]
+    [scaled] = [line for line in text.splitlines() if line.startswith("scaled as")]
+    assert "x2.00" in scaled and "this file's 3 recordings" in scaled
+    minutes = [int(line.split(" to go: ")[1].split(" min")[0]) for line in (now, scaled)]
+    assert abs(minutes[1] - 2 * minutes[0]) <= 1
+    doc["configs"] = []
+    out.write_text(json.dumps(doc))
+    assert "scaled as" not in _estimate(out, capsys)
