@@ -263,12 +263,12 @@ def predicted_boot(entry: dict, real: str) -> Estimate:
 
 def surface_boots(name: str) -> list[dict]:
     """A surface file's configurations, each with its plan index and, for a ballast run, the ballast's line."""
-    from benchmarks.record_surface import _key
+    from benchmarks.record_surface import params_key
 
     doc = json.loads((SURFACES / name).read_text())
     plan = json.loads((ROOT / doc["provenance"]["plan"]).read_text())["configs"]
-    index = {_key(c["params"]): i for i, c in enumerate(plan)}
-    return [{**c, "plan_index": index[_key(c["params"])], "_ballast": doc["provenance"].get("ballast")}
+    index = {params_key(c["params"]): i for i, c in enumerate(plan)}
+    return [{**c, "plan_index": index[params_key(c["params"])], "_ballast": doc["provenance"].get("ballast")}
             for c in doc["configs"]]
 
 

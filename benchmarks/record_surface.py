@@ -113,7 +113,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from unittest import mock
@@ -558,6 +558,16 @@ AUTOTUNES_OWN = ("autotune's own since stop 27: no capture-size pin on vLLM 0.25
                  "(fit/vllm_memory.py profiling_blocks)")
 
 
+def recorded_flags(provenance: Mapping[str, object]) -> str:
+    """AS_PLANNED or AUTOTUNES_OWN: the flags a surface file's boots used (a file without the key: as planned)."""
+    return str(provenance.get("flags", AS_PLANNED))
+
+
+def flags_for(ballast: bool) -> str:
+    """The flags a recording boots: autotune's own on the held-down card (--ballast), else as planned."""
+    return AUTOTUNES_OWN if ballast else AS_PLANNED
+
+
 @contextlib.contextmanager
 def device_vllm(version: str = DEVICE_VLLM, as_planned: bool = True) -> Iterator[None]:
     """Judge configurations as autotune does on the device, whatever vLLM is installed here. The flags and the
@@ -731,8 +741,8 @@ def surface_doc(out: Path, plan_path: Path, plan: dict, spec: StudySpec, real: G
         if bool(doc["provenance"].get("ballast")) != bool(ballast):
             raise SystemExit(f"{out}: recorded {'with' if ballast is None else 'without'} a ballast; give another "
                              "--out")
-        if doc["provenance"].get("flags", AS_PLANNED) != flags_kind:
-            raise SystemExit(f"{out}: recorded with the flags {doc['provenance'].get('flags', AS_PLANNED)}, not "
+        if recorded_flags(doc["provenance"]) != flags_kind:
+            raise SystemExit(f"{out}: recorded with the flags {recorded_flags(doc['provenance'])}, not "
                              f"{flags_kind}; give another --out")
         if doc["provenance"].get("device") != real.name:  # throughput is the card's: a lent H100 is not the H200
             raise SystemExit(f"{out}: recorded on {doc['provenance'].get('device')}, not on this {real.name}; give "
@@ -769,14 +779,14 @@ def surface_doc(out: Path, plan_path: Path, plan: dict, spec: StudySpec, real: G
         "started": dt.datetime.now(dt.UTC).isoformat(timespec="seconds")}, "configs": []}
 
 
-def _key(params: dict[str, object]) -> str:
+def params_key(params: dict[str, object]) -> str:
     return json.dumps(params, sort_keys=True)
 
 
 def to_record(configs: list[PlannedConfig], doc: dict) -> list[PlannedConfig]:
     """The planned configurations the surface does not hold yet, in the plan's order."""
-    done = {_key(c["params"]) for c in doc["configs"]}
-    return [c for c in configs if _key(c.params) not in done]
+    done = {params_key(c["params"]) for c in doc["configs"]}
+    return [c for c in configs if params_key(c.params) not in done]
 
 
 def reserve_s(doc: dict, expected_s: float) -> float:
@@ -843,8 +853,7 @@ def estimate_plan(plan_path: Path, out: Path, ballast: bool = False) -> None:
     where `out` is new); boots nothing."""
     plan, spec = read_plan(plan_path)
     doc = json.loads(out.read_text()) if out.exists() else {"configs": []}
-    flags_kind = doc.get("provenance", {}).get("flags", AS_PLANNED) if out.exists() else (
-        AUTOTUNES_OWN if ballast else AS_PLANNED)
+    flags_kind = recorded_flags(doc["provenance"]) if out.exists() else flags_for(ballast)
     with device_vllm(as_planned=flags_kind == AS_PLANNED):
         configs = planned_configs(plan, spec, str(MODEL), get_profile(plan["card"]))
     print_estimate(configs, to_record(configs, doc), spec, doc)
@@ -872,12 +881,13 @@ def record_plan(plan_path: Path, out: Path, stop_after: float | None, logs: Path
     plan, spec = read_plan(plan_path)
     real = memcap.present_gpu(0)
     write_model()
-    with device_vllm(as_planned=not ballast):  # on the device too
+    flags_kind = flags_for(ballast)
+    with device_vllm(as_planned=flags_kind == AS_PLANNED):  # on the device too
         configs = planned_configs(plan, spec, str(MODEL), real)  # refuses a study without a memory cap
     assert spec.memory_cap is not None
     configs = chosen(configs, only)
     with ballast_held(spec.memory_cap.cuda_total_gib) if ballast else contextlib.nullcontext() as held:
-        doc = surface_doc(out, plan_path, plan, spec, real, held, AUTOTUNES_OWN if ballast else AS_PLANNED)
+        doc = surface_doc(out, plan_path, plan, spec, real, held, flags_kind)
         todo = to_record(configs, doc)
         ladder = gpu_ladder(spec.objective)
         vocab = model_vocab_size(str(MODEL))
