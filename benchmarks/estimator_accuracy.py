@@ -296,13 +296,15 @@ def boot_peaks() -> str:
         lines.append(f"  max_num_seqs {c['params']['max_num_seqs']}: {c['status']} "
                      f"({asked.group(0) if asked else '-'}); predicted boot peak {e.boot_peak_bytes / 2**30:.2f} GiB, "
                      f"{'refused' if e.refused else 'booted'} before boot")
-    lines.append("\nthe ballast run with autotune's own flags (no capture-size pin on 0.25; s28, "
-                 "surface-rtx3090-ballast-own.json): process GiB = NVML less what the ballast held")
-    lines.append(f"{'#':>3} {'seqs':>5} {'verdict':>8} {'boot':>5} {'status':>11} {'asked':>10} {'predicted':>10} "
-                 f"{'booting':>8} {'ready':>6}  KV blocks (vLLM's own: as it sized them)")
+    lines.append("\nthe ballast run with autotune's own flags (no capture-size pin on 0.25; s28-s29, "
+                 "surface-rtx3090-ballast-own.json): process GiB = NVML less what the ballast held; a failed boot's "
+                 "held + asked is CUDA's message (the last log's), the process's need where it failed")
+    lines.append(f"{'#':>3} {'seqs':>5} {'mtp':>3} {'verdict':>8} {'boot':>5} {'status':>11} {'asked':>9} "
+                 f"{'held+asked':>10} {'predicted':>10} {'booting':>8} {'ready':>6}  KV blocks (vLLM's own: as it "
+                 "sized them)")
     for c in surface_boots("surface-rtx3090-ballast-own.json"):
         e, held = predicted_boot(c, "h100-80gb"), ballast_held_gib(c)
-        asked = re.search(r"Tried to allocate ([\d.]+ [GM]iB)", c.get("reason", ""))
+        failed = failed_allocations(c)
         seen = [f"{v - held:.2f}" if v else "-" for v in (c.get("boot_peak_memory_gib"), c.get("ready_memory_gib"))]
         if c.get("kv_blocks_given"):
             blocks = f"given {c['kv_blocks_given']}, own {c['kv_blocks_profiled']}"
@@ -311,10 +313,27 @@ def boot_peaks() -> str:
         else:
             blocks = "-"
         blocks += f" (est. {e.num_blocks})"
-        lines.append(f"{c['plan_index']:>3} {c['params']['max_num_seqs']:>5} {'refused' if e.refused else 'fits':>8} "
-                     f"{c['compile_cache']:>5} {c['status']:>11} {asked.group(1) if asked else '-':>10} "
+        asked, need = (f"{failed[-1][1]:.2f}", f"{failed[-1][1] + failed[-1][2]:.2f}") if failed else ("-", "-")
+        mtp = c["params"].get("num_speculative_tokens") if c["params"].get("speculative_method") == "mtp" else "-"
+        lines.append(f"{c['plan_index']:>3} {c['params']['max_num_seqs']:>5} {mtp:>3} {verdict(e):>8} "
+                     f"{c['compile_cache'] or '-':>5} {c['status']:>11} {asked:>9} {need:>10} "
                      f"{e.boot_peak_bytes / 2**30:>10.2f} {seen[0]:>8} {seen[1]:>6}  {blocks}")
     return "\n".join(lines)
+
+
+def failed_allocations(entry: dict) -> list[tuple[str, float, float]]:
+    """(log, GiB asked, GiB the process held) for each of a held-down boot's logs that ran out of memory, from
+    CUDA's own message in the server logs kept beside the surface file (its reason is cut short)."""
+    out = []
+    for log in sorted(OWN_LOGS.glob(f"s*/{entry['plan_index']:02d}*.log")):
+        m = re.search(r"Tried to allocate ([\d.]+) ([GM]iB).*?this process has ([\d.]+) GiB memory in use",
+                      log.read_text())
+        if m:
+            out.append((log.name, float(m.group(1)) / (1 if m.group(2) == "GiB" else 1024), float(m.group(3))))
+    return out
+
+
+OWN_LOGS = SURFACES / "surface-rtx3090-ballast-own-logs"
 
 
 def ballast_held_gib(entry: dict) -> float:

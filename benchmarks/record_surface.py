@@ -582,11 +582,13 @@ def device_vllm(version: str = DEVICE_VLLM, as_planned: bool = True) -> Iterator
     with contextlib.ExitStack() as stack:
         if as_planned:
             # As planned and recorded (s22-s26), so that the surface stays one design and its replay judges it as
-            # the device did: the capture size pinned and the CUDA-graph profiling's KV cache not modelled. Both
-            # changed after the ballast run (s27): on a card of the cap's own total those boots fail
-            # (compile_cache.pin_costs_boot_memory, fit/vllm_memory.py profiling_blocks).
+            # the device did: the capture size pinned, and neither the CUDA-graph profiling's KV cache nor MTP's
+            # drafter at boot modelled. Those changed after the ballast runs (s27, s29): on a card of the cap's own
+            # total those boots fail (compile_cache.pin_costs_boot_memory, fit/vllm_memory.py profiling_blocks and
+            # drafter_peak); on the capped H200 they did not.
             stack.enter_context(mock.patch.object(compile_cache, "pin_costs_boot_memory", lambda: False))
             stack.enter_context(mock.patch.object(vllm_memory, "profiling_blocks", lambda *args: 0))
+            stack.enter_context(mock.patch.object(vllm_memory, "drafter_peak", lambda *args: 0))
         if flags.installed_vllm() != cuda:
             stack.enter_context(mock.patch.object(flags, "installed_vllm", lambda: cuda))
             stack.enter_context(mock.patch.object(compile_cache, "installed_vllm", lambda: cuda))

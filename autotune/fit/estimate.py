@@ -8,7 +8,9 @@ GPU, a warm boot (compile cache hit; fit/vllm_memory.py has each term with its v
     kv_bytes  = reserved - weights (per module, fit/quantization.py) - non-torch memory - the warm profile run's
                 torch peak (forward of max_num_batched_tokens, or the sampler over max_num_seqs rows) - the
                 CUDA-graph estimate profile_cudagraph_memory makes (first capture + per-graph x capture sizes)
-    (--kv-cache-memory-bytes replaces all of that with its value.) A cold boot compiles inside the profile run and
+    (--kv-cache-memory-bytes replaces all of that with its value.) Outside that budget the boot peaks for a moment
+    while the CUDA-graph profiling holds a minimal KV cache, and with MTP while the drafter holds its own embedding
+    and lm_head beside the weights: over the card's total either fails. A cold boot compiles inside the profile run and
     prints 1-2 GiB less; it is not predicted. Each term carries an uncertainty: kv_tokens_low/high are the KV at
     both ends, and a configuration is refused only when it misses at the optimistic end (else it is booted to
     learn). Corrections from this card's warm boots move the overhead both ways and narrow the band.
@@ -122,9 +124,9 @@ class Estimate:
     # What this configuration asks for that the model does not cover (a checkpoint format, a cache dtype): such a
     # configuration is booted to learn, never refused on a guess.
     not_modelled: tuple[str, ...] = ()
-    # What the boot's process holds at its peak, CUDA context included, while it profiles its CUDA graphs (0: not
-    # predicted: the CPU build, eager, or an explicit KV size); over the card's total it fails however small the
-    # KV budget.
+    # What the boot's process holds at its peak, CUDA context included, outside the budget: while it profiles its CUDA
+    # graphs (not with the CPU build, eager, or an explicit KV size), or while MTP's drafter loads and compiles (0:
+    # neither); over the card's total it fails however small the KV budget.
     boot_peak_bytes: int = 0
     # The range: the non-KV memory is known to +-uncertainty_bytes; kv_tokens_low/high are the KV tokens at its
     # pessimistic and optimistic ends.
@@ -171,7 +173,7 @@ def estimate(
     if shape.is_hybrid and s.prefix and not s.chunked:
         rules.append("hybrid models need chunked prefill when prefix caching is on (mamba cache mode 'align')")
     blocks_req = lay.g_attn * math.ceil(s.max_len / lay.block) + lay.g_mamba * lay.per_state
-    profiling = 0  # KV blocks the CUDA-graph profiling allocates at boot
+    profiling = drafter = 0  # KV blocks the CUDA-graph profiling allocates at boot; MTP's drafter's bytes
     if cpu:
         activation, cudagraph = (0 if s.eager else _cpu_activation(shape, s)), 0  # eager: no warm-up pass lingers
         overhead = CPU_RUNTIME_RSS_BYTES + (0 if s.eager else CPU_COMPILE_RSS_BYTES)
@@ -180,7 +182,7 @@ def estimate(
         terms = cuda_terms(shape, s, config, vllm_version, blackwell=profile.compute_capability[0] == 10)
         activation, cudagraph, overhead, spread = (terms.activation_bytes, terms.cudagraph_bytes,
                                                    terms.non_torch_bytes, terms.uncertainty_bytes)
-        profiling = terms.profiling_blocks
+        profiling, drafter = terms.profiling_blocks, terms.drafter_bytes
     overhead += corrections.overhead_bytes
     non_kv = weights + activation + cudagraph + overhead
     uncertainty = int(math.hypot(spread, WEIGHTS_UNCERTAINTY * weights))
@@ -242,6 +244,19 @@ def estimate(
             excess = max(excess, boot_peak - total)
         if boot_peak - uncertainty > total:
             optimistic.append(why)
+    # MTP's drafter holds its own embedding and lm_head beside the weights for a moment (vllm_memory.py drafter_peak):
+    # at load, before the profile run, so an explicit KV size does not avoid it
+    if drafter:
+        peak = CUDA_CONTEXT_BYTES + overhead + weights + drafter
+        why = (f"the boot peaks at {format_gib(peak, digits=2)}, over the {format_gib(total, digits=2)} of "
+               f"{profile.name}: the MTP drafter builds its own embedding and lm_head ({gib(drafter)} with its "
+               f"buffers) beside the weights before it shares the target's")
+        if peak > total:
+            memory.append(why)
+            excess = max(excess, peak - total)
+        if peak - uncertainty > total:
+            optimistic.append(why)
+        boot_peak = max(boot_peak, peak)
     if s.batched < s.seqs:
         rules.append(f"max_num_batched_tokens {s.batched} must be >= max_num_seqs {s.seqs}")
     if not s.chunked and s.batched < s.max_len:

@@ -82,6 +82,19 @@ SAMPLER_BYTES_PER_LOGIT = 20
 # 72), but 192 tokens (MTP) 114 MiB where the line gives 136; and with MTP's query length 2 the FULL per-graph cost
 # was 8-10 MiB, not 4 (cause not found in the source; not modelled). The two
 # nearly cancel: the MTP boots' total estimate 0.45-0.48 GiB against 0.46-0.53 printed, inside the 25 %.
+# The MTP drafter's boot, outside the budget (s29: the H100 held down to the 3090's 23.625 GiB CUDA total, vLLM 0.25;
+# the same __init__ in the installed 0.32): Qwen3_5MTP.__init__ (models/qwen3_5_mtp.py) builds its own embed_tokens
+# and, untied, lm_head (vocab x hidden in the model dtype: 2.37 GiB each for Qwen3.5-27B) beside the loaded target
+# before the proposer shares the target's (spec_decode/llm_base_proposer.py: "Sharing target model embedding|lm_head
+# weights") and frees its own. Five boots failed asking for one such 2.37 GiB tensor, whatever
+# gpu_memory_utilization: three loading the lm_head (the process held 21.28 GiB at 4,096 batched tokens, 21.60 and
+# 21.63 at 16,384: peaks of 23.65-24.00), two compiling the drafter on its first boot (inductor's example input of
+# that shape, one freed copy still cached: 21.26 + 2.37 = 23.63 at both 1,024 and 2,048 tokens). Beside the two
+# copies the load holds the runner's per-token buffers (4,096 -> 16,384 tokens added 0.32 GiB: 3 model-dtype rows of
+# hidden a token give 0.35), the compile a constant (fitted: 23.63 less weights, copies, context and non-torch).
+DRAFTER_ROWS_PER_BATCHED_TOKEN = 3
+DRAFTER_COMPILE_BYTES = 108 * MiB
+
 PIECEWISE_GRAPH_BYTES_PER_LAYER = 12 * MiB // 64
 FULL_GRAPH_BYTES_PER_LAYER = 4 * MiB // 64
 FIRST_CAPTURE_BASE_BYTES = 40 * MiB
@@ -98,6 +111,7 @@ class CudaTerms:
     non_torch_bytes: int
     uncertainty_bytes: int  # of the three together (quadrature)
     profiling_blocks: int = 0  # KV blocks the CUDA-graph profiling allocates at boot (0: no graphs)
+    drafter_bytes: int = 0  # MTP's drafter beyond the weights for a moment at boot (drafter_peak; 0: no MTP)
 
 
 def _grid(top: int) -> list[int]:
@@ -192,6 +206,18 @@ def sampler_peak(shape: ModelShape, s: Settings) -> int:
     return min(s.seqs, s.batched) * shape.vocab_size * SAMPLER_BYTES_PER_LOGIT
 
 
+def drafter_peak(shape: ModelShape, s: Settings) -> int:
+    """What an MTP boot holds for a moment beyond the weights, context and non-torch memory (0 without MTP): the
+    drafter's own embedding and lm_head before they are shared, with the runner's buffers as it loads, or with the
+    compile's extra as it compiles (not with --enforce-eager)."""
+    if not (s.mtp and shape.num_mtp_layers):
+        return 0
+    b = DTYPE_BYTES.get(shape.dtype, 2)
+    copies = (1 if shape.tied_embeddings else 2) * shape.vocab_size * shape.hidden_size * b
+    load = copies + DRAFTER_ROWS_PER_BATCHED_TOKEN * shape.hidden_size * b * s.batched
+    return max(load, 0 if s.eager else copies + DRAFTER_COMPILE_BYTES)
+
+
 def cuda_terms(shape: ModelShape, s: Settings, config: Mapping[str, object], vllm_version: str | None,
                blackwell: bool = False) -> CudaTerms:
     """A warm boot's (compile cache hit) non-KV terms on a CUDA card."""
@@ -203,4 +229,4 @@ def cuda_terms(shape: ModelShape, s: Settings, config: Mapping[str, object], vll
         blocks = profiling_blocks(s, piecewise, vllm_version)
     spread = math.hypot(ACTIVATION_UNCERTAINTY * activation, CUDAGRAPH_UNCERTAINTY * graphs,
                         NON_TORCH_UNCERTAINTY_BYTES)
-    return CudaTerms(activation, graphs, CUDA_NON_TORCH_BYTES, int(spread), blocks)
+    return CudaTerms(activation, graphs, CUDA_NON_TORCH_BYTES, int(spread), blocks, drafter_peak(shape, s))

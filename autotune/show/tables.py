@@ -225,7 +225,7 @@ def breakdown_rows(est: Estimate) -> list[tuple[str, str]]:
             ("reserved (total x utilization)", g(est.reserved_bytes)), ("KV cache", g(est.kv_cache_bytes)),
             ("KV per token", f"{est.kv_bytes_per_token / 1024:.1f} KiB")]
     if est.boot_peak_bytes:
-        rows.append(("boot peak (CUDA-graph profiling, outside the budget)", g(est.boot_peak_bytes)))
+        rows.append(("boot peak (outside the budget)", g(est.boot_peak_bytes)))
     if est.state_bytes_per_seq:
         rows.append(("state per sequence", f"{est.state_bytes_per_seq / MiB:.1f} MiB"))
     rows += [("block size", f"{est.block_size} tokens"),
