@@ -47,6 +47,10 @@
 # no Triton cache carried: the first boot compiled it, ready after ~260 s), surface-wait 540 and 540 (all four done at held
 # 1,155 s: cold boots 88-134 s with Triton's cache warm), then the recorder in the foreground (timeout 560,
 # --only 43,0,1,2): three more. 1,712 s held in all.
+# Seen 2026-12-05 (s29): nvidia-h200 asked, an H100 came at once. stage 1..6 and triton-cache (held 49 s), surface-start
+# 1480 .gpu7 with SURFACE unset (the H100's file; install 36 s), surface-wait 540, 540, 510: ten configurations,
+# the recorder stopped itself at held 1,520 s. With the cache carried, the one
+# cold boot that served (#3) was ready in 95 s; the failed boots took 16-108 s each.
 #   1-4: bash benchmarks/h200/run_h200.sh stage 1   ... stage 4         carry [".gpuN"]
 #   5:   bash benchmarks/h200/run_h200.sh trials                          carry [".gpu5", ".whl"]
 #        (stages .gpu5 and .whl, installs, reads the idle card, then: `autotune trial --memory-cap 24` of vLLM's
