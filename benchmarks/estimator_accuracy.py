@@ -321,6 +321,9 @@ def boot_peaks() -> str:
     return "\n".join(lines)
 
 
+OWN_LOGS = SURFACES / "surface-rtx3090-ballast-own-logs"
+
+
 def failed_allocations(entry: dict) -> list[tuple[str, float, float]]:
     """(log, GiB asked, GiB the process held) for each of a held-down boot's logs that ran out of memory, from
     CUDA's own message in the server logs kept beside the surface file (its reason is cut short)."""
@@ -331,9 +334,6 @@ def failed_allocations(entry: dict) -> list[tuple[str, float, float]]:
         if m:
             out.append((log.name, float(m.group(1)) / (1 if m.group(2) == "GiB" else 1024), float(m.group(3))))
     return out
-
-
-OWN_LOGS = SURFACES / "surface-rtx3090-ballast-own-logs"
 
 
 def ballast_held_gib(entry: dict) -> float:

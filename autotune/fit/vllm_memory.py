@@ -33,6 +33,9 @@ leaves and peaks at, less the CUDA-graph estimate; how the first part is measure
   Seen (s27, an H100 held down to a 3090's 23.62 GiB CUDA total): four warm boots of the Qwen3.5-27B shape with
   --max-cudagraph-capture-size 512 failed there asking for the fourth of 16 tensors of 1.53 GiB; on the capped
   H200 the same boots peaked at 43.5-43.8 GiB (NVML) and served.
+- MTP's drafter at boot (drafter_peak below): it builds its own embedding and lm_head beside the loaded target
+  before it shares the target's, and its first compile takes one more such tensor; outside the budget too, and
+  before the profile run, so an explicit KV size does not avoid it (s29, the same held-down card: five boots).
 - Capture sizes (capture_sizes below): VllmConfig._set_cudagraph_sizes is identical in 0.25 and 0.27 (max 512,
   max_num_batched_tokens appended within the cap); 0.28 adds the 1024 default on data-centre Blackwell, 0.29 the
   speculative decode sizes, 0.31 max_num_seqs. Speculative decoding rounds sizes to multiples of the query length
@@ -82,6 +85,12 @@ SAMPLER_BYTES_PER_LOGIT = 20
 # 72), but 192 tokens (MTP) 114 MiB where the line gives 136; and with MTP's query length 2 the FULL per-graph cost
 # was 8-10 MiB, not 4 (cause not found in the source; not modelled). The two
 # nearly cancel: the MTP boots' total estimate 0.45-0.48 GiB against 0.46-0.53 printed, inside the 25 %.
+PIECEWISE_GRAPH_BYTES_PER_LAYER = 12 * MiB // 64
+FULL_GRAPH_BYTES_PER_LAYER = 4 * MiB // 64
+FIRST_CAPTURE_BASE_BYTES = 40 * MiB
+FIRST_CAPTURE_BYTES_PER_LAYER_TOKEN = 8 * 1024
+CUDAGRAPH_UNCERTAINTY = 0.25
+
 # The MTP drafter's boot, outside the budget (s29: the H100 held down to the 3090's 23.625 GiB CUDA total, vLLM 0.25;
 # the same __init__ in the installed 0.32): Qwen3_5MTP.__init__ (models/qwen3_5_mtp.py) builds its own embed_tokens
 # and, untied, lm_head (vocab x hidden in the model dtype: 2.37 GiB each for Qwen3.5-27B) beside the loaded target
@@ -94,12 +103,6 @@ SAMPLER_BYTES_PER_LOGIT = 20
 # hidden a token give 0.35), the compile a constant (fitted: 23.63 less weights, copies, context and non-torch).
 DRAFTER_ROWS_PER_BATCHED_TOKEN = 3
 DRAFTER_COMPILE_BYTES = 108 * MiB
-
-PIECEWISE_GRAPH_BYTES_PER_LAYER = 12 * MiB // 64
-FULL_GRAPH_BYTES_PER_LAYER = 4 * MiB // 64
-FIRST_CAPTURE_BASE_BYTES = 40 * MiB
-FIRST_CAPTURE_BYTES_PER_LAYER_TOKEN = 8 * 1024
-CUDAGRAPH_UNCERTAINTY = 0.25
 
 
 @dataclass(frozen=True)

@@ -57,11 +57,11 @@ OWN = acc.surface_boots("surface-rtx3090-ballast-own.json")
 def largest_capture_size(seqs: int, spec_tokens: int, batched: int) -> int:
     """vLLM 0.25's largest CUDA-graph capture size without a pin (config/vllm.py _set_cudagraph_sizes): its grid
     (1, 2, 4, every 8 below 256, every 16 from 256) up to min(2 x max_num_seqs x query length, 512,
-    max_num_batched_tokens), rounded down to a multiple of the query length (1 + speculative tokens)."""
+    max_num_batched_tokens), each rounded up to a multiple of the query length (1 + speculative tokens) within it."""
     query = 1 + spec_tokens
     cap = min(2 * seqs * query, 512, batched)
     grid = [n for n in (1, 2, 4, *range(8, 256, 8), *range(256, 513, 16)) if n <= cap]
-    return max(n for n in grid if n % query == 0) if query > 1 else max(grid)
+    return max(r for n in grid if (r := -(-n // query) * query) <= cap)
 
 
 @pytest.mark.parametrize("entry", OWN, ids=[f"plan{c['plan_index']}" for c in OWN])
