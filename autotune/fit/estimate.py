@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import functools
 import math
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -81,6 +82,12 @@ CPU_RSS_UNCERTAINTY_BYTES = 256 * MiB
 # group of 128 give 17.25 GiB (6.25 would give 17.22; the 0.03 GiB more keeps the eager boots' predicted KV blocks
 # at or under the printed ones, because the non-weight terms were fitted beside the old 17.24).
 MACHETE_BYTES_PER_GROUP = 6.4
+# Elsewhere on CUDA from compute capability 8.0 (an RTX 3090's 8.6), and on 9.x where VLLM_DISABLED_KERNELS names
+# MacheteLinearKernel, it runs through Marlin (kernels/linear mixed_precision: the first kernel that can implement
+# it). Its 16-bit scales and packed 4-bit zeros explain 2.5 bytes a group; the H100 held down to the 3090's total with
+# Machete disabled printed 17.69 GiB with the MTP layer (s29, surface-rtx3090-ballast-own-logs/s29/marlin), 0.34 GiB
+# more than that: 4.44 bytes a group, the rest unexplained like Machete's.
+MARLIN_BYTES_PER_GROUP = 4.44
 
 
 @dataclass(frozen=True)
@@ -161,10 +168,8 @@ def estimate(
     not_modelled = [*_quantization_not_modelled(quant), *s.not_modelled]
     if s.mtp and shape.num_mtp_layers == 0:
         rules.append("speculative_config asks for MTP but the model has no MTP layers")
-    machete = (not cpu and (9, 0) <= profile.compute_capability < (10, 0) and quant.method == "awq"
-               and quant.bits == 4 and quant.group_size > 0)
     weights = _weights(shape, quant, DTYPE_BYTES.get(shape.dtype, 2), s.mtp and shape.num_mtp_layers > 0, s.vision,
-                       machete)
+                       _awq_kernel(profile, quant))
     lay = _layout(shape, s, cpu, str(config.get("mamba_ssm_cache_dtype") or "auto"))
     if cpu and shape.is_hybrid and shape.dtype != "bfloat16":
         # model_executor/layers/mamba/ops/cpu/gdn_attention.py asserts it at the first request (vLLM 0.32): the
@@ -294,25 +299,37 @@ def estimate(
     )
 
 
+def _awq_kernel(profile: GpuProfile, quant: Quantization) -> str:
+    """The kernel vLLM runs 4-bit AWQ through on this card, whose storage differs: "machete", "marlin" or ""
+    (the checkpoint's own layout). VLLM_DISABLED_KERNELS, read by vLLM from the environment the server inherits,
+    can take Machete away."""
+    if profile.kind == "cpu" or not (quant.method == "awq" and quant.bits == 4 and quant.group_size > 0):
+        return ""
+    disabled = os.environ.get("VLLM_DISABLED_KERNELS", "").split(",")
+    if (9, 0) <= profile.compute_capability < (10, 0) and "MacheteLinearKernel" not in disabled:
+        return "machete"
+    return "marlin" if profile.compute_capability >= (8, 0) and "MarlinLinearKernel" not in disabled else ""
+
+
 def _weights(shape: ModelShape, quant: Quantization, dtype_b: int, mtp: bool, vision: bool,
-             machete: bool = False) -> int:
+             kernel: str = "") -> int:
     """Every weight matrix at its own width (quantization.py: the scheme vLLM resolves for its checkpoint name,
     with its scales and zero points), the rest (norms, conv1d, routers, biases, the vision patch embedding) in
     the model dtype. The MTP layer's embedding and lm_head are the target model's (vLLM shares them)."""
-    text, mtp_b, vision_b = _weights_by_part(shape, quant, dtype_b, machete)
+    text, mtp_b, vision_b = _weights_by_part(shape, quant, dtype_b, kernel)
     return int(text + (mtp_b if mtp else 0) + (vision_b if vision else 0))
 
 
 @functools.lru_cache(maxsize=256)
-def _weights_by_part(shape: ModelShape, quant: Quantization, dtype_b: int, machete: bool) -> tuple[float, ...]:
+def _weights_by_part(shape: ModelShape, quant: Quantization, dtype_b: int, kernel: str) -> tuple[float, ...]:
     parts = {"text": 0.0, "mtp": 0.0, "vision": 0.0}
     listed = dict.fromkeys(parts, 0)
     for m in shape.modules:
         scheme = quant.scheme(m.name, m.kind)
         if scheme is None:
             per = float(dtype_b)
-        elif machete and scheme.bits == 4 and scheme.group_size > 0:
-            per = 0.5 + MACHETE_BYTES_PER_GROUP / scheme.group_size
+        elif kernel and scheme.bits == 4 and scheme.group_size > 0:
+            per = 0.5 + (MACHETE_BYTES_PER_GROUP if kernel == "machete" else MARLIN_BYTES_PER_GROUP) / scheme.group_size
         else:
             per = scheme.bytes_per_param(m.in_features)
         parts[m.part] += m.params * per

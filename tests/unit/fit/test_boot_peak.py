@@ -11,6 +11,8 @@ import statistics
 
 import pytest
 
+from autotune.fit.estimate import estimate
+from autotune.fit.hardware import PROFILES
 from autotune.units import GiB
 from benchmarks import estimator_accuracy as acc
 
@@ -123,3 +125,33 @@ def test_mtp_boots_peak_where_the_drafter_holds_its_own_embedding_and_lm_head(en
     for log, asked, held in failed:
         assert asked == 2.37 and held + asked > 23.625, log
         assert abs(named - (held + asked)) <= 0.05, (log, named, held + asked)
+
+
+def test_with_machete_disabled_the_held_down_h100_loads_the_3090s_weights_and_mtp_boots(monkeypatch) -> None:
+    """s29's last minutes: the same held-down card with VLLM_DISABLED_KERNELS=MacheteLinearKernel, so that AWQ ran
+    through Marlin as it does on a 3090. #11 (MTP, 2 tokens), which failed above with Machete, printed 17.69 GiB of
+    weights, booted warm with 14,199 KV tokens and served. Told the same environment, the estimator predicts those
+    weights (fitted on this boot: MARLIN_BYTES_PER_GROUP) and, out of that fit, exactly that KV, with the drafter's
+    peak under the card where Machete's is over it; a 3090's own profile loads the same weights. The cold boot
+    before it compiled the drafter inside the profile run and was left 2.17 GiB less KV memory (0.56 against 2.73
+    GiB; one request needs 0.78): a cold boot is not what the estimator predicts."""
+    [entry] = [c for c in OWN if c["plan_index"] == 11]
+    logs = acc.OWN_LOGS / "s29" / "marlin"
+    cold, warm = (logs / "11.cold.log").read_text(), (logs / "11.log").read_text()
+    assert "Using MarlinLinearKernel" in warm and "Application startup complete" in warm
+
+    def printed(pattern: str, text: str) -> float:
+        return float(re.search(pattern, text).group(1).replace(",", ""))  # type: ignore[union-attr]
+
+    machete = acc.predicted_boot(entry, "h100-80gb")
+    monkeypatch.setenv("VLLM_DISABLED_KERNELS", "MacheteLinearKernel")
+    marlin = acc.predicted_boot(entry, "h100-80gb")
+    assert round(marlin.weights_bytes / GiB, 2) == printed(r"Model loading took ([\d.]+) GiB", warm) == 17.69
+    assert marlin.kv_tokens == printed(r"GPU KV cache size: ([\d,]+) tokens", warm)
+    assert marlin.fits and not machete.fits
+    assert marlin.boot_peak_bytes < 23.625 * GiB < machete.boot_peak_bytes
+    rtx3090 = estimate(acc._shape(str(acc.CONFIG)), PROFILES["rtx3090"],
+                       {"language_model_only": True, "speculative_config": entry["flags"]["speculative_config"]})
+    assert rtx3090.weights_bytes == marlin.weights_bytes
+    available = [printed(r"Available KV cache memory: ([\d.]+) GiB", log) for log in (cold, warm)]
+    assert available[1] - available[0] > 2

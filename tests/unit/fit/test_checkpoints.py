@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from autotune.errors import SpecError
-from autotune.fit.estimate import estimate
+from autotune.fit.estimate import MARLIN_BYTES_PER_GROUP, estimate
 from autotune.fit.hardware import get_profile
 from autotune.fit.model_shape import ModelShape
 from autotune.fit.settings import KV_CACHE_DTYPES
@@ -29,6 +29,7 @@ TEXT_ONLY = {"max_model_len": 4096, "max_num_seqs": 16, "language_model_only": T
 QUANTIZED = 24_350_556_160 - 23_592_960  # text linear layers less in_proj_a/b
 BF16_REST = 23_592_960 + 2_545_442_304  # in_proj_a/b, embedding, lm_head, norms ...
 W4G128 = 0.5 + (2 + 0.5) / 128  # packed 4-bit weight + an fp16 scale and a 4-bit zero per group of 128
+W4G128_MARLIN = 0.5 + MARLIN_BYTES_PER_GROUP / 128  # AWQ as Marlin holds it on an RTX 3090 (fitted, s29)
 
 
 def qwen35(quantization_config: dict | None = None) -> dict:
@@ -98,7 +99,7 @@ def test_gptq_dynamic_overrides_per_module():
 
 def test_awq_modules_to_not_convert():
     awq = json.loads((CONFIGS / "qwen3.5-27b-awq.json").read_text())["quantization_config"]
-    assert weights(qwen35(awq)) == int(QUANTIZED * W4G128 + BF16_REST * 2)
+    assert abs(weights(qwen35(awq)) - (QUANTIZED * W4G128_MARLIN + BF16_REST * 2)) < 2  # float sums: a byte
 
 
 def test_auto_round_is_predicted_not_refused():
