@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
 
-from autotune.fit.estimate import Estimate, estimate
+from autotune.fit.estimate import Estimate, disabled_kernels_in, estimate
 from autotune.fit.hardware import GpuInfo, GpuProfile, cpu_profile, profile_for
 from autotune.fit.model_shape import ModelShape
 
@@ -248,9 +248,11 @@ def published_summary(rs: list[Row]) -> dict[str, object]:
 SURFACES = ROOT / "benchmarks" / "data"
 
 
-def predicted_boot(entry: dict, real: str) -> Estimate:
+def predicted_boot(entry: dict, real: str, env: Mapping[str, str] | None = None) -> Estimate:
     """A GPU surface entry's boot (benchmarks/data/surface-rtx3090*.json): its flags as they booted, with its logical
-    gpu_memory_utilization, judged for the `real` card capped as a 3090 by vLLM 0.25.0 (the device's)."""
+    gpu_memory_utilization, judged for the `real` card capped as a 3090 by vLLM 0.25.0 (the device's), in the
+    environment its file records (and `env` over it)."""
+    env = env or {}
     from autotune.fit import memcap
     from autotune.fit.hardware import PROFILES
     from benchmarks.h200.run_h200 import DEVICE_FLAGS
@@ -258,7 +260,8 @@ def predicted_boot(entry: dict, real: str) -> Estimate:
     flags = {k: v for k, v in entry["flags"].items() if k not in DEVICE_FLAGS}
     flags["gpu_memory_utilization"] = entry["params"].get("gpu_memory_utilization", 0.92)
     profile = memcap.capped_profile(PROFILES[real], memcap.parse_cap("rtx3090"))
-    return estimate(_shape(str(CONFIG)), profile, flags, vllm_version="0.25.0")
+    return estimate(_shape(str(CONFIG)), profile, flags, vllm_version="0.25.0",
+                    disabled_kernels=disabled_kernels_in({**entry.get("_env", {}), **env}))
 
 
 def surface_boots(name: str) -> list[dict]:
@@ -268,8 +271,8 @@ def surface_boots(name: str) -> list[dict]:
     doc = json.loads((SURFACES / name).read_text())
     plan = json.loads((ROOT / doc["provenance"]["plan"]).read_text())["configs"]
     index = {params_key(c["params"]): i for i, c in enumerate(plan)}
-    return [{**c, "plan_index": index[params_key(c["params"])], "_ballast": doc["provenance"].get("ballast")}
-            for c in doc["configs"]]
+    return [{**c, "plan_index": index[params_key(c["params"])], "_ballast": doc["provenance"].get("ballast"),
+             "_env": doc["provenance"].get("env", {})} for c in doc["configs"]]
 
 
 def boot_peaks() -> str:

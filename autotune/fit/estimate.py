@@ -35,8 +35,7 @@ from __future__ import annotations
 
 import functools
 import math
-import os
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 
 from autotune.engine.defaults import (
@@ -154,11 +153,12 @@ def estimate(
     cpu_kvcache_bytes: int | None = None,
     default_gpu_memory_utilization: float = DEFAULT_UTILIZATION,
     vllm_version: str | None = None,
+    disabled_kernels: Collection[str] = (),
 ) -> Estimate:
     """Predict vLLM's startup memory for one configuration, as a warm boot (compile cache hit) takes it (keys are
     vLLM flag dest names; absent ones take vLLM's defaults). cpu_kvcache_bytes is VLLM_CPU_KVCACHE_SPACE in bytes,
-    for the CPU build. The formulas are in the module docstring and fit/vllm_memory.py; every rule vLLM enforces
-    at startup that fails becomes a reason."""
+    for the CPU build; disabled_kernels is VLLM_DISABLED_KERNELS (disabled_kernels_in reads it). The formulas are in
+    the module docstring and fit/vllm_memory.py; every rule vLLM enforces at startup that fails becomes a reason."""
     cpu = profile.kind == "cpu"
     shape = shape.served_as(config.get("dtype"))
     prefix_default = not shape.is_hybrid or hybrid_prefix_caching_default(vllm_version)
@@ -169,7 +169,7 @@ def estimate(
     if s.mtp and shape.num_mtp_layers == 0:
         rules.append("speculative_config asks for MTP but the model has no MTP layers")
     weights = _weights(shape, quant, DTYPE_BYTES.get(shape.dtype, 2), s.mtp and shape.num_mtp_layers > 0, s.vision,
-                       _awq_kernel(profile, quant))
+                       _awq_kernel(profile, quant, disabled_kernels))
     lay = _layout(shape, s, cpu, str(config.get("mamba_ssm_cache_dtype") or "auto"))
     if cpu and shape.is_hybrid and shape.dtype != "bfloat16":
         # model_executor/layers/mamba/ops/cpu/gdn_attention.py asserts it at the first request (vLLM 0.32): the
@@ -299,13 +299,17 @@ def estimate(
     )
 
 
-def _awq_kernel(profile: GpuProfile, quant: Quantization) -> str:
+def disabled_kernels_in(env: Mapping[str, str]) -> tuple[str, ...]:
+    """The kernels vLLM will not pick (VLLM_DISABLED_KERNELS: comma-separated class names) in the server's
+    environment."""
+    return tuple(k.strip() for k in env.get("VLLM_DISABLED_KERNELS", "").split(",") if k.strip())
+
+
+def _awq_kernel(profile: GpuProfile, quant: Quantization, disabled: Collection[str]) -> str:
     """The kernel vLLM runs 4-bit AWQ through on this card, whose storage differs: "machete", "marlin" or ""
-    (the checkpoint's own layout). VLLM_DISABLED_KERNELS, read by vLLM from the environment the server inherits,
-    can take Machete away."""
+    (the checkpoint's own layout)."""
     if profile.kind == "cpu" or not (quant.method == "awq" and quant.bits == 4 and quant.group_size > 0):
         return ""
-    disabled = os.environ.get("VLLM_DISABLED_KERNELS", "").split(",")
     if (9, 0) <= profile.compute_capability < (10, 0) and "MacheteLinearKernel" not in disabled:
         return "machete"
     return "marlin" if profile.compute_capability >= (8, 0) and "MarlinLinearKernel" not in disabled else ""
@@ -424,4 +428,4 @@ def _cpu_activation(shape: ModelShape, s: Settings) -> int:
     return int(ACTIVATION_FUDGE * max(forward_peak(shape, s), sampler_peak(shape, s)))
 
 
-__all__ = ["Corrections", "Estimate", "estimate"]
+__all__ = ["Corrections", "Estimate", "disabled_kernels_in", "estimate"]

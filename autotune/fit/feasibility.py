@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import functools
 import json
+import os
 import statistics
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -24,7 +25,7 @@ from autotune.engine.defaults import (
 )
 from autotune.engine.logs import MEMORY_FAILURE_KINDS
 from autotune.engine.models import model_config
-from autotune.fit.estimate import Corrections, Estimate, estimate
+from autotune.fit.estimate import Corrections, Estimate, disabled_kernels_in, estimate
 from autotune.fit.hardware import (
     GpuProfile,
     cpu_profile,
@@ -181,7 +182,8 @@ def judge(model: str, profile: GpuProfile, flags: Mapping[str, object], env: Map
     run = functools.partial(estimate, model_shape(model), profile,
                             cpu_kvcache_bytes=int(float(cpu_kv) * GiB) if cpu_kv else None,
                             default_gpu_memory_utilization=default_gpu_memory_utilization(version),
-                            vllm_version=version)
+                            vllm_version=version,
+                            disabled_kernels=disabled_kernels_in({**os.environ, **env}))  # what the server inherits
     here = where(profile, version)
     fitted = corrections(obs, run, here)
     est = run(flags, corrections=fitted)

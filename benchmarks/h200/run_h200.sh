@@ -67,10 +67,11 @@
 #      N+1 ...: bash benchmarks/h200/run_h200.sh surface-wait 560          (the GPU response surface of issue 15:
 #       benchmarks/record_surface.py's docstring has its runbook)
 #      With SURFACE unset the card picks the file: an H200 resumes surface-rtx3090.json (the flags as planned), an
-#      H100 resumes surface-rtx3090-ballast-own.json with --ballast: the same plan on the card held down to the
-#      capped card's CUDA total, booting autotune's own flags (does a real 24 GiB card run what autotune boots?
-#      s27: not the flags as planned, surface-rtx3090-ballast.json; s28: autotune's own, 7 of 7 as the estimator
-#      said). So whichever card comes records a point of one of the two; --only I,J picks which.
+#      H100 resumes surface-rtx3090-ballast-marlin.json with --ballast and Machete disabled: the same plan on the
+#      card held down to the capped card's CUDA total, booting autotune's own flags, its AWQ weights as a 3090's
+#      (does a real 24 GiB card run what autotune boots? s27: not the flags as planned, surface-rtx3090-ballast.json;
+#      s28-s29, with Machete, surface-rtx3090-ballast-own.json: 17, the estimator right once it modelled MTP's
+#      drafter). So whichever card comes records a point of one of the two; --only I,J picks which.
 #      Before surface-start on a fresh machine: `triton-cache` carry [".triton"] (the cache a surface-wait brought
 #      back, kept in .triton/triton-cache.tgz) spares the first configuration Triton's compile.
 # Each phase leaves $OUT/<phase>.tgz: server logs, NVML and nvidia-smi series, results-raw.json.
@@ -89,11 +90,14 @@ mkdir -p /tmp/acc "$GPURUN"
 # the GPU response surface, resumed across sessions (benchmarks/data/ in the tree); another name for another
 # recording of the plan, e.g. SURFACE=surface-rtx3090-ballast-own.json with the recorder's --ballast
 # Left unset, the card picks: the H200 surface resumes only on an H200 (the recorder refuses another card), so an
-# H100 records the same plan held down to the capped card's total with autotune's own flags (--ballast) instead.
+# H100 records the same plan held down to the capped card's total with autotune's own flags (--ballast) instead,
+# and since s29 with Machete disabled, so that 4-bit AWQ takes the memory it takes on a 3090 (Marlin: 0.34 GiB less
+# for this model): surface-rtx3090-ballast-marlin.json (surface-rtx3090-ballast-own.json holds s28-s29's 17 with it).
 BALLAST=()
 if [ -z "${SURFACE:-}" ]; then
   case "$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)" in
-    *H100*) SURFACE=surface-rtx3090-ballast-own.json BALLAST=(--ballast) ;;
+    *H100*) SURFACE=surface-rtx3090-ballast-marlin.json BALLAST=(--ballast)
+            export VLLM_DISABLED_KERNELS=MacheteLinearKernel ;;  # AWQ held as on a 3090 (Marlin), not Machete
     *) SURFACE=surface-rtx3090.json ;;
   esac
   echo "surface: $SURFACE ${BALLAST[*]}"

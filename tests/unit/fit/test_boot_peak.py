@@ -127,7 +127,7 @@ def test_mtp_boots_peak_where_the_drafter_holds_its_own_embedding_and_lm_head(en
         assert abs(named - (held + asked)) <= 0.05, (log, named, held + asked)
 
 
-def test_with_machete_disabled_the_held_down_h100_loads_the_3090s_weights_and_mtp_boots(monkeypatch) -> None:
+def test_with_machete_disabled_the_held_down_h100_loads_the_3090s_weights_and_mtp_boots() -> None:
     """s29's last minutes: the same held-down card with VLLM_DISABLED_KERNELS=MacheteLinearKernel, so that AWQ ran
     through Marlin as it does on a 3090. #11 (MTP, 2 tokens), which failed above with Machete, printed 17.69 GiB of
     weights, booted warm with 14,199 KV tokens and served. Told the same environment, the estimator predicts those
@@ -144,8 +144,7 @@ def test_with_machete_disabled_the_held_down_h100_loads_the_3090s_weights_and_mt
         return float(re.search(pattern, text).group(1).replace(",", ""))  # type: ignore[union-attr]
 
     machete = acc.predicted_boot(entry, "h100-80gb")
-    monkeypatch.setenv("VLLM_DISABLED_KERNELS", "MacheteLinearKernel")
-    marlin = acc.predicted_boot(entry, "h100-80gb")
+    marlin = acc.predicted_boot(entry, "h100-80gb", {"VLLM_DISABLED_KERNELS": "MacheteLinearKernel"})
     assert round(marlin.weights_bytes / GiB, 2) == printed(r"Model loading took ([\d.]+) GiB", warm) == 17.69
     assert marlin.kv_tokens == printed(r"GPU KV cache size: ([\d,]+) tokens", warm)
     assert marlin.fits and not machete.fits

@@ -176,6 +176,23 @@ def test_judge_corrections_move_both_ways(dense) -> None:
         assert fitted.estimate.uncertainty_bytes <= plain.estimate.uncertainty_bytes  # never a wider band
 
 
+def test_the_servers_environment_decides_the_awq_kernel_and_so_the_weights(monkeypatch, tmp_path: Path) -> None:
+    """vLLM reads VLLM_DISABLED_KERNELS from the server's environment: the tuner's, with the study's [engine.env]
+    over it. On an H100 with Machete disabled, 4-bit AWQ is held as Marlin holds it on an RTX 3090, 0.34 GiB lighter
+    for Qwen3.5-27B (s29, tests/unit/fit/test_boot_peak.py)."""
+    known = Path(__file__).parents[3] / "autotune" / "engine" / "known_models" / "qwen3.5-27b-awq.json"
+    (tmp_path / "config.json").write_text(known.read_text())
+    model = str(tmp_path)
+    h100, flags = get_profile("h100-80gb"), {"max_model_len": 4096, "max_num_seqs": 16, "language_model_only": True}
+    monkeypatch.delenv("VLLM_DISABLED_KERNELS", raising=False)
+    machete = judge(model, h100, flags, {}).estimate.weights_bytes
+    from_study = judge(model, h100, flags, {"VLLM_DISABLED_KERNELS": "MacheteLinearKernel"}).estimate.weights_bytes
+    monkeypatch.setenv("VLLM_DISABLED_KERNELS", "MacheteLinearKernel")
+    from_shell = judge(model, h100, flags, {}).estimate.weights_bytes
+    assert from_study == from_shell == judge(model, RTX3090, flags, {}).estimate.weights_bytes
+    assert 0.3 * GiB < machete - from_shell < 0.4 * GiB
+
+
 # ---- dominated_by_failure() ------------------------------------------------------------------------------------
 
 FAILED = {"load_format": "dummy", "max_model_len": 4096, "max_num_seqs": 32, "max_num_batched_tokens": 2048,

@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import os
 import shutil
 import subprocess
 import sys
@@ -160,6 +161,33 @@ def test_flags_as_planned_and_autotunes_own_never_mix_in_one_file(planned, tmp_p
     copy.write_text(s27.read_text())
     with pytest.raises(SystemExit, match="recorded with the flags as planned"):
         rs.surface_doc(copy, PLAN, plan, spec, get_profile("h100-80gb"), held, rs.AUTOTUNES_OWN)
+
+
+def test_a_surface_records_the_kernels_vllm_may_not_pick_and_is_judged_and_resumed_with_them(
+        planned, tmp_path: Path, monkeypatch) -> None:
+    """Held down with Machete disabled, an H100 holds 4-bit AWQ as a 3090 does (s29): that recording never mixes
+    with one that had Machete, and its estimates, here or in the replay, are made with Marlin's weights whatever
+    this shell exports."""
+    plan, spec, _ = planned
+    h100 = get_profile("h100-80gb")
+    marlin, machete = tmp_path / "marlin.json", tmp_path / "machete.json"
+    monkeypatch.delenv("VLLM_DISABLED_KERNELS", raising=False)
+    rs.save(rs.surface_doc(machete, PLAN, plan, spec, h100), machete)
+    monkeypatch.setenv("VLLM_DISABLED_KERNELS", "MacheteLinearKernel")
+    rs.save(rs.surface_doc(marlin, PLAN, plan, spec, h100), marlin)
+    assert json.loads(marlin.read_text())["provenance"]["env"]["VLLM_DISABLED_KERNELS"] == "MacheteLinearKernel"
+    with pytest.raises(SystemExit, match="machete.json: recorded with the environment .*export the same"):
+        rs.surface_doc(machete, PLAN, plan, spec, h100)
+    monkeypatch.delenv("VLLM_DISABLED_KERNELS")
+    with pytest.raises(SystemExit, match="marlin.json: recorded with the environment"):
+        rs.surface_doc(marlin, PLAN, plan, spec, h100)
+
+    def judged(path: Path) -> rs.EstimateNow:
+        with rs.device_vllm(as_planned=False, env=json.loads(path.read_text())["provenance"]["env"]):
+            return next(c for c in rs.planned_configs(plan, spec, MODEL, h100) if c.index == 42).now
+
+    assert 6 <= judged(marlin).num_blocks - judged(machete).num_blocks <= 8  # 0.34 GiB of 49 MiB blocks
+    assert "VLLM_DISABLED_KERNELS" not in os.environ  # put back as it was
 
 
 def test_autotunes_own_flags_boot_the_best_unpinned_and_the_estimator_lets_it() -> None:
