@@ -235,33 +235,29 @@ def estimate(
     memory, excess = memory_misses(kv_bytes, room)
     # an explicit KV size is exact; only what is left beside it is uncertain
     optimistic, _ = memory_misses(kv_bytes + (0 if s.explicit_kv is not None else uncertainty), room + uncertainty)
-    # The boot's peak, outside the budget: the CUDA-graph profiling's minimal KV cache beside the weights and what the
-    # profile run left (vllm_memory.py). An explicit KV size skips that profiling (determine_available_memory).
-    boot_peak = 0
+    # The boot's peaks, outside the budget: the CUDA-graph profiling's minimal KV cache beside the weights and what
+    # the profile run left (vllm_memory.py; an explicit KV size skips that profiling, determine_available_memory),
+    # and MTP's drafter with its own embedding and lm_head beside the weights (vllm_memory.py drafter_peak: at load,
+    # before the profile run, so an explicit KV size does not avoid it). Over the card's total either fails.
+    peaks: list[tuple[int, str]] = []
     if profiling and s.explicit_kv is None:
-        boot_peak = CUDA_CONTEXT_BYTES + non_kv + profiling * bpb
-        why = (f"the boot peaks at {gib(boot_peak)}, over the {gib(total)} of {profile.name}: to profile its CUDA "
-               f"graphs vLLM allocates {profiling} KV blocks ({gib(profiling * bpb)}) beside the weights"
-               + ("" if profiling_kv_per_sequence(vllm_version) else
-                  " (vLLM 0.25 takes max_cudagraph_capture_size blocks; 0.26+ one per max_num_seqs)"))
-        if boot_peak > total:
-            memory.append(why)
-            excess = max(excess, boot_peak - total)
-        if boot_peak - uncertainty > total:
-            optimistic.append(why)
-    # MTP's drafter holds its own embedding and lm_head beside the weights for a moment (vllm_memory.py drafter_peak):
-    # at load, before the profile run, so an explicit KV size does not avoid it
+        peak = CUDA_CONTEXT_BYTES + non_kv + profiling * bpb
+        peaks.append((peak, f"the boot peaks at {gib(peak)}, over the {gib(total)} of {profile.name}: to profile its "
+                      f"CUDA graphs vLLM allocates {profiling} KV blocks ({gib(profiling * bpb)}) beside the weights"
+                      + ("" if profiling_kv_per_sequence(vllm_version) else
+                         " (vLLM 0.25 takes max_cudagraph_capture_size blocks; 0.26+ one per max_num_seqs)")))
     if drafter:
         peak = CUDA_CONTEXT_BYTES + overhead + weights + drafter
-        why = (f"the boot peaks at {format_gib(peak, digits=2)}, over the {format_gib(total, digits=2)} of "
-               f"{profile.name}: the MTP drafter builds its own embedding and lm_head ({gib(drafter)} with its "
-               f"buffers) beside the weights before it shares the target's")
+        peaks.append((peak, f"the boot peaks at {format_gib(peak, digits=2)}, over the {format_gib(total, digits=2)} "
+                      f"of {profile.name}: the MTP drafter builds its own embedding and lm_head ({gib(drafter)} with "
+                      "its buffers) beside the weights before it shares the target's"))
+    for peak, why in peaks:
         if peak > total:
             memory.append(why)
             excess = max(excess, peak - total)
         if peak - uncertainty > total:
             optimistic.append(why)
-        boot_peak = max(boot_peak, peak)
+    boot_peak = max((peak for peak, _ in peaks), default=0)
     if s.batched < s.seqs:
         rules.append(f"max_num_batched_tokens {s.batched} must be >= max_num_seqs {s.seqs}")
     if not s.chunked and s.batched < s.max_len:
