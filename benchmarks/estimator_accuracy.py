@@ -266,13 +266,13 @@ def predicted_boot(entry: dict, real: str, env: Mapping[str, str] | None = None)
 
 def surface_boots(name: str) -> list[dict]:
     """A surface file's configurations, each with its plan index and, for a ballast run, the ballast's line."""
-    from benchmarks.record_surface import params_key
+    from benchmarks.record_surface import params_key, recorded_env
 
     doc = json.loads((SURFACES / name).read_text())
     plan = json.loads((ROOT / doc["provenance"]["plan"]).read_text())["configs"]
     index = {params_key(c["params"]): i for i, c in enumerate(plan)}
     return [{**c, "plan_index": index[params_key(c["params"])], "_ballast": doc["provenance"].get("ballast"),
-             "_env": doc["provenance"].get("env", {})} for c in doc["configs"]]
+             "_env": recorded_env(doc["provenance"])} for c in doc["configs"]]
 
 
 def boot_peaks() -> str:

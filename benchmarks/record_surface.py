@@ -563,9 +563,14 @@ AUTOTUNES_OWN = ("autotune's own since stop 27: no capture-size pin on vLLM 0.25
 JUDGED_ENV = ("VLLM_DISABLED_KERNELS",)
 
 
-def recorded_env() -> dict[str, str]:
+def env_here() -> dict[str, str]:
     """The environment a recording started here records: ENV and what of JUDGED_ENV is set."""
     return {**ENV, **{k: os.environ[k] for k in JUDGED_ENV if os.environ.get(k)}}
+
+
+def recorded_env(provenance: Mapping[str, object]) -> dict[str, str]:
+    """The environment a surface file's boots had (a file without the key: ENV, all there was then)."""
+    return dict(provenance.get("env", ENV))  # type: ignore[call-overload]  # a JSON object of strings
 
 
 def recorded_flags(provenance: Mapping[str, object]) -> str:
@@ -764,9 +769,9 @@ def surface_doc(out: Path, plan_path: Path, plan: dict, spec: StudySpec, real: G
         if recorded_flags(doc["provenance"]) != flags_kind:
             raise SystemExit(f"{out}: recorded with the flags {recorded_flags(doc['provenance'])}, not "
                              f"{flags_kind}; give another --out")
-        if doc["provenance"].get("env", ENV) != recorded_env():
-            raise SystemExit(f"{out}: recorded with the environment {doc['provenance'].get('env', ENV)}, not "
-                             f"{recorded_env()}; export the same, or give another --out")
+        if recorded_env(doc["provenance"]) != env_here():
+            raise SystemExit(f"{out}: recorded with the environment {recorded_env(doc['provenance'])}, not "
+                             f"{env_here()}; export the same, or give another --out")
         if doc["provenance"].get("device") != real.name:  # throughput is the card's: a lent H100 is not the H200
             raise SystemExit(f"{out}: recorded on {doc['provenance'].get('device')}, not on this {real.name}; give "
                              "another --out")
@@ -778,7 +783,7 @@ def surface_doc(out: Path, plan_path: Path, plan: dict, spec: StudySpec, real: G
         "plan": str(plan_path), "how": plan["how"], "study": plan["study"], "model": plan["model"],
         "device": real.name, "memory_cap_gib": plan["memory_cap_gib"], "vllm": installed_vllm_version(),
         "flags": flags_kind,
-        "device_flags": DEVICE_FLAGS, "env": recorded_env(),
+        "device_flags": DEVICE_FLAGS, "env": env_here(),
         "objective": obj.name, "limits": {k: v for k, v in vars(obj.limits).items() if v is not None},
         "tightest_limits": {k: v for k, v in vars(ladder.tightest).items() if v is not None},
         "ladder": list(ladder.levels),
@@ -877,7 +882,7 @@ def estimate_plan(plan_path: Path, out: Path, ballast: bool = False) -> None:
     plan, spec = read_plan(plan_path)
     doc = json.loads(out.read_text()) if out.exists() else {"configs": []}
     flags_kind = recorded_flags(doc["provenance"]) if out.exists() else flags_for(ballast)
-    env = doc["provenance"].get("env", ENV) if out.exists() else recorded_env()
+    env = recorded_env(doc["provenance"]) if out.exists() else env_here()
     with device_vllm(as_planned=flags_kind == AS_PLANNED, env=env):
         configs = planned_configs(plan, spec, str(MODEL), get_profile(plan["card"]))
     print_estimate(configs, to_record(configs, doc), spec, doc)

@@ -61,7 +61,7 @@ from autotune.search.samplers import sampler_for
 from autotune.search.space import suggest
 from autotune.search.start import START_CANDIDATES, Capacity
 from autotune.search.study import runs_at_once, screen_before_boot
-from benchmarks.record_surface import AS_PLANNED, device_vllm, recorded_flags
+from benchmarks.record_surface import AS_PLANNED, device_vllm, recorded_env, recorded_flags
 from benchmarks.surface import Point, Surface, _records, load_surface
 
 REPO = Path(__file__).resolve().parents[1]
@@ -191,7 +191,7 @@ def as_recorded(surface: Surface) -> contextlib.AbstractContextManager[None]:
     if not (_plan_of(surface) and isinstance(version, str)):
         return contextlib.nullcontext()
     return device_vllm(version, as_planned=recorded_flags(surface.provenance) == AS_PLANNED,
-                       env=surface.provenance.get("env", {}))
+                       env=recorded_env(surface.provenance))
 
 
 def before_boot_screen(surface: Surface) -> Screen:
