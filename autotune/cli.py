@@ -107,6 +107,7 @@ def trial(model: str, objective_path: Path, sets: tuple[str, ...], envs: tuple[s
     from autotune.config.toml import parse_duration
     from autotune.engine import defaults as engine_defaults
     from autotune.engine import flags as engine_flags
+    from autotune.engine.weights import fetch_named
     from autotune.fit import memcap
     from autotune.measure.trial import plan_trial, run_trial
     from autotune.show.tables import print_trial
@@ -127,6 +128,7 @@ def trial(model: str, objective_path: Path, sets: tuple[str, ...], envs: tuple[s
                       log_path or Path("runs") / f"trial-{time.strftime('%Y%m%d-%H%M%S')}.log",
                       env=parse_env(envs), boot_timeout_s=parse_duration(boot_timeout, "--boot-timeout"),
                       gpu_indices=gpu_indices, memory_cap=cap, real_gpu=real)
+    fetch_named(path, flags, lambda line: console.print(line, markup=False), "--model", None)
     with console.status("booting") as status:
         result = run_trial(plan, on_stage=lambda s: status.update(s))
     print_trial(console, result, objective, None if cap is None else cap.cuda_total_gib)
@@ -163,17 +165,24 @@ storage_option = click.option("--storage", default=None, help="Optuna storage UR
 
 def _run(spec, plan, storage: str | None, slots) -> None:
     from autotune.search.record import view
-    from autotune.search.study import open_study, run_study
+    from autotune.search.study import fetch_checkpoints, open_study, run_study
     from autotune.show.tables import LiveProgress, study_table
 
-    open_study(spec, storage, say=console.print)  # a changed study is refused here; new baselines are said
     # Started in the background by a script, a process inherits SIGINT ignored and Python never raises
     # KeyboardInterrupt: then `kill -INT` (the signal Ctrl-C sends) was lost and the run went on (seen: the fault
     # suite under `make test &`). A run stops cleanly on it however it was started.
     signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
+        fetch_checkpoints(spec, say=lambda line: console.print(line, markup=False))
+    except KeyboardInterrupt:
+        console.print("interrupted while fetching the weights; the files fetched are kept, and the same command "
+                      "fetches the rest")
+        sys.exit(130)
+    open_study(spec, storage, say=console.print)  # a changed study is refused here; new baselines are said
+    try:
         with LiveProgress(console, plan) as progress:
-            summary = run_study(spec, plan, storage_url=storage, progress=progress, slots=slots)
+            summary = run_study(spec, plan, storage_url=storage, progress=progress, slots=slots,
+                                say=lambda line: console.print(line, markup=False))
     except KeyboardInterrupt:  # while no trial runs: during one, Ctrl-C stops the study cleanly and raises nothing
         console.print("interrupted (no trial was running)")
         sys.exit(130)
@@ -231,7 +240,7 @@ def run(study_file: Path, budget: str | None, n_trials: int | None, storage: str
     check_prompt_tokenizer(spec.objective, study_models(spec))
     slots = check_slots_fit(slots_for(workers, gpus))
     plan = budget_for(budget, n_trials, spec)
-    check_inputs(spec)
+    check_inputs(spec, slots)
     _warn_slow_dtype(resolve_model(spec.model.path)[0], spec.fixed_flags())
     if from_study is not None:
         _warm_start(spec, storage, from_study, from_storage)
@@ -286,7 +295,7 @@ def worker(name: str, storage: str, budget: str | None, n_trials: int | None, wo
     spec = spec_from_storage(name, storage, Path(".autotune-worker") / name)
     check_prompt_tokenizer(spec.objective, study_models(spec))
     plan = budget_for(budget, n_trials, spec)
-    check_inputs(spec)
+    check_inputs(spec, slots)
     _run(spec, plan, storage, slots)
 
 
@@ -355,9 +364,8 @@ def estimate(study_file: Path | None, model: str | None, hardware: str | None, s
       autotune estimate --model Qwen/Qwen3.5-27B-GPTQ-Int4 --gpu rtx3090 --set max_model_len=8192
     """
     from autotune.config.study_file import load_study
-    from autotune.engine.flags import Build, detect_build
     from autotune.fit import feasibility
-    from autotune.search.study import preview_estimates
+    from autotune.search.study import estimate_profile, preview_estimates
     from autotune.show.tables import breakdown_table, calibration_text, estimates_json, estimates_table
 
     if (study_file is None) == (model is None):
@@ -365,13 +373,13 @@ def estimate(study_file: Path | None, model: str | None, hardware: str | None, s
     if study_file is not None:
         spec = load_study(study_file)
         profile, rows = preview_estimates(spec, hardware, samples, storage)
-        title = f"{spec.name} on {profile.name}: predicted before any boot"
+        title = f"{spec.name} on {profile.label}: predicted before any boot"
     else:
         assert model is not None  # exactly one of study_file and model, checked above
-        profile = feasibility.resolve_profile(hardware or "auto", detect_build() is Build.CPU)
+        profile = estimate_profile(hardware, "auto", None)
         path, flags = _configured_model_option(model, sets)
         rows = [(model, model, flags, feasibility.judge(path, profile, flags, {}))]
-        title = f"{model} on {profile.name}"
+        title = f"{model} on {profile.label}"
     if fmt == "json":
         click.echo(estimates_json(rows, profile_name=profile.name))
     elif study_file is not None:

@@ -121,9 +121,16 @@ def check_prompt_tokenizer(objective: Objective, models: typing.Iterable[str]) -
 
 def study_models(spec: StudySpec) -> list[str]:
     """Every model a study may boot: its [model], the choices of a searched `model`, the baselines' own."""
-    models = [spec.model.path, *(c for p in spec.space if p.name == MODEL for c in p.choices),
-              *(b.flags[MODEL] for b in spec.baselines if MODEL in b.flags)]
-    return list(dict.fromkeys(map(str, models)))
+    return list(dict.fromkeys(model for _, model in study_model_keys(spec)))
+
+
+def study_model_keys(spec: StudySpec) -> list[tuple[str, str]]:
+    """Every model a study may boot, with the key that names it (for errors)."""
+    # str(): the study file takes only strings for a model (choices and baselines' flags are typed object)
+    return [("model.path", spec.model.path),
+            *(("space.model.choices", str(c)) for p in spec.space if p.name == MODEL for c in p.choices),
+            *((f"baselines[{i}].flags.model", str(b.flags[MODEL]))
+              for i, b in enumerate(spec.baselines) if MODEL in b.flags)]
 
 
 def _resolve_model(t: _Table, key: str, value: str, base: Path) -> str:

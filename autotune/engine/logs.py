@@ -55,7 +55,10 @@ _PATTERNS: list[tuple[FailureKind, re.Pattern[str]]] = [
     (FailureKind.PORT_IN_USE, re.compile(r"Address already in use")),
     (FailureKind.MODEL_NOT_FOUND, re.compile(
         r"Invalid repository ID or local directory|is not a local folder and is not a valid model identifier"
-        r"|Repo id must be in the form|HFValidationError|No such file or directory: .*config\.json")),
+        r"|Repo id must be in the form|HFValidationError|No such file or directory: .*config\.json"
+        # The hub unreachable (no network, offline mode) and the weights not in the cache: no trial can boot.
+        r"|LocalEntryNotFoundError: |We couldn't connect to 'https://huggingface\.co'"
+        r"|RepositoryNotFoundError: |GatedRepoError: ")),
     (FailureKind.INVALID_CONFIG, re.compile(
         r"error: unrecognized arguments|error: argument |must be greater than or equal to max_num_seqs"
         r"|validation errors? for \w+Config|Value error,")),
@@ -63,6 +66,10 @@ _PATTERNS: list[tuple[FailureKind, re.Pattern[str]]] = [
 
 
 _ENGINE_DIED = re.compile(r"Engine core initialization failed|EngineDeadError|EngineCore encountered a fatal error")
+
+
+# The last line of a Python traceback ("OSError: ...", "torch.AcceleratorError: ..."), vLLM's prefix allowed.
+_EXCEPTION = re.compile(r"^(?:\(\w+(?:-\d+)? pid=\d+\)\s+)?[A-Za-z_][\w.]*(?:Error|Exception): ")
 
 
 _KV_TOKENS = re.compile(r"(?:GPU|CPU|XPU|TPU) KV cache size: ([\d,]+) tokens")
@@ -114,7 +121,9 @@ def classify_log(lines: list[str], *, exited: bool = True) -> Failure | None:
         for i, line in enumerate(lines):
             if _ENGINE_DIED.search(line):
                 return Failure(FailureKind.CRASH, "engine died: " + _clip(line), _excerpt(lines, i))
-        return Failure(FailureKind.CRASH, "server exited", "\n".join(lines[-12:]))
+        last = next((line for line in reversed(lines) if _EXCEPTION.search(line)), None)
+        return Failure(FailureKind.CRASH, "server exited" + (f": {_clip(last)}" if last else ""),
+                       "\n".join(lines[-12:]))
     return None
 
 
@@ -175,7 +184,7 @@ def _reason(kind: FailureKind, line: str) -> str:
         FailureKind.MEMORY_HELD: "memory held by another process",
         FailureKind.INVALID_CONFIG: "invalid flag or value",
         FailureKind.PORT_IN_USE: "port already in use",
-        FailureKind.MODEL_NOT_FOUND: "model not found",
+        FailureKind.MODEL_NOT_FOUND: "model unavailable",
     }
     return f"{labels.get(kind, kind.value)}: {_clip(line)}"
 

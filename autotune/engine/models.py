@@ -40,16 +40,16 @@ def _hub_config(model: str) -> Path:
     except LocalEntryNotFoundError:
         pass
     except Exception as e:  # an id the hub can never hold (HFValidationError), a cache that cannot be read
-        raise ModelUnavailable(_first_line(e)) from e
+        raise ModelUnavailable(first_line(e)) from e
     try:
         get_hf_file_metadata(hf_hub_url(model, "config.json"), timeout=HUB_TIMEOUT_S)
         return Path(hf_hub_download(model, "config.json"))
     except Exception as e:  # no network, no such repository, gated, offline mode: all one thing to a user
         raise ModelUnavailable("not in the local Hugging Face cache, and the hub could not give it: "
-                               f"{_first_line(e)}") from e
+                               f"{first_line(e)}") from e
 
 
-def _first_line(e: Exception) -> str:
+def first_line(e: Exception) -> str:
     return (str(e).strip().splitlines() or [type(e).__name__])[0]
 
 

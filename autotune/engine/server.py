@@ -129,7 +129,7 @@ class Server:
             raise EngineError(f"cannot write the server log {self.log_path}: {e.strerror or e}") from e
         self._proc = subprocess.Popen(
             argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, text=True,
-            errors="replace", env=env, start_new_session=True, preexec_fn=_die_with_parent,
+            errors="replace", env=env, start_new_session=True, preexec_fn=die_with_parent,
         )
         self._reader = threading.Thread(target=self._read_log, args=(log,), daemon=True)
         self._reader.start()
@@ -305,7 +305,7 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def _die_with_parent() -> None:
+def die_with_parent() -> None:
     # Runs in the child before exec: if the tuner is killed (even with SIGKILL) the server gets SIGTERM.
     with contextlib.suppress(OSError, AttributeError):
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG

@@ -196,7 +196,16 @@ def estimate(
 
     gib = functools.partial(format_gib, digits=1)
     total = profile.memory_bytes if cpu else profile.cuda_total_bytes
-    free = total - (0 if cpu else CUDA_CONTEXT_BYTES)
+    held = 0 if cpu else profile.held_bytes  # other processes': vLLM still budgets a share of the whole card
+    usable = total - held  # what every peak must fit in
+    free = usable - (0 if cpu else CUDA_CONTEXT_BYTES)
+
+    def card(digits: int = 1) -> str:
+        """The memory a peak must fit in, as a reason names it."""
+        if not held:
+            return f"the {format_gib(total, digits=digits)} of {profile.name}"
+        return (f"the {format_gib(usable, digits=digits)} that other processes leave on {profile.name} "
+                f"({format_gib(held, digits=2)} held)")
     reserved = 0
     if s.explicit_kv is not None:
         kv_bytes = s.explicit_kv
@@ -210,7 +219,8 @@ def estimate(
         room = kv_bytes
         budget = f"the {gib(reserved)} vLLM reserves ({gib(total)} x {s.util:g})"
         if reserved > free:
-            rules.append(f"gpu_memory_utilization {s.util:g} asks for more than is free beside the CUDA context")
+            rules.append(f"gpu_memory_utilization {s.util:g} asks for more than is free beside the CUDA context"
+                         + (f" and the {format_gib(held, digits=2)} other processes hold" if held else ""))
         budget_reason = (f"weights {gib(weights)} exceed {budget}" if weights > reserved else
                          f"weights {gib(weights)} + activations {gib(activation)} + CUDA graphs {gib(cudagraph)}"
                          f" + overhead {gib(overhead)} leave no KV cache in {budget}")
@@ -242,20 +252,20 @@ def estimate(
     peaks: list[tuple[int, str]] = []
     if profiling and s.explicit_kv is None:
         peak = CUDA_CONTEXT_BYTES + non_kv + profiling * bpb
-        peaks.append((peak, f"the boot peaks at {gib(peak)}, over the {gib(total)} of {profile.name}: to profile its "
+        peaks.append((peak, f"the boot peaks at {gib(peak)}, over {card()}: to profile its "
                       f"CUDA graphs vLLM allocates {profiling} KV blocks ({gib(profiling * bpb)}) beside the weights"
                       + ("" if profiling_kv_per_sequence(vllm_version) else
                          " (vLLM 0.25 takes max_cudagraph_capture_size blocks; 0.26+ one per max_num_seqs)")))
     if drafter:
         peak = CUDA_CONTEXT_BYTES + overhead + weights + drafter
-        peaks.append((peak, f"the boot peaks at {format_gib(peak, digits=2)}, over the {format_gib(total, digits=2)} "
-                      f"of {profile.name}: the MTP drafter builds its own embedding and lm_head ({gib(drafter)} with "
+        peaks.append((peak, f"the boot peaks at {format_gib(peak, digits=2)}, over {card(2)}: the MTP drafter "
+                      f"builds its own embedding and lm_head ({gib(drafter)} with "
                       "its buffers) beside the weights before it shares the target's"))
     for peak, why in peaks:
-        if peak > total:
+        if peak > usable:
             memory.append(why)
-            excess = max(excess, peak - total)
-        if peak - uncertainty > total:
+            excess = max(excess, peak - usable)
+        if peak - uncertainty > usable:
             optimistic.append(why)
     boot_peak = max((peak for peak, _ in peaks), default=0)
     if s.batched < s.seqs:

@@ -10,6 +10,7 @@ refused under an estimate calibration has since moved is judged again when it co
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import os
@@ -25,15 +26,19 @@ from autotune.engine.defaults import (
 )
 from autotune.engine.logs import MEMORY_FAILURE_KINDS
 from autotune.engine.models import model_config
+from autotune.fit import memcap
 from autotune.fit.estimate import Corrections, Estimate, disabled_kernels_in, estimate
 from autotune.fit.hardware import (
+    GpuInfo,
     GpuProfile,
     cpu_profile,
     detect_gpus,
     get_profile,
+    held_by_others,
     host_has_avx512_bf16,
     profile_for,
 )
+from autotune.fit.memcap import MemoryCap
 from autotune.fit.model_shape import ModelShape
 from autotune.units import GiB, MiB
 
@@ -93,14 +98,29 @@ def slow_dtype_warning(model: str, flags: Mapping[str, object], cpu_build: bool)
     return head + "serve it in float32: dtype = \"float32\" in the study's [engine], or --set dtype=float32"
 
 
-def resolve_profile(hardware: str, cpu_build: bool) -> GpuProfile:
-    """A named profile, or with "auto" the GPU NVML finds (the CPU profile on the CPU build)."""
+def resolve_profile(hardware: str, cpu_build: bool, gpus: list[GpuInfo] | None = None) -> GpuProfile:
+    """A named profile, or with "auto" the first of `gpus` (None: those NVML finds; the CPU profile on the CPU
+    build or with none)."""
     if hardware != "auto":
         return get_profile(hardware)
     if cpu_build:
         return cpu_profile()
-    gpus = detect_gpus()
+    gpus = detect_gpus() if gpus is None else gpus
     return profile_for(gpus[0]) if gpus else cpu_profile()
+
+
+def planned_profiles(hardware: str, cap: MemoryCap | None, cpu_build: bool,
+                     gpus: list[GpuInfo]) -> tuple[GpuProfile, GpuProfile]:
+    """The card the estimator plans on and the card present (a trial's flags are translated for it). Under a memory
+    cap the first is the capped card; else it is the card present with what other processes hold on `gpus` (the
+    GPUs the servers run on, read before the first one) set aside: a desktop's display server holds 0.3-1 GiB of a
+    24 GiB card, which vLLM's budget (a share of the whole card) does not leave out."""
+    real = resolve_profile(hardware, cpu_build, gpus)
+    if cap is not None:
+        return memcap.capped_profile(real, cap), real
+    if not cpu_build and (held := held_by_others(gpus, real)):
+        real = dataclasses.replace(real, held_bytes=held)
+    return real, real
 
 
 COLD = "cold"  # the trial user attr compile_cache: "cold" | "warm" (absent on old trials and eager boots: usable)

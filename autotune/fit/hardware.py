@@ -18,7 +18,7 @@ import psutil
 import pynvml
 
 from autotune.errors import SpecError
-from autotune.units import GiB, MiB
+from autotune.units import GiB, MiB, format_gib
 
 
 @functools.cache
@@ -45,10 +45,23 @@ class GpuProfile:
     # Part of memory_bytes the driver keeps from CUDA: cudaMemGetInfo's total (which vLLM multiplies by
     # gpu_memory_utilization) is memory_bytes - driver_reserved_bytes. NVML v2 reports it as "reserved".
     driver_reserved_bytes: int = 0
+    # What other processes held on the card when the study began (a desktop's display server): vLLM still budgets
+    # a share of the whole card, but its startup check and every peak must fit in what they leave (held_by_others).
+    held_bytes: int = 0
 
     @property
     def cuda_total_bytes(self) -> int:
         return self.memory_bytes - self.driver_reserved_bytes
+
+    @property
+    def usable_bytes(self) -> int:
+        """What this card's CUDA total leaves to autotune's servers beside the other processes' memory."""
+        return self.cuda_total_bytes - self.held_bytes
+
+    @property
+    def label(self) -> str:
+        """The card as a person reads it, with what others hold on it."""
+        return self.name + (f" ({format_gib(self.held_bytes, 2)} held by other processes)" if self.held_bytes else "")
 
 
 def _node_memory_bytes() -> int:
@@ -230,6 +243,40 @@ def profile_for(info: GpuInfo) -> GpuProfile:
         kind="cuda",
         driver_reserved_bytes=info.reserved_bytes if info.reserved_bytes is not None else 512 * MiB,
     )
+
+
+def card_mismatch(named: str, found: list[GpuInfo], cpu_build: bool, capped: bool) -> str | None:
+    """Why a study that names a GPU profile cannot run on the GPUs found (None: it can). The estimator plans for
+    the named card while the server sizes itself from the card present: on another size of card every refusal
+    and every figure would be the wrong card's. A card of the same size (an RTX 4090 for the rtx3090 study) runs."""
+    key = named.strip().lower()
+    if key in ("auto", "cpu"):
+        return None
+    if cpu_build:
+        return (f"names the GPU profile {key!r}, but the installed vLLM is the CPU build; run the study where the "
+                "card is (`autotune estimate` shows its plan here)")
+    if not found:
+        return (f"names the GPU profile {key!r}, but NVML finds no NVIDIA GPU on this machine; run the study where "
+                "the card is (`autotune estimate` shows its plan here)")
+    want = PROFILES[key].memory_bytes
+    for info in found:
+        if abs(info.total_bytes - want) > 0.05 * want:
+            present = f"GPU {info.index} is {info.name} ({info.total_bytes / GiB:.1f} GiB, not {want / GiB:.1f})"
+            if capped:
+                return (f"names {key!r}, but {present}: under memory_cap_gib set hardware = \"auto\", so that the cap "
+                        "is translated for the card present")
+            return (f"names {key!r}, but {present}: set hardware = \"auto\" to tune for this card, or add "
+                    f"memory_cap_gib = \"{key}\" beside it to tune as a {key} on it")
+    return None
+
+
+def held_by_others(gpus: list[GpuInfo], profile: GpuProfile) -> int:
+    """What processes hold on the busiest of `gpus` now, as CUDA would miss it: NVML's used (v1: the driver's
+    reserve included) less the reserve. Read before autotune's first server, it is a display server, a notebook,
+    another user's job: memory no configuration can have."""
+    def held(g: GpuInfo) -> int:
+        return max(0, g.used_bytes - (profile.driver_reserved_bytes if g.reserved_bytes is None else g.reserved_bytes))
+    return max(map(held, gpus), default=0)
 
 
 # How a peak is named wherever it is shown: a GPU's memory and a process tree's host memory are not comparable.

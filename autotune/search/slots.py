@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 from autotune.engine.flags import Build, detect_build
 from autotune.errors import SpecError
-from autotune.fit.hardware import detect_gpus
+from autotune.fit.hardware import GpuInfo, detect_gpus
 
 
 @dataclass(frozen=True)
@@ -21,6 +21,17 @@ class Slot:
     @property
     def cuda_visible_devices(self) -> str | None:
         return ",".join(map(str, self.gpu_indices)) if self.gpu_indices else None
+
+
+def slot_gpus(gpus: list[GpuInfo], slots: tuple[Slot, ...]) -> list[GpuInfo]:
+    """The GPUs the slots' servers run on: those --gpus names, else the first (where CUDA puts one server)."""
+    used = {i for slot in slots for i in slot.gpu_indices}
+    return [g for g in gpus if g.index in used] if used else gpus[:1]
+
+
+def present_gpus(slots: tuple[Slot, ...] = (Slot(),)) -> list[GpuInfo]:
+    """The slots' GPUs as NVML finds them now (none on the CPU build)."""
+    return [] if detect_build() is Build.CPU else slot_gpus(detect_gpus(), slots)
 
 
 def slots_for(workers: int | None, gpus: str | None) -> tuple[Slot, ...]:

@@ -26,9 +26,10 @@ from autotune.config.study_file import StudySpec
 from autotune.engine.flags import Build, detect_build, invalid_reason, value_text
 from autotune.engine.server import reap_leftover_servers
 from autotune.errors import EngineError, SpecError, StorageError
-from autotune.fit import feasibility, memcap
+from autotune.fit import feasibility
 from autotune.fit.estimate import Estimate
-from autotune.fit.hardware import GpuProfile, detect_gpus
+from autotune.fit.hardware import GpuInfo, GpuProfile, card_mismatch
+from autotune.fit.memcap import MemoryCap
 from autotune.measure.ladder import Prior, capacity
 from autotune.measure.queueing import cannot_sustain
 from autotune.measure.trial import LevelOutcome, TrialResult, configured, plan_trial, run_trial, warm_kv_blocks
@@ -46,7 +47,7 @@ from autotune.search.record import (
 )
 from autotune.search.remeasure import best_trial
 from autotune.search.samplers import make_sampler
-from autotune.search.slots import Slot
+from autotune.search.slots import Slot, present_gpus
 from autotune.search.space import EngineConfig, engine_config, enqueue_baseline, suggest
 from autotune.search.storage import (
     attach_log,
@@ -57,12 +58,15 @@ from autotune.search.storage import (
     open_storage,
     resume,
 )
-from autotune.units import GiB, format_gib
+from autotune.units import GiB, MiB, format_gib
 
 MAX_REJECTED_IN_A_ROW = 200
 
 
-HELD_GPU_BYTES = 1 * GiB  # more than this in use before a boot means something else holds the GPU
+# More in use before a boot than this, and than what was in use when the run began (planned around) by more than
+# HELD_MORE_BYTES, means something else holds the GPU (an idle card shows its driver's reserve, 0.4-0.6 GiB, as used).
+HELD_GPU_BYTES = 1 * GiB
+HELD_MORE_BYTES = 256 * MiB
 
 
 class Progress(Protocol):
@@ -136,23 +140,35 @@ def open_study(spec: StudySpec, storage_url: str | None = None,
     return study
 
 
-def check_inputs(spec: StudySpec) -> None:
+def fetch_checkpoints(spec: StudySpec, say: Callable[[str], object]) -> None:
+    """Every hub checkpoint the study boots, on disk before the first boot (engine/weights.py says why)."""
+    from autotune.config.study_file import study_model_keys
+    from autotune.engine.weights import fetch_named
+
+    flags = spec.fixed_flags()
+    for key, model in study_model_keys(spec):
+        fetch_named(model, flags, say, str(spec.path), key)
+
+
+def check_inputs(spec: StudySpec, slots: tuple[Slot, ...] = (Slot(),)) -> None:
     """What a study file cannot show by itself, checked before anything is written (no database, no trial):
-    the flags the installed vLLM knows and the values they take, and that every model named can be resolved
-    (a hub id: from the cache, or the hub in one quick request)."""
+    that the GPU it names is the one here, the flags the installed vLLM knows and the values they take, and that
+    every model named can be resolved (a hub id: from the cache, or the hub in one quick request)."""
     from autotune.config import study_file
     from autotune.engine import flags as engine_flags
-    from autotune.engine.flags import MODEL
     from autotune.errors import ModelUnavailable
 
+    cpu_build, gpus = detect_build() is Build.CPU, present_gpus(slots)
+    if why := card_mismatch(spec.hardware, gpus, cpu_build, spec.memory_cap is not None):
+        raise SpecError(str(spec.path), "hardware", why)
+    if spec.memory_cap is not None:
+        try:
+            feasibility.planned_profiles(spec.hardware, spec.memory_cap, cpu_build, gpus)  # the card present
+        except SpecError as e:
+            raise SpecError(str(spec.path), "memory_cap_gib", e.message) from None
     engine_flags.check(study_file.study_flag_names(spec))
     engine_flags.check_values(study_file.study_flag_values(spec))
-    models = [("model.path", spec.model.path)]
-    # str(): the study file takes only strings for a model (choices and baselines' flags are typed object)
-    models += [("space.model.choices", str(c)) for p in spec.space if p.name == MODEL for c in p.choices]
-    models += [(f"baselines[{i}].flags.model", str(b.flags[MODEL]))
-               for i, b in enumerate(spec.baselines) if MODEL in b.flags]
-    for key, model in models:
+    for key, model in study_file.study_model_keys(spec):
         if model.startswith("tiny:") or Path(model).is_dir():
             continue
         try:
@@ -193,6 +209,8 @@ class _Run:
     stop: threading.Event  # set by halt: every slot ends its trial and takes no other
     # SQLite ignores SELECT ... FOR UPDATE, so two slots asking at once could both pop the same enqueued trial.
     asking: threading.Lock = field(default_factory=threading.Lock)
+    # NVML's used bytes per GPU before the run's first server: not ours to wait for (taken_since_start)
+    used_at_start: dict[int, int] = field(default_factory=dict)
     why_stopped: str = ""  # what the trials in flight when it stopped are recorded as (tell.tell_interrupted)
 
     def halt(self, why: str) -> None:
@@ -215,6 +233,7 @@ def run_study(
     progress: Progress | None = None,
     artifacts_dir: Path | None = None,
     slots: tuple[Slot, ...] = (Slot(),),
+    say: Callable[[str], object] = lambda line: None,
 ) -> RunSummary:
     """Run trials until the budget is spent, one at a time on each slot (a thread per slot)."""
     study = open_study(spec, storage_url)
@@ -225,11 +244,15 @@ def run_study(
         if "duration_s" in t.user_attrs and t.state.is_finished():
             budget.record(t.user_attrs["duration_s"], searched=searched_trial(t))
     remeasure.hold(budget, study.get_trials(deepcopy=False), spec.remeasure)
-    real_profile = feasibility.resolve_profile(spec.hardware, detect_build() is Build.CPU)
-    # Under a memory cap, plan as on the capped card; boot with flags translated for the real one.
-    profile = memcap.capped_profile(real_profile, spec.memory_cap) if spec.memory_cap else real_profile
+    gpus = present_gpus(slots)  # before any server of this run
+    profile, real_profile = feasibility.planned_profiles(spec.hardware, spec.memory_cap,
+                                                         detect_build() is Build.CPU, gpus)
+    if profile.held_bytes:
+        say(f"{profile.label} when the study began: trials are planned on the "
+            f"{format_gib(profile.usable_bytes, 2)} they leave")
     run = _Run(spec, study, budget, progress or NoProgress(), artifacts_dir, profile, real_profile,
-               open_artifact_store(artifacts_dir), threading.Event())
+               open_artifact_store(artifacts_dir), threading.Event(),
+               used_at_start={g.index: g.used_bytes for g in gpus})
     counts = {"booted": 0, "refused": 0}
     reasons: list[str] = []
     errors: list[BaseException] = []
@@ -351,15 +374,20 @@ def preview_estimates(spec: StudySpec, hardware: str | None, samples: int,
     """`autotune estimate STUDY`: the card the study plans with (capped when it has a memory cap) and, for the
     baselines and `samples` sampled configurations, (label, model, flags, memory verdict), calibrated by the study's
     stored warm boots when its storage exists."""
-    profile = feasibility.resolve_profile(hardware or spec.hardware, detect_build() is Build.CPU)
-    if spec.memory_cap is not None:
-        profile = memcap.capped_profile(profile, spec.memory_cap)
+    profile = estimate_profile(hardware, spec.hardware, spec.memory_cap)
     seen = stored_observations(spec, storage_url)
     rows = []
     for label, config in preview_configs(spec, samples):
         path, flags = configured(config.model, config.flags)
         rows.append((label, config.model, flags, feasibility.judge(path, profile, flags, spec.env, seen)))
     return profile, rows
+
+
+def estimate_profile(named: str | None, hardware: str, cap: MemoryCap | None) -> GpuProfile:
+    """The card `autotune estimate` plans on: --gpu's card as named (`named`), else `hardware` as a run here would
+    plan it (the card present, with what other processes hold on it)."""
+    return feasibility.planned_profiles(named or hardware, cap, detect_build() is Build.CPU,
+                                        [] if named else present_gpus())[0]
 
 
 def stored_observations(spec: StudySpec, storage_url: str | None) -> list[feasibility.Observation]:
@@ -528,15 +556,20 @@ def load_prior(study: optuna.Study, trial: optuna.Trial, flags: dict[str, object
                  exact_first=original is not None)
 
 
+def taken_since_start(gpus: list[GpuInfo], used_at_start: dict[int, int]) -> list[GpuInfo]:
+    """The GPUs on which something took memory since the run began (what was in use then is planned around)."""
+    return [g for g in gpus if g.used_bytes > max(used_at_start.get(g.index, 0) + HELD_MORE_BYTES, HELD_GPU_BYTES)]
+
+
 def _check_gpu_free(run: _Run, trial: optuna.Trial, slot: Slot, wait_s: float = 30.0) -> None:
-    """Memory already in use on the GPU would be misread as this configuration's failure: wait for a previous
-    server to let go, then refuse to boot and stop the run with a message naming what holds it."""
+    """Memory in use on the GPU beyond what was when the run began (planned around: feasibility.planned_profiles)
+    would be misread as this configuration's failure: wait for a previous server to let go, then refuse to boot and
+    stop the run with a message naming what holds it."""
     import time
 
     deadline = time.monotonic() + wait_s
     while True:
-        busy = [g for g in detect_gpus() if g.used_bytes > HELD_GPU_BYTES
-                and (not slot.gpu_indices or g.index in slot.gpu_indices)]
+        busy = taken_since_start(present_gpus((slot,)), run.used_at_start)
         if not busy:
             return
         if time.monotonic() > deadline:

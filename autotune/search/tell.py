@@ -144,7 +144,7 @@ def tell_engine_error(study: optuna.Study, trial: optuna.Trial, error: EngineErr
 def abort_if_model_missing(result: TrialResult, model: str) -> None:
     """A model that cannot be found fails every trial alike: stop the run instead (after the trial is told)."""
     if result.failure is not None and result.failure.kind is FailureKind.MODEL_NOT_FOUND:
-        raise EngineError(f"model {model!r} not found: {result.failure.reason}")
+        raise EngineError(f"model {model!r}: {result.failure.reason}")
 
 
 def _tell_fail(study: optuna.Study, trial: optuna.Trial, reason: str) -> None:

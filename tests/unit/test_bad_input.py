@@ -47,6 +47,12 @@ BAD_STUDIES: dict[str, tuple[str | bytes, str]] = {
                                                        "choices = [4, 'many']\n", "space.max_num_seqs.choices"),
     "unknown hardware profile": (QUICK_HEAD.replace("[model]", "hardware = 'rtx9090'\n[model]"),
                                  "quick.toml: hardware: unknown GPU profile 'rtx9090'"),
+    # The CPU build here (and in CI): a GPU study would boot a 27B model on two cores, failing trial after trial.
+    "a GPU profile where there is no such GPU": (QUICK_HEAD.replace("[model]", "hardware = 'rtx3090'\n[model]"),
+                                                "quick.toml: hardware: names the GPU profile 'rtx3090', but the "
+                                                "installed vLLM is the CPU build"),
+    "a memory cap without a CUDA GPU": (QUICK_HEAD.replace("[model]", "memory_cap_gib = 'rtx3090'\n[model]"),
+                                        "quick.toml: memory_cap_gib: a memory cap needs a CUDA GPU"),
     # No network here, and a made-up id anywhere: either way one quick line, not 29 s of retries and a traceback.
     "hub id that cannot be resolved": (QUICK_HEAD.replace("tiny:dense", "nobody-xyz/no-such-model-4f1c"),
                                        "quick.toml: model.path: cannot resolve 'nobody-xyz/no-such-model-4f1c'"),

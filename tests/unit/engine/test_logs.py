@@ -29,6 +29,8 @@ def lines(name: str) -> list[str]:
         ("cpu-batched-tokens-below-seqs.log", FailureKind.INVALID_CONFIG, "max_num_batched_tokens"),
         ("cpu-unknown-flag.log", FailureKind.INVALID_CONFIG, "--max-num-seqz"),
         ("cpu-missing-model.log", FailureKind.MODEL_NOT_FOUND, "does-not-exist"),
+        # A hub id whose weights are not cached, with no network (this machine): every trial would fail alike.
+        ("cpu-hub-unreachable.log", FailureKind.MODEL_NOT_FOUND, "cannot find the requested files in the local cache"),
     ],
 )
 def test_real_failure_logs_are_classified(log: str, kind: FailureKind, fragment: str) -> None:
@@ -81,6 +83,20 @@ def test_an_exit_without_a_known_cause_is_a_crash_with_the_last_lines() -> None:
     failure = classify_log(["starting", "Segmentation fault (core dumped)"])
     assert failure is not None and failure.kind is FailureKind.CRASH
     assert "Segmentation fault" in failure.excerpt
+    assert failure.reason == "server exited"  # no exception line to name
+
+
+def test_a_crash_names_the_exception_it_died_of() -> None:
+    """vLLM's CPU build run by its `vllm` script, captured here: the reason is the traceback's last line, not a bare
+    "server exited" (the excerpt keeps the lines around it)."""
+    log = ["Triton is installed, but doesn't include CPU backend. Disabling Triton.", "Traceback (most recent call "
+           "last):", '  File "importlib/metadata/__init__.py", line 1008, in version', "    return distribution("
+           "distribution_name).version", "importlib.metadata.PackageNotFoundError: No package metadata was found for "
+           "vllm"]
+    failure = classify_log(log)
+    assert failure.kind is FailureKind.CRASH
+    assert failure.reason == ("server exited: importlib.metadata.PackageNotFoundError: No package metadata was found "
+                              "for vllm")
 
 
 # A vLLM v1 engine that ran out of memory under load, as a 24 GiB card printed it: lines of the log posted in

@@ -5,16 +5,18 @@ CUDA total, where the same pinned boots failed in the CUDA-graph profiling's KV 
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import re
 import statistics
 
 import pytest
 
-from autotune.fit.estimate import estimate
+from autotune.fit.estimate import disabled_kernels_in, estimate
 from autotune.fit.hardware import PROFILES
 from autotune.units import GiB
 from benchmarks import estimator_accuracy as acc
+from benchmarks.h200.run_h200 import DEVICE_FLAGS
 
 SEEN = [c for c in acc.surface_boots("surface-rtx3090.json") if (c.get("boot_peak_memory_gib") or 0) > 1]
 
@@ -154,3 +156,26 @@ def test_with_machete_disabled_the_held_down_h100_loads_the_3090s_weights_and_mt
     assert rtx3090.weights_bytes == marlin.weights_bytes
     available = [printed(r"Available KV cache memory: ([\d.]+) GiB", log) for log in (cold, warm)]
     assert available[1] - available[0] > 2
+
+
+@pytest.mark.parametrize("entry", OWN, ids=[f"plan{c['plan_index']}" for c in OWN])
+def test_memory_other_processes_hold_is_judged_as_the_held_down_card_did(entry: dict) -> None:
+    """The held-down runs are memory another process holds: the ballast's 55 GiB beside the server on an H100. Told
+    what the ballast held (the card's CUDA total less the 23.625 GiB left free, as the recorder printed it) and given
+    the utilization each server booted with (a share of the whole card), the estimator on the H100's own profile
+    says what it says on the capped profile, whose verdicts test_on_a_card_of_the_caps_total_... holds to what the
+    card did: the same KV cache, the same boot peak, the same verdict."""
+    total, free = map(float, re.search(r"CUDA free ([\d.]+) of ([\d.]+) GiB", entry["_ballast"]).groups()[::-1])  # type: ignore[union-attr]
+    h100 = PROFILES["h100-80gb"]
+    held_down = dataclasses.replace(h100, memory_bytes=round(total * GiB) + h100.driver_reserved_bytes,
+                                    held_bytes=round((total - free) * GiB))
+    assert abs(held_down.usable_bytes - 23.625 * GiB) < 0.01 * GiB
+    flags = {k: v for k, v in entry["flags"].items() if k not in DEVICE_FLAGS}  # utilization as booted
+    held = estimate(acc._shape(str(acc.CONFIG)), held_down, flags, vllm_version="0.25.0",
+                    disabled_kernels=disabled_kernels_in(entry["_env"]))
+    capped = acc.predicted_boot(entry, "h100-80gb")
+    assert abs(held.reserved_bytes - capped.reserved_bytes) < 2 * 2**20
+    assert (held.fits, held.refused, held.num_blocks) == (capped.fits, capped.refused, capped.num_blocks)
+    assert abs(held.boot_peak_bytes - capped.boot_peak_bytes) < 2 * 2**20
+    if held.boot_peak_bytes > held_down.usable_bytes:
+        assert any("that other processes leave on h100-80gb" in r for r in held.reasons), held.reasons

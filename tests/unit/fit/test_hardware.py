@@ -15,6 +15,7 @@ from autotune.errors import SpecError
 from autotune.fit.hardware import (
     PROFILES,
     GpuInfo,
+    card_mismatch,
     detect_gpus,
     get_profile,
     profile_for,
@@ -88,6 +89,24 @@ def test_profile_for_matches_names_and_keeps_nvml_total():
     # NVML v2's reserved figure, where the driver reports it, replaces the profile's estimate
     h200 = profile_for(GpuInfo(0, "NVIDIA H200", 143771 * MiB, 0, 0, "u", (9, 0), 4814.3, 600 * MiB))
     assert h200.name == "h200" and h200.cuda_total_bytes == (143771 - 600) * MiB
+
+
+
+def test_a_study_naming_a_gpu_runs_only_on_a_card_of_its_size() -> None:
+    """The estimator plans for the named card, the server sizes itself from the one present (NVML's totals as the
+    device's H100 and H200 reported them)."""
+    h100 = GpuInfo(0, "NVIDIA H100 80GB HBM3", 81559 * MiB, 0, 0, "u", (9, 0))
+    rtx4090 = GpuInfo(0, "NVIDIA GeForce RTX 4090", 24564 * MiB, 0, 0, "u", (8, 9))
+    rtx3090 = GpuInfo(1, "NVIDIA GeForce RTX 3090", 24576 * MiB, 0, 0, "u", (8, 6))
+    assert card_mismatch("rtx3090", [rtx3090], cpu_build=False, capped=False) is None
+    assert card_mismatch("rtx3090", [rtx4090], cpu_build=False, capped=False) is None  # the same size runs
+    assert card_mismatch("auto", [], cpu_build=True, capped=False) is None
+    assert card_mismatch("cpu", [], cpu_build=True, capped=False) is None
+    assert "CPU build" in (card_mismatch("rtx3090", [], cpu_build=True, capped=False) or "")
+    assert "no NVIDIA GPU" in (card_mismatch("RTX3090", [], cpu_build=False, capped=False) or "")
+    bigger = card_mismatch("rtx3090", [rtx3090, h100], cpu_build=False, capped=False) or ""
+    assert "GPU 0 is NVIDIA H100 80GB HBM3 (79.6 GiB, not 24.0)" in bigger and 'memory_cap_gib = "rtx3090"' in bigger
+    assert 'hardware = "auto"' in (card_mismatch("rtx3090", [h100], cpu_build=False, capped=True) or "")
 
 
 def test_profile_for_unknown_gpu_falls_back_to_nvml_figures():
