@@ -77,13 +77,19 @@ def retry_stale_trial(study: optuna.Study, trial: FrozenTrial) -> None:
     """Queue a trial whose worker died once more, as it was (Optuna's RetryHeartbeatStaleTrialCallback with
     max_retry=1, and the same system attributes). It queues the params as fixed params, as enqueue_trial does:
     a baseline's values may lie outside the space's ranges, which Optuna's callback cannot re-create."""
+    retry_trial(study, trial, trial.user_attrs)
+
+
+def retry_trial(study: optuna.Study, trial: FrozenTrial, user_attrs: dict[str, object]) -> bool:
+    """Queue `trial`'s configuration once more, unless it is itself a retry (each is retried once); whether it was.
+    The queued trial names the one it retries (system attr failed_trial), as Optuna's retry callbacks do."""
     history = [*trial.system_attrs.get("retry_history", []), trial.number]
     if len(history) > 1:
-        return
+        return False
     system_attrs = {**trial.system_attrs, "failed_trial": trial.system_attrs.get("failed_trial", trial.number),
                     "retry_history": history, "fixed_params": dict(trial.params)}
-    study.add_trial(optuna.create_trial(state=TrialState.WAITING, user_attrs=trial.user_attrs,
-                                        system_attrs=system_attrs))
+    study.add_trial(optuna.create_trial(state=TrialState.WAITING, user_attrs=user_attrs, system_attrs=system_attrs))
+    return True
 
 
 _USER_PASSWORD = re.compile(r"(//[^/@:]*:)([^@/]*)@")  # in a URL too broken for SQLAlchemy to parse

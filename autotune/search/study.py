@@ -57,6 +57,7 @@ from autotune.search.storage import (
     open_artifact_store,
     open_storage,
     resume,
+    retry_trial,
 )
 from autotune.units import GiB, MiB, format_gib
 
@@ -137,6 +138,7 @@ def open_study(spec: StudySpec, storage_url: str | None = None,
         resume(spec, study, files, say)
     optuna.storages.fail_stale_trials(study)
     _queue_unmeasured_baselines(study, spec)  # a new study's baselines too: none is measured yet
+    _queue_unmeasured_searched(study, say)
     return study
 
 
@@ -192,6 +194,21 @@ def _queue_unmeasured_baselines(study: optuna.Study, spec: StudySpec) -> None:
     for baseline in spec.baselines:
         if baseline.name not in have:
             enqueue_baseline(study, baseline, spec.space)
+
+
+def _queue_unmeasured_searched(study: optuna.Study, say: Callable[[str], object]) -> None:
+    """Queue once more, as it was, each sampled trial that ended FAIL and was not retried: FAIL says nothing about
+    a configuration (Ctrl-C, the budget's end, a busy GPU, the machine failing: search/tell.py), and TPE learns
+    nothing from it: without this a configuration interrupted by Ctrl-C would be lost, where one whose tuner
+    was killed (-9) is retried (storage.retry_stale_trial). Its user attrs are not copied: they tell how it ended."""
+    trials = study.get_trials(deepcopy=False)
+    retried = {t.system_attrs.get("failed_trial") for t in trials}
+    queued = [t.number for t in trials
+              if t.state is TrialState.FAIL and t.params and searched_trial(t) and t.number not in retried
+              and retry_trial(study, t, {})]
+    if queued:
+        say(f"{len(queued)} trial(s) that ended without a measurement queued again, as they were: "
+            + ", ".join(f"#{n}" for n in queued))
 
 
 @dataclass

@@ -24,7 +24,8 @@ violated constraint (value > 0), never a bare FAIL. FAIL is kept for what says n
     re-measured                  any of the above; the trial carries remeasure_of (search/remeasure.py)
 
 A missing model (abort_if_model_missing) and a busy GPU end the run after the tell: every other trial would end
-the same way.
+the same way. A FAIL is measured when the study resumes: a baseline until it has a measurement, a sampled trial
+once (search/study.py).
 """
 
 from __future__ import annotations

@@ -118,6 +118,29 @@ def test_a_baseline_that_failed_through_no_fault_of_its_own_is_measured_when_the
     assert not [t for t in study.trials if t.state == TrialState.WAITING]
 
 
+def test_a_searched_trial_that_ended_without_a_measurement_is_retried_once_as_it_was(spec) -> None:
+    """Ctrl-C during a sampled trial: the next `autotune run` measures that configuration first (as it does one whose
+    tuner was killed), says so, and retries it once only."""
+    study = open_study(spec)
+    for _ in spec.baselines:  # measured: only the sampled trial is left to retry
+        told(study, ok_result(400.0))
+    trial = study.ask()
+    params = suggest(trial, spec.space)
+    tell.tell_interrupted(study, trial)
+    said: list[str] = []
+    study = open_study(spec, say=said.append)
+    waiting = [t for t in study.trials if t.state == TrialState.WAITING]
+    assert [t.system_attrs["failed_trial"] for t in waiting] == [trial.number]
+    assert said == [f"1 trial(s) that ended without a measurement queued again, as they were: #{trial.number}"]
+    assert "reason" not in waiting[0].user_attrs  # how the first one ended is not carried over
+    assert len(open_study(spec).trials) == len(study.trials)  # resumed again: not queued twice
+    retry = study.ask()
+    assert retry.number == waiting[0].number and suggest(retry, spec.space) == params
+    tell.tell_interrupted(study, retry)  # interrupted again: once is enough
+    resumed = open_study(spec)
+    assert not [t for t in resumed.trials if t.state == TrialState.WAITING]
+
+
 def test_outcomes_the_sampler_can_learn_from(spec) -> None:
     study = open_study(spec)
     assert told(study, ok_result(400.0)) == TrialState.COMPLETE
