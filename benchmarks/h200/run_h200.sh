@@ -51,6 +51,10 @@
 # 1480 .gpu7 with SURFACE unset (the H100's file; install 36 s), surface-wait 540, 540, 510: ten configurations,
 # the recorder stopped itself at held 1,520 s. With the cache carried, the one
 # cold boot that served (#3) was ready in 95 s; the failed boots took 16-108 s each.
+# Seen 2026-12-05/06 (s31): no machine in 14 calls over 90 minutes (23:35-01:05), on nvidia-h200 and once
+# nvidia-h100-x1 (status named either as the plain kind at times); each refused start cost 90-180 s, each call
+# made inside none_now's window 15 s: 1,351 s of the 1,800 went on refusals. Call `status` before each try and run
+# only when it shows no none_now; below ~500 s left a fresh machine records nothing (Triton's cold compile).
 #   1-4: bash benchmarks/h200/run_h200.sh stage 1   ... stage 4         carry [".gpuN"]
 #   5:   bash benchmarks/h200/run_h200.sh trials                          carry [".gpu5", ".whl"]
 #        (stages .gpu5 and .whl, installs, reads the idle card, then: `autotune trial --memory-cap 24` of vLLM's
