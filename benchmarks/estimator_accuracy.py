@@ -272,12 +272,21 @@ def surface_boots(name: str) -> list[dict]:
     plan = json.loads((ROOT / doc["provenance"]["plan"]).read_text())["configs"]
     index = {params_key(c["params"]): i for i, c in enumerate(plan)}
     return [{**c, "plan_index": index[params_key(c["params"])], "_ballast": doc["provenance"].get("ballast"),
-             "_env": recorded_env(doc["provenance"])} for c in doc["configs"]]
+             "_env": recorded_env(doc["provenance"]), "_logs": SURFACES / name.replace(".json", "-logs")}
+            for c in doc["configs"]]
+
+
+# The held-down runs with autotune's own flags: an H100 with a ballast leaving the capped card's CUDA total free.
+HELD_DOWN = {
+    "surface-rtx3090-ballast-own.json": "no capture-size pin on 0.25, AWQ through Machete; s28-s29",
+    "surface-rtx3090-ballast-marlin.json": "Machete disabled, AWQ through Marlin as on a 3090; s32-",
+}
 
 
 def boot_peaks() -> str:
     """The boot's peak outside the budget (fit/vllm_memory.py profiling_blocks), predicted against what the device
-    saw: NVML's peak while booting on the H200 capped as a 3090, and the ballast run's failures (s27)."""
+    saw: NVML's peak while booting on the H200 capped as a 3090, the ballast run's failures (s27) and the held-down
+    runs' boots with autotune's own flags (HELD_DOWN)."""
     lines = ["boot peaks on the capped H200 (NVML while booting; benchmarks/data/surface-rtx3090.json)",
              f"{'seqs':>5} {'spec':>5} {'capture':>8} {'seen GiB':>9} {'predicted':>10} {'error':>7}"]
     errors = []
@@ -299,20 +308,27 @@ def boot_peaks() -> str:
         lines.append(f"  max_num_seqs {c['params']['max_num_seqs']}: {c['status']} "
                      f"({asked.group(0) if asked else '-'}); predicted boot peak {e.boot_peak_bytes / 2**30:.2f} GiB, "
                      f"{'refused' if e.refused else 'booted'} before boot")
-    lines.append("\nthe ballast run with autotune's own flags (no capture-size pin on 0.25; s28-s29, "
-                 "surface-rtx3090-ballast-own.json): process GiB = NVML less what the ballast held; a failed boot's "
-                 "held + asked is CUDA's message (the last log's), the process's need where it failed")
-    lines.append(f"{'#':>3} {'seqs':>5} {'mtp':>3} {'verdict':>8} {'boot':>5} {'status':>11} {'asked':>9} "
-                 f"{'held+asked':>10} {'predicted':>10} {'booting':>8} {'ready':>6}  KV blocks (vLLM's own: as it "
-                 "sized them)")
-    for c in surface_boots("surface-rtx3090-ballast-own.json"):
+    for name, what in HELD_DOWN.items():
+        lines.append(f"\nthe ballast run with autotune's own flags ({what}, {name}): process GiB = NVML less what the "
+                     "ballast held; a failed boot's held + asked is CUDA's message (the last log's), the process's "
+                     "need where it failed")
+        lines.extend(held_down_rows(name))
+    return "\n".join(lines)
+
+
+def held_down_rows(name: str) -> list[str]:
+    """One held-down file's boots: the estimator's verdict and peak against what each boot did and held."""
+    lines = [f"{'#':>3} {'seqs':>5} {'mtp':>3} {'verdict':>8} {'boot':>5} {'status':>11} {'asked':>9} "
+             f"{'held+asked':>10} {'predicted':>10} {'booting':>8} {'ready':>6}  KV blocks (vLLM's own: as it "
+             "sized them)"]
+    for c in surface_boots(name):
         e, held = predicted_boot(c, "h100-80gb"), ballast_held_gib(c)
         failed = failed_allocations(c)
         seen = [f"{v - held:.2f}" if v else "-" for v in (c.get("boot_peak_memory_gib"), c.get("ready_memory_gib"))]
         if c.get("kv_blocks_given"):
             blocks = f"given {c['kv_blocks_given']}, own {c['kv_blocks_profiled']}"
         elif c.get("kv_cache_tokens"):
-            blocks = f"own {c['kv_cache_tokens'] * e.num_blocks // e.kv_tokens}"
+            blocks = f"own {round(c['kv_cache_tokens'] * e.num_blocks / e.kv_tokens)}"
         else:
             blocks = "-"
         blocks += f" (est. {e.num_blocks})"
@@ -321,7 +337,7 @@ def boot_peaks() -> str:
         lines.append(f"{c['plan_index']:>3} {c['params']['max_num_seqs']:>5} {mtp:>3} {verdict(e):>8} "
                      f"{c['compile_cache'] or '-':>5} {c['status']:>11} {asked:>9} {need:>10} "
                      f"{e.boot_peak_bytes / 2**30:>10.2f} {seen[0]:>8} {seen[1]:>6}  {blocks}")
-    return "\n".join(lines)
+    return lines
 
 
 OWN_LOGS = SURFACES / "surface-rtx3090-ballast-own-logs"
@@ -331,7 +347,7 @@ def failed_allocations(entry: dict) -> list[tuple[str, float, float]]:
     """(log, GiB asked, GiB the process held) for each of a held-down boot's logs that ran out of memory, from
     CUDA's own message in the server logs kept beside the surface file (its reason is cut short)."""
     out = []
-    for log in sorted(OWN_LOGS.glob(f"s*/{entry['plan_index']:02d}*.log")):
+    for log in sorted(entry["_logs"].glob(f"s*/{entry['plan_index']:02d}*.log")):
         m = re.search(r"Tried to allocate ([\d.]+) ([GM]iB).*?this process has ([\d.]+) GiB memory in use",
                       log.read_text())
         if m:

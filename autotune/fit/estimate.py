@@ -85,7 +85,8 @@ MACHETE_BYTES_PER_GROUP = 6.4
 # MacheteLinearKernel, it runs through Marlin (kernels/linear mixed_precision: the first kernel that can implement
 # it). Its 16-bit scales and packed 4-bit zeros explain 2.5 bytes a group; the H100 held down to the 3090's total with
 # Machete disabled printed 17.69 GiB with the MTP layer (s29, surface-rtx3090-ballast-own-logs/s29/marlin), 0.34 GiB
-# more than that: 4.44 bytes a group, the rest unexplained like Machete's.
+# more than that: 4.44 bytes a group, the rest unexplained like Machete's. Out of sample (s32, the same card): the
+# recipe without MTP's layer printed 16.9 GiB, 16.90 predicted (surface-rtx3090-ballast-marlin-logs/s32/01.log).
 MARLIN_BYTES_PER_GROUP = 4.44
 
 

@@ -56,6 +56,7 @@ def test_on_a_card_of_the_caps_total_those_boots_fail_in_the_profiling_kv_cache(
 
 
 OWN = acc.surface_boots("surface-rtx3090-ballast-own.json")
+MARLIN = acc.surface_boots("surface-rtx3090-ballast-marlin.json")  # s32-: Machete disabled, as a 3090 runs AWQ
 
 
 def largest_capture_size(seqs: int, spec_tokens: int, batched: int) -> int:
@@ -68,9 +69,11 @@ def largest_capture_size(seqs: int, spec_tokens: int, batched: int) -> int:
     return max(r for n in grid if (r := -(-n // query) * query) <= cap)
 
 
-@pytest.mark.parametrize("entry", OWN, ids=[f"plan{c['plan_index']}" for c in OWN])
+@pytest.mark.parametrize("entry", OWN + MARLIN, ids=[f"plan{c['plan_index']}" for c in OWN]
+                         + [f"marlin-plan{c['plan_index']}" for c in MARLIN])
 def test_on_a_card_of_the_caps_total_autotunes_own_flags_do_what_the_estimator_says(entry: dict) -> None:
-    """s28: the same held-down H100, the flags autotune gives today (no capture-size pin on vLLM 0.25). Each
+    """s28: the same held-down H100, the flags autotune gives today (no capture-size pin on vLLM 0.25); from s32 the
+    same with Machete disabled, so that AWQ runs through Marlin as on a 3090. Each
     configuration the estimator accepts booted and served, and the warm boot sized the KV cache it predicts; each it
     refuses for the boot's peak failed in the profiling KV cache, asking for one of its 16 attention layers' tensors
     of exactly the blocks it names (vLLM's own largest capture size), unless it failed before that, loading MTP's
@@ -156,6 +159,34 @@ def test_with_machete_disabled_the_held_down_h100_loads_the_3090s_weights_and_mt
     assert rtx3090.weights_bytes == marlin.weights_bytes
     available = [printed(r"Available KV cache memory: ([\d.]+) GiB", log) for log in (cold, warm)]
     assert available[1] - available[0] > 2
+
+
+def test_through_marlin_the_recipe_loads_the_3090s_weights_and_its_warm_boot_sizes_the_predicted_kv() -> None:
+    """s32, the held-down H100 with Machete disabled: the recipe (48 sequences, no MTP), which failed with Machete's
+    larger weights in the profiling KV cache, printed 16.9 GiB of weights, what the estimator predicts for a 3090
+    out of MARLIN_BYTES_PER_GROUP (fitted in s29 on a boot with MTP's layer, 17.69: this one is out of sample), and
+    its warm boot, sized by vLLM, printed one KV block more than predicted. Its cold boot, sized by vLLM while
+    compiling, was left 1.07 GiB less KV memory and too few Mamba blocks for 48 sequences: it failed where the warm
+    boot served."""
+    [entry] = [c for c in MARLIN if c["plan_index"] == 1]
+    logs = acc.SURFACES / "surface-rtx3090-ballast-marlin-logs" / "s32"
+    cold, warm = (logs / "01.cold.log").read_text(), (logs / "01.log").read_text()
+    assert "Using MarlinLinearKernel" in warm and "Application startup complete" in warm
+
+    def printed(pattern: str, text: str) -> float:
+        return float(re.search(pattern, text).group(1).replace(",", ""))  # type: ignore[union-attr]
+
+    e = acc.predicted_boot(entry, "h100-80gb")
+    assert round(e.weights_bytes / GiB, 1) == printed(r"Model loading took ([\d.]+) GiB", warm) == 16.9
+    rtx3090 = estimate(acc._shape(str(acc.CONFIG)), PROFILES["rtx3090"], {"language_model_only": True})
+    assert rtx3090.weights_bytes == e.weights_bytes
+    assert entry["status"] == "measured" and entry["compile_cache"] == "warm" and not entry["kv_blocks_given"]
+    tokens_per_block = e.kv_tokens / e.num_blocks
+    assert 0 <= entry["kv_cache_tokens"] / tokens_per_block - e.num_blocks <= 1.01
+    assert entry["kv_cache_tokens"] == printed(r"GPU KV cache size: ([\d,]+) tokens", warm)
+    available = [printed(r"Available KV cache memory: ([\d.]+) GiB", log) for log in (cold, warm)]
+    assert available[1] - available[0] > 1
+    assert entry["cold_boot"]["failure_kind"] == "too_many_seqs_for_state"
 
 
 @pytest.mark.parametrize("entry", OWN, ids=[f"plan{c['plan_index']}" for c in OWN])
