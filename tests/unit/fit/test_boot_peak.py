@@ -9,6 +9,7 @@ import dataclasses
 import math
 import re
 import statistics
+from pathlib import Path
 
 import pytest
 
@@ -132,6 +133,18 @@ def test_mtp_boots_peak_where_the_drafter_holds_its_own_embedding_and_lm_head(en
         assert abs(named - (held + asked)) <= 0.05, (log, named, held + asked)
 
 
+def printed(pattern: str, text: str) -> float:
+    """The number a server log printed where `pattern`'s group is."""
+    return float(re.search(pattern, text).group(1).replace(",", ""))  # type: ignore[union-attr]
+
+
+def served_through_marlin(logs: Path, index: int) -> tuple[str, str]:
+    """A held-down configuration's cold and warm server logs, the warm one having served through Marlin."""
+    cold, warm = (logs / f"{index:02d}.cold.log").read_text(), (logs / f"{index:02d}.log").read_text()
+    assert "Using MarlinLinearKernel" in warm and "Application startup complete" in warm
+    return cold, warm
+
+
 def test_with_machete_disabled_the_held_down_h100_loads_the_3090s_weights_and_mtp_boots() -> None:
     """s29's last minutes: the same held-down card with VLLM_DISABLED_KERNELS=MacheteLinearKernel, so that AWQ ran
     through Marlin as it does on a 3090. #11 (MTP, 2 tokens), which failed above with Machete, printed 17.69 GiB of
@@ -141,13 +154,7 @@ def test_with_machete_disabled_the_held_down_h100_loads_the_3090s_weights_and_mt
     before it compiled the drafter inside the profile run and was left 2.17 GiB less KV memory (0.56 against 2.73
     GiB; one request needs 0.78): a cold boot is not what the estimator predicts."""
     [entry] = [c for c in OWN if c["plan_index"] == 11]
-    logs = acc.OWN_LOGS / "s29" / "marlin"
-    cold, warm = (logs / "11.cold.log").read_text(), (logs / "11.log").read_text()
-    assert "Using MarlinLinearKernel" in warm and "Application startup complete" in warm
-
-    def printed(pattern: str, text: str) -> float:
-        return float(re.search(pattern, text).group(1).replace(",", ""))  # type: ignore[union-attr]
-
+    cold, warm = served_through_marlin(acc.OWN_LOGS / "s29" / "marlin", 11)
     machete = acc.predicted_boot(entry, "h100-80gb")
     marlin = acc.predicted_boot(entry, "h100-80gb", {"VLLM_DISABLED_KERNELS": "MacheteLinearKernel"})
     assert round(marlin.weights_bytes / GiB, 2) == printed(r"Model loading took ([\d.]+) GiB", warm) == 17.69
@@ -169,13 +176,7 @@ def test_through_marlin_the_recipe_loads_the_3090s_weights_and_its_warm_boot_siz
     compiling, was left 1.07 GiB less KV memory and too few Mamba blocks for 48 sequences: it failed where the warm
     boot served."""
     [entry] = [c for c in MARLIN if c["plan_index"] == 1]
-    logs = acc.SURFACES / "surface-rtx3090-ballast-marlin-logs" / "s32"
-    cold, warm = (logs / "01.cold.log").read_text(), (logs / "01.log").read_text()
-    assert "Using MarlinLinearKernel" in warm and "Application startup complete" in warm
-
-    def printed(pattern: str, text: str) -> float:
-        return float(re.search(pattern, text).group(1).replace(",", ""))  # type: ignore[union-attr]
-
+    cold, warm = served_through_marlin(acc.SURFACES / "surface-rtx3090-ballast-marlin-logs" / "s32", 1)
     e = acc.predicted_boot(entry, "h100-80gb")
     assert round(e.weights_bytes / GiB, 1) == printed(r"Model loading took ([\d.]+) GiB", warm) == 16.9
     rtx3090 = estimate(acc._shape(str(acc.CONFIG)), PROFILES["rtx3090"], {"language_model_only": True})
