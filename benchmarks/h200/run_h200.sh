@@ -55,7 +55,7 @@
 # nvidia-h100-x1 (status named either as the plain kind at times); each refused start cost 90-180 s, each call
 # made inside none_now's window 15 s: 1,351 s of the 1,800 went on refusals. Call `status` before each try and run
 # only when it shows no none_now; below ~500 s left a fresh machine records nothing (Triton's cold compile).
-# Seen 2026-12-06 (s32): ten refused calls (1,111 s), then an H100 with 689 s left: stage 1..6 back to back (23 s),
+# Seen 2026-12-06 (s32): eleven refused calls (1,111 s), then an H100 with 689 s left: stage 1..6 back to back (23 s),
 # surface-start 620 .gpu7 (install 26 s), surface-wait 520: two of the Marlin file (#0 failed cold 165 s + warm 45 s,
 # #1 cold 87 s + warm 57 s and served); 60 s left at the end.
 #   1-4: bash benchmarks/h200/run_h200.sh stage 1   ... stage 4         carry [".gpuN"]
