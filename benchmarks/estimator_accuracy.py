@@ -340,9 +340,6 @@ def held_down_rows(name: str) -> list[str]:
     return lines
 
 
-OWN_LOGS = SURFACES / "surface-rtx3090-ballast-own-logs"
-
-
 def failed_allocations(entry: dict) -> list[tuple[str, float, float]]:
     """(log, GiB asked, GiB the process held) for each of a held-down boot's logs that ran out of memory, from
     CUDA's own message in the server logs kept beside the surface file (its reason is cut short)."""

@@ -9,7 +9,6 @@ import dataclasses
 import math
 import re
 import statistics
-from pathlib import Path
 
 import pytest
 
@@ -138,8 +137,10 @@ def printed(pattern: str, text: str) -> float:
     return float(re.search(pattern, text).group(1).replace(",", ""))  # type: ignore[union-attr]
 
 
-def served_through_marlin(logs: Path, index: int) -> tuple[str, str]:
-    """A held-down configuration's cold and warm server logs, the warm one having served through Marlin."""
+def served_through_marlin(entry: dict, session: str) -> tuple[str, str]:
+    """A held-down configuration's cold and warm server logs of one session (the folder under its file's logs), the
+    warm one having served through Marlin."""
+    logs, index = entry["_logs"] / session, entry["plan_index"]
     cold, warm = (logs / f"{index:02d}.cold.log").read_text(), (logs / f"{index:02d}.log").read_text()
     assert "Using MarlinLinearKernel" in warm and "Application startup complete" in warm
     return cold, warm
@@ -154,7 +155,7 @@ def test_with_machete_disabled_the_held_down_h100_loads_the_3090s_weights_and_mt
     before it compiled the drafter inside the profile run and was left 2.17 GiB less KV memory (0.56 against 2.73
     GiB; one request needs 0.78): a cold boot is not what the estimator predicts."""
     [entry] = [c for c in OWN if c["plan_index"] == 11]
-    cold, warm = served_through_marlin(acc.OWN_LOGS / "s29" / "marlin", 11)
+    cold, warm = served_through_marlin(entry, "s29/marlin")
     machete = acc.predicted_boot(entry, "h100-80gb")
     marlin = acc.predicted_boot(entry, "h100-80gb", {"VLLM_DISABLED_KERNELS": "MacheteLinearKernel"})
     assert round(marlin.weights_bytes / GiB, 2) == printed(r"Model loading took ([\d.]+) GiB", warm) == 17.69
@@ -176,7 +177,7 @@ def test_through_marlin_the_recipe_loads_the_3090s_weights_and_its_warm_boot_siz
     compiling, was left 1.07 GiB less KV memory and too few Mamba blocks for 48 sequences: it failed where the warm
     boot served."""
     [entry] = [c for c in MARLIN if c["plan_index"] == 1]
-    cold, warm = served_through_marlin(acc.SURFACES / "surface-rtx3090-ballast-marlin-logs" / "s32", 1)
+    cold, warm = served_through_marlin(entry, "s32")
     e = acc.predicted_boot(entry, "h100-80gb")
     assert round(e.weights_bytes / GiB, 1) == printed(r"Model loading took ([\d.]+) GiB", warm) == 16.9
     rtx3090 = estimate(acc._shape(str(acc.CONFIG)), PROFILES["rtx3090"], {"language_model_only": True})
