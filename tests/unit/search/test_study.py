@@ -411,8 +411,8 @@ def test_ctrl_c_while_slots_run_stops_them_and_raises_nothing_in_the_main_thread
 
     The last one sent may reach the main thread only after that handler is back (the kernel delivers a pending
     signal at a thread's next return from it: a fresh clone's `make test` saw KeyboardInterrupt inside
-    signal.signal's restore), so the handler before is the test's own, which counts such late ones, and a sleep
-    after the block lets one land there."""
+    signal.signal's restore), so the handler before is the test's own, which takes such a late one, and a sleep
+    after the block lets it land there."""
     import os
     import signal
     import threading
@@ -432,10 +432,8 @@ def test_ctrl_c_while_slots_run_stops_them_and_raises_nothing_in_the_main_thread
         reasons.add(why)
         stop.set()
 
-    late: list[int] = []
-
     def before(signum: int, frame: object) -> None:
-        late.append(signum)
+        """A SIGINT delivered after the block: nothing to do."""
 
     reasons: set[str] = set()
     outer = signal.signal(signal.SIGINT, before)
