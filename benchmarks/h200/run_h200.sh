@@ -58,6 +58,9 @@
 # Seen 2026-12-06 (s32): eleven refused calls (1,111 s), then an H100 with 689 s left: stage 1..6 back to back (23 s),
 # surface-start 620 .gpu7 (install 26 s), surface-wait 520: two of the Marlin file (#0 failed cold 165 s + warm 45 s,
 # #1 cold 87 s + warm 57 s and served); 60 s left at the end.
+# Seen 2026-12-06 (s33): nvidia-h200 asked, an H100 came at once: stage 1..6 and triton-cache (held 105 s), surface-start
+# 1640 .gpu7 (install 48 s, recording from held 180 s), surface-wait 520, 520, 500: eight of the Marlin file (#2-#9),
+# the recorder stopped itself at held 1,739 s; 61 s left.
 #   1-4: bash benchmarks/h200/run_h200.sh stage 1   ... stage 4         carry [".gpuN"]
 #   5:   bash benchmarks/h200/run_h200.sh trials                          carry [".gpu5", ".whl"]
 #        (stages .gpu5 and .whl, installs, reads the idle card, then: `autotune trial --memory-cap 24` of vLLM's
