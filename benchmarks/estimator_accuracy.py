@@ -251,16 +251,18 @@ SURFACES = ROOT / "benchmarks" / "data"
 def predicted_boot(entry: dict, real: str, env: Mapping[str, str] | None = None) -> Estimate:
     """A GPU surface entry's boot (benchmarks/data/surface-rtx3090*.json): its flags as they booted, with its logical
     gpu_memory_utilization, judged for the `real` card capped as a 3090 by vLLM 0.25.0 (the device's), in the
-    environment its file records (and `env` over it)."""
+    environment its file records (and `env` over it), with the shape of the checkpoint its file served."""
     env = env or {}
+    from autotune.engine.models import KNOWN, KNOWN_MODELS
     from autotune.fit import memcap
     from autotune.fit.hardware import PROFILES
-    from benchmarks.h200.run_h200 import DEVICE_FLAGS
+    from benchmarks.h200.run_h200 import AWQ, DEVICE_FLAGS
 
     flags = {k: v for k, v in entry["flags"].items() if k not in DEVICE_FLAGS}
     flags["gpu_memory_utilization"] = entry["params"].get("gpu_memory_utilization", 0.92)
     profile = memcap.capped_profile(PROFILES[real], memcap.parse_cap("rtx3090"))
-    return estimate(_shape(str(CONFIG)), profile, flags, vllm_version="0.25.0",
+    shape = _shape(str(KNOWN_MODELS / KNOWN[entry.get("_model", AWQ)]))
+    return estimate(shape, profile, flags, vllm_version="0.25.0",
                     disabled_kernels=disabled_kernels_in({**entry.get("_env", {}), **env}))
 
 
@@ -272,7 +274,8 @@ def surface_boots(name: str) -> list[dict]:
     plan = json.loads((ROOT / doc["provenance"]["plan"]).read_text())["configs"]
     index = {params_key(c["params"]): i for i, c in enumerate(plan)}
     return [{**c, "plan_index": index[params_key(c["params"])], "_ballast": doc["provenance"].get("ballast"),
-             "_env": recorded_env(doc["provenance"]), "_logs": SURFACES / name.replace(".json", "-logs")}
+             "_env": recorded_env(doc["provenance"]), "_logs": SURFACES / name.replace(".json", "-logs"),
+             "_model": doc["provenance"]["model"]}
             for c in doc["configs"]]
 
 

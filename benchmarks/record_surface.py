@@ -20,6 +20,9 @@ as it. Here, once: `bash benchmarks/h200/fetch-wheels.sh` (-> .gpu1 ... .gpuN, 5
   N+1..:  bash benchmarks/h200/run_h200.sh surface-wait 560
           waits, prints the recorder's last lines and brings back surface-rtx3090.json and surface.tgz (its output,
           the server logs NN.log / NN.cold.log by plan index); until it says "finished" or the session ends
+  Another checkpoint: PLAN=surface-plan-rtx3090-gptq.json before surface-start and each surface-wait records that
+          plan (four of this one served from GPTQ-Int4: benchmarks/surface_plan.py --checkpoint) into its own file;
+          a surface-start after it on the same machine installs nothing again.
 Session 1 (s22) recorded 9, session 2 (s24) 8 more, s25 2, s26 the start picks #42-44 (appended after s25): 22 of 45
 (benchmarks/data/surface-rtx3090-logs/s22, s24, s25, s26: the calls and what they printed). s24's boots given blocks
 took 129-257 s where s22's took 59-69 s (#9, the machine's first key, 257 s with Triton's compile; the two MTP ones 129
@@ -143,7 +146,7 @@ from autotune.measure.trial import (
 from autotune.measure.workload import Workload
 from autotune.search.space import engine_config
 from autotune.units import GiB
-from benchmarks.h200.run_h200 import DEVICE_FLAGS, ENV, MODEL, write_model
+from benchmarks.h200.run_h200 import DEVICE_FLAGS, ENV, model_folder, served_model
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -628,9 +631,9 @@ def read_plan(path: Path) -> tuple[dict, StudySpec]:
 
 def planned_configs(plan: dict, spec: StudySpec, model: str, real: GpuProfile) -> list[PlannedConfig]:
     """Every configuration of the plan as it boots: the study's flags for its params (a baseline: the baseline's
-    own flags), served from `model` (the device's folder of the AWQ shape, random weights) with DEVICE_FLAGS, and
-    the study's memory cap translated for `real` as a trial's are (memcap.engine_flags); each judged by the
-    estimator for the capped card as a trial is (the plan's model, whose config the folder holds)."""
+    own flags), served from `model` (the device's folder of the plan's checkpoint, random weights) with
+    DEVICE_FLAGS, and the study's memory cap translated for `real` as a trial's are (memcap.engine_flags); each
+    judged by the estimator for the capped card as a trial is (the plan's model, whose config the folder holds)."""
     if spec.memory_cap is None:
         raise SystemExit(f"{plan['study']}: the GPU surface is recorded under a memory cap; the study sets none")
     baselines = {b.name: b.flags for b in spec.baselines}
@@ -884,7 +887,7 @@ def estimate_plan(plan_path: Path, out: Path, ballast: bool = False) -> None:
     flags_kind = recorded_flags(doc["provenance"]) if out.exists() else flags_for(ballast)
     env = recorded_env(doc["provenance"]) if out.exists() else env_here()
     with device_vllm(as_planned=flags_kind == AS_PLANNED, env=env):
-        configs = planned_configs(plan, spec, str(MODEL), get_profile(plan["card"]))
+        configs = planned_configs(plan, spec, str(served_model(plan["model"])), get_profile(plan["card"]))
     print_estimate(configs, to_record(configs, doc), spec, doc)
 
 
@@ -909,17 +912,17 @@ def record_plan(plan_path: Path, out: Path, stop_after: float | None, logs: Path
     t0 = time.monotonic()
     plan, spec = read_plan(plan_path)
     real = memcap.present_gpu(0)
-    write_model()
+    model = str(model_folder(plan["model"]))  # the plan's checkpoint, its shape with random weights
     flags_kind = flags_for(ballast)
     with device_vllm(as_planned=flags_kind == AS_PLANNED):  # on the device too
-        configs = planned_configs(plan, spec, str(MODEL), real)  # refuses a study without a memory cap
+        configs = planned_configs(plan, spec, model, real)  # refuses a study without a memory cap
     assert spec.memory_cap is not None
     configs = chosen(configs, only)
     with ballast_held(spec.memory_cap.cuda_total_gib) if ballast else contextlib.nullcontext() as held:
         doc = surface_doc(out, plan_path, plan, spec, real, held, flags_kind)
         todo = to_record(configs, doc)
         ladder = gpu_ladder(spec.objective)
-        vocab = model_vocab_size(str(MODEL))
+        vocab = model_vocab_size(model)
         logs.mkdir(parents=True, exist_ok=True)
         print(f"{len(doc['configs'])} configurations recorded, {len(todo)} to go; logs in {logs}", flush=True)
         for n, c in enumerate(todo):

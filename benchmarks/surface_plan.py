@@ -20,6 +20,8 @@ fail is part of the surface.
 
     .venv/bin/python -m benchmarks.surface_plan     # rewrites the plan (deterministic; source 4 kept if planned)
     .venv/bin/python -m benchmarks.surface_plan --picks   # appends source 4 to the plan and the surface recorded
+    .venv/bin/python -m benchmarks.surface_plan --checkpoint Qwen/Qwen3.5-27B-GPTQ-Int4 --take 1,8,9,5 \
+        --out benchmarks/data/surface-plan-rtx3090-gptq.json   # those four served from another checkpoint
 """
 
 from __future__ import annotations
@@ -81,8 +83,9 @@ def rejected(spec, params: dict[str, object]) -> bool:
     return invalid_reason(configured(config.model, config.flags)[1]) is not None
 
 
-def verdict(spec, profile, params: dict[str, object], baseline: dict[str, object] | None = None) -> dict[str, object]:
-    config = engine_config(spec, {**params, "model": MODEL}, baseline=baseline)
+def verdict(spec, profile, params: dict[str, object], baseline: dict[str, object] | None = None,
+            model: str = MODEL) -> dict[str, object]:
+    config = engine_config(spec, {**params, "model": model}, baseline=baseline)
     path, flags = configured(config.model, config.flags)
     v = feasibility.judge(path, profile, flags, spec.env)
     e = v.estimate
@@ -178,10 +181,46 @@ def append_picks(plan_path: Path = PLAN, surface_path: Path = GPU_OUT) -> list[d
     return new
 
 
+def checkpoint_plan(model: str, indices: list[int], plan_path: Path = PLAN) -> dict[str, object]:
+    """Some of the plan's configurations, the same params and flags, served from another checkpoint of the same
+    model (`model`, a shipped config): what its weights leave a 3090 is measured beside the plan's own, boot by
+    boot. Each keeps its index in the plan (`from_plan_index`) and is judged again for the other checkpoint."""
+    doc = json.loads(plan_path.read_text())
+    missing = [i for i in indices if not 0 <= i < len(doc["configs"])]
+    if missing:
+        raise SystemExit(f"--take: {plan_path.name} has no configuration {', '.join(f'#{i}' for i in missing)}")
+    spec, _, profile = planned_for()
+    baselines = {b.name: b.flags for b in spec.baselines}
+    configs = []
+    for i in indices:
+        c = doc["configs"][i]
+        baseline = {**baselines[c["baseline"]], "model": model} if c.get("baseline") else None
+        configs.append({**{k: v for k, v in c.items() if k != "estimate"}, "from_plan_index": i,
+                        "estimate": verdict(spec, profile, c["params"], baseline, model)})
+    estimates = doc["how"].split("Estimates: ")[-1].split("; then")[0]
+    return {**doc, "model": model, "configs": configs,
+            "how": f"{plan_path.name}'s configurations {', '.join(f'#{i}' for i in indices)} (the same params and "
+                   f"flags) served from {model} instead of {doc['model']}: the other checkpoint's weights beside "
+                   f"the plan's own. Estimates for it, as the plan's: {estimates}"}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--picks", action="store_true", help="Append the start picks (source 4) to the plan.")
-    if ap.parse_args().picks:
+    ap.add_argument("--checkpoint", metavar="HUB_ID", help="Write a plan of the configurations --take names, "
+                    "served from this checkpoint (a shipped config), to --out.")
+    ap.add_argument("--take", type=lambda v: [int(i) for i in v.split(",")], default=[], help="Plan indices, e.g. 1,9.")
+    ap.add_argument("--out", type=Path, help="Where --checkpoint's plan goes.")
+    opts = ap.parse_args()
+    if opts.checkpoint:
+        if not opts.take or opts.out is None:
+            ap.error("--checkpoint needs --take and --out")
+        with device_vllm():
+            doc = checkpoint_plan(opts.checkpoint, opts.take)
+        opts.out.write_text(json.dumps(doc, indent=1) + "\n")
+        print(f"{opts.out}: {len(opts.take)} configurations of {PLAN.name} served from {opts.checkpoint}")
+        return
+    if opts.picks:
         for c in append_picks():
             print(f"start pick, seed {c['seed']}: runs {c['runs_at_once']:g} at once: {c['params']}")
         return

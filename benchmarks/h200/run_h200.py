@@ -32,8 +32,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 DATA = ROOT / "tests" / "data" / "gpu"
 WORK = Path(os.environ.get("GPURUN", "/tmp/gpurun"))
-# shipped for "QuantTrio/Qwen3.5-27B-AWQ"
-CONFIG = ROOT / "autotune" / "engine" / "known_models" / "qwen3.5-27b-awq.json"
+AWQ = "QuantTrio/Qwen3.5-27B-AWQ"
+CONFIG = ROOT / "autotune" / "engine" / "known_models" / "qwen3.5-27b-awq.json"  # shipped for AWQ
 MODEL = WORK / "qwen3.5-27b-awq-dummy"  # written by write_model(): CONFIG as its config.json, no weights
 OBJECTIVE = DATA / "smoke-objective.toml"
 STUDY = DATA / "smoke-study.toml"
@@ -52,8 +52,26 @@ TRIALS = {  # booted by the library (the same path `autotune trial` takes), each
 
 def write_model() -> None:
     """The model folder vLLM serves (with --load-format dummy): the shipped config as config.json."""
-    MODEL.mkdir(parents=True, exist_ok=True)
-    (MODEL / "config.json").write_bytes(CONFIG.read_bytes())
+    model_folder(AWQ)
+
+
+def served_model(hub_id: str, work: Path = WORK) -> Path:
+    """Where the device serves a shipped checkpoint's shape from (model_folder writes it); MODEL for AWQ."""
+    from autotune.engine.models import KNOWN
+
+    if hub_id not in KNOWN:
+        raise SystemExit(f"{hub_id}: no shipped config (autotune/engine/known_models): {', '.join(KNOWN)}")
+    return work / f"{Path(KNOWN[hub_id]).stem}-dummy"
+
+
+def model_folder(hub_id: str, work: Path = WORK) -> Path:
+    """The folder vLLM serves a shipped checkpoint's shape from (random weights): its known config as config.json."""
+    from autotune.engine.models import KNOWN, KNOWN_MODELS
+
+    folder = served_model(hub_id, work)
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "config.json").write_bytes((KNOWN_MODELS / KNOWN[hub_id]).read_bytes())
+    return folder
 
 
 def study_file(study: Path = STUDY) -> Path:

@@ -61,6 +61,9 @@
 # Seen 2026-12-06 (s33): nvidia-h200 asked, an H100 came at once: stage 1..6 and triton-cache (held 105 s), surface-start
 # 1640 .gpu7 (install 48 s, recording from held 180 s), surface-wait 520, 520, 500: eight of the Marlin file (#2-#9),
 # the recorder stopped itself at held 1,739 s; 61 s left.
+# Next (planned in s33, not yet run): on an H100, stage 1..6 and triton-cache, then
+# PLAN=surface-plan-rtx3090-gptq.json bash benchmarks/h200/run_h200.sh surface-start 700 .gpu7 (and the same PLAN=
+# before each surface-wait) for GPTQ-Int4's weights through Marlin, then surface-start <left> .gpu7 for the Marlin file.
 #   1-4: bash benchmarks/h200/run_h200.sh stage 1   ... stage 4         carry [".gpuN"]
 #   5:   bash benchmarks/h200/run_h200.sh trials                          carry [".gpu5", ".whl"]
 #        (stages .gpu5 and .whl, installs, reads the idle card, then: `autotune trial --memory-cap 24` of vLLM's
@@ -103,22 +106,32 @@ mkdir -p /tmp/acc "$GPURUN"
 # H100 records the same plan held down to the capped card's total with autotune's own flags (--ballast) instead,
 # and since s29 with Machete disabled, so that 4-bit AWQ takes the memory it takes on a 3090 (Marlin: 0.34 GiB less
 # for this model): surface-rtx3090-ballast-marlin.json (surface-rtx3090-ballast-own.json holds s28-s29's 17 with it).
+# PLAN (in benchmarks/data/) is the plan recorded: surface-plan-rtx3090.json unless set, e.g.
+# PLAN=surface-plan-rtx3090-gptq.json (benchmarks/surface_plan.py --checkpoint: four of the plan served from the
+# GPTQ-Int4 checkpoint the 3090 study starts from), whose surface is then the same name with the plan's suffix
+# (surface-rtx3090-ballast-marlin-gptq.json on an H100). Give it to surface-start and to each surface-wait.
+PLAN=${PLAN:-surface-plan-rtx3090.json}
+suffix=${PLAN#surface-plan-rtx3090}
 BALLAST=()
 if [ -z "${SURFACE:-}" ]; then
   case "$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)" in
-    *H100*) SURFACE=surface-rtx3090-ballast-marlin.json BALLAST=(--ballast)
-            export VLLM_DISABLED_KERNELS=MacheteLinearKernel ;;  # AWQ held as on a 3090 (Marlin), not Machete
-    *) SURFACE=surface-rtx3090.json ;;
+    *H100*) SURFACE=surface-rtx3090-ballast-marlin$suffix BALLAST=(--ballast)
+            export VLLM_DISABLED_KERNELS=MacheteLinearKernel ;;  # 4-bit held as on a 3090 (Marlin), not Machete
+    *) SURFACE=surface-rtx3090$suffix ;;
   esac
-  echo "surface: $SURFACE ${BALLAST[*]}"
+  echo "surface: $SURFACE ${BALLAST[*]} (plan $PLAN)"
 fi
 LOGS=$GPURUN/${SURFACE%.json}-logs
 CACHE=$HOME/.cache/autotune/vllm  # autotune's compile cache (autotune/engine/compile_cache.py), Triton's under it
 
-install() {  # FOLDER: stage the last wheel folder and .whl, install into /tmp/site, copy the tree to /tmp/src
-  cp "$1"/* .whl/*.whl /tmp/acc/
-  bash "$here/device-install.sh" | tail -3
-  echo "installed after ${SECONDS}s"
+install() {  # FOLDER: stage the last wheel folder and .whl, install into /tmp/site (once), copy the tree to /tmp/src
+  if [ -f /tmp/site/.autotune-installed ]; then
+    echo "installed already (a surface-start before on this machine)"
+  else
+    cp "$1"/* .whl/*.whl /tmp/acc/
+    bash "$here/device-install.sh" | tail -3 && touch /tmp/site/.autotune-installed
+    echo "installed after ${SECONDS}s"
+  fi
   rm -rf /tmp/src && mkdir -p /tmp/src
   tar cf - --exclude='./.gpu*' --exclude=./.whl --exclude=./.git . | tar xf - -C /tmp/src
   (cd /tmp/src && python3 -c "import os; from autotune.engine.server import EngineSpec, server_env
@@ -179,9 +192,9 @@ case $phase in
     # Further arguments go to the recorder, e.g. `--only 42,9 --ballast` with SURFACE=surface-rtx3090-ballast-own.json.
     install "$3"
     [ -f "$GPURUN/$SURFACE" ] || cp "benchmarks/data/$SURFACE" "$GPURUN/" 2>/dev/null
-    (cd /tmp/src && python3 -m benchmarks.record_surface --plan benchmarks/data/surface-plan-rtx3090.json \
+    (cd /tmp/src && python3 -m benchmarks.record_surface --plan "benchmarks/data/$PLAN" \
       --out "$GPURUN/$SURFACE" --estimate "${BALLAST[@]}" | tail -4)
-    launch surface python3 -m benchmarks.record_surface --plan benchmarks/data/surface-plan-rtx3090.json \
+    launch surface python3 -m benchmarks.record_surface --plan "benchmarks/data/$PLAN" \
       --out "$GPURUN/$SURFACE" --logs "$LOGS" --stop-after "$2" "${BALLAST[@]}" "${@:4}" ;;
   surface-wait)
     # Waits up to $2 s for the recording surface-start began, then brings back the surface file (rewritten after

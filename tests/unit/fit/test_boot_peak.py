@@ -249,3 +249,13 @@ def test_memory_other_processes_hold_is_judged_as_the_held_down_card_did(entry: 
     assert abs(held.boot_peak_bytes - capped.boot_peak_bytes) < 2 * 2**20
     if held.boot_peak_bytes > held_down.usable_bytes:
         assert any("that other processes leave on h100-80gb" in r for r in held.reasons), held.reasons
+
+
+def test_a_held_down_entry_is_judged_with_the_checkpoint_its_file_served() -> None:
+    """A surface file names the checkpoint it served (its provenance's model: the AWQ build, or GPTQ-Int4 from
+    surface-plan-rtx3090-gptq.json); each entry is judged with that one's shape and weights."""
+    [recipe] = [c for c in MARLIN if c["plan_index"] == 1]
+    assert recipe["_model"] == "QuantTrio/Qwen3.5-27B-AWQ"
+    awq = acc.predicted_boot(recipe, "h100-80gb")
+    gptq = acc.predicted_boot({**recipe, "_model": "Qwen/Qwen3.5-27B-GPTQ-Int4"}, "h100-80gb")
+    assert gptq.weights_bytes < awq.weights_bytes and gptq.kv_tokens > awq.kv_tokens

@@ -561,3 +561,36 @@ def test_the_estimate_scales_the_sessions_as_the_files_recordings_ran(tmp_path: 
     doc["configs"] = []
     out.write_text(json.dumps(doc))
     assert "scaled as" not in _estimate(out, capsys)
+
+
+GPTQ = "Qwen/Qwen3.5-27B-GPTQ-Int4"
+GPTQ_PLAN = REPO / "benchmarks" / "data" / "surface-plan-rtx3090-gptq.json"
+
+
+def test_a_plan_for_another_checkpoint_boots_the_same_flags_from_its_folder_with_its_weights(planned,
+                                                                                            tmp_path: Path) -> None:
+    """surface_plan.py --checkpoint: four of the plan (the recipe, an MTP one, 52 sequences, a 32,768 context)
+    served from the GPTQ-Int4 checkpoint the 3090 study starts from, whose weights no boot has measured yet
+    (run_h200.sh with PLAN=surface-plan-rtx3090-gptq.json). The shipped file is what the function writes. The
+    recorder serves them from that checkpoint's folder (its shipped config as config.json) with the flags the
+    plan's own configurations boot, and judges them with its weights: lighter than AWQ's, so each is expected to
+    leave more KV cache."""
+    from benchmarks import surface_plan
+    from benchmarks.h200.run_h200 import model_folder, served_model
+
+    doc = json.loads(GPTQ_PLAN.read_text())
+    taken = [c["from_plan_index"] for c in doc["configs"]]
+    with rs.device_vllm():
+        assert surface_plan.checkpoint_plan(GPTQ, taken) == doc
+    folder = model_folder(GPTQ, tmp_path)
+    assert folder == served_model(GPTQ, tmp_path) and folder.name == "qwen3.5-27b-gptq-int4-dummy"
+    assert json.loads((folder / "config.json").read_text())["quantization_config"]["quant_method"] == "gptq"
+    _, spec, awq = planned
+    configs = rs.planned_configs(doc, spec, str(folder), H200)
+    assert doc["model"] == GPTQ and [c.index for c in configs] == list(range(len(taken)))
+    for c, i in zip(configs, taken, strict=True):
+        assert (c.params, c.baseline, c.flags) == (awq[i].params, awq[i].baseline, awq[i].flags)
+        assert c.model == str(folder)
+        assert c.now.kv_tokens > awq[i].now.kv_tokens
+    with pytest.raises(SystemExit, match="has no configuration #99"):
+        surface_plan.checkpoint_plan(GPTQ, [1, 99])
