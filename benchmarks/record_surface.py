@@ -15,8 +15,10 @@ as it. Here, once: `bash benchmarks/h200/fetch-wheels.sh` (-> .gpu1 ... .gpuN, 5
           benchmarks/data/surface-rtx3090.json when there is one (a new file on the first session). Further
           arguments go to the recorder: `--only 42,43,44,0,1,...,41` records the start picks first, then the rest
           (in the order given). The surface resumes only on the card it was recorded on (h200): on a lent H100,
-          run_h200.sh (SURFACE unset) resumes surface-rtx3090-ballast-own.json with --ballast instead, the same plan
-          on the H100 held down to the capped card's CUDA total with autotune's own flags (s28: 7 of 45)
+          run_h200.sh (SURFACE unset) resumes surface-rtx3090-ballast-marlin.json with --ballast instead, the same
+          plan on the H100 held down to the capped card's CUDA total with autotune's own flags and Machete disabled,
+          so that 4-bit weights take Marlin's memory as on a 3090 (s32-s33: 10 of 45; s28-s29 recorded 17 with
+          Machete in surface-rtx3090-ballast-own.json)
   N+1..:  bash benchmarks/h200/run_h200.sh surface-wait 560
           waits, prints the recorder's last lines and brings back surface-rtx3090.json and surface.tgz (its output,
           the server logs NN.log / NN.cold.log by plan index); until it says "finished" or the session ends
