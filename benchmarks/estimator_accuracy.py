@@ -283,6 +283,8 @@ def surface_boots(name: str) -> list[dict]:
 HELD_DOWN = {
     "surface-rtx3090-ballast-own.json": "no capture-size pin on 0.25, AWQ through Machete; s28-s29",
     "surface-rtx3090-ballast-marlin.json": "Machete disabled, AWQ through Marlin as on a 3090; s32-",
+    # planned in s33 (benchmarks/surface_plan.py --checkpoint), printed once a session has recorded it
+    "surface-rtx3090-ballast-marlin-gptq.json": "Machete disabled, GPTQ-Int4 through Marlin as on a 3090",
 }
 
 
@@ -311,7 +313,7 @@ def boot_peaks() -> str:
         lines.append(f"  max_num_seqs {c['params']['max_num_seqs']}: {c['status']} "
                      f"({asked.group(0) if asked else '-'}); predicted boot peak {e.boot_peak_bytes / 2**30:.2f} GiB, "
                      f"{'refused' if e.refused else 'booted'} before boot")
-    for name, what in HELD_DOWN.items():
+    for name, what in ((n, w) for n, w in HELD_DOWN.items() if (SURFACES / n).exists()):
         lines.append(f"\nthe ballast run with autotune's own flags ({what}, {name}): process GiB = NVML less what the "
                      "ballast held; a failed boot's held + asked is CUDA's message (the last log's), the process's "
                      "need where it failed")
