@@ -46,7 +46,8 @@ and speculative decoding move it), and a boot that compiles profiles memory 1-2 
 configuration; on the device the warm boot of the same flags later printed 106,496 tokens against 105,751 given
 (-0.7%). The entry keeps the blocks given (`kv_blocks_given`) and what vLLM itself sized while compiling
 (`kv_blocks_profiled`, its "Overriding num_gpu_blocks=X" line: 29, 58, 25, 49 against 51, 142, 62, 125 given). Only
-where the estimator's central prediction does not fit (refused, or inside its band) does vLLM size the cache: such a
+where the estimator's central KV cache does not fit (refused, or inside its band; since s33 not where only a boot
+peak is in doubt, trial.warm_kv_blocks) does vLLM size the cache: such a
 configuration boots cold and, if that boot came up or failed for memory, once more warm (~100 s); a boot given
 blocks that fails for memory is booted again sized by vLLM. The first boot is then kept under `cold_boot`.
 Load levels. The ladder is GPU_LADDER (powers of two up to the objective's load.max, 128), but a configuration is

@@ -143,6 +143,9 @@ class Estimate:
     # Refused before boot: a startup rule fails, or the memory misses even at the optimistic end. A configuration
     # that misses only inside the band is booted to learn.
     refused: bool = False
+    # The central KV cache holds one max_model_len request and a Mamba block per sequence, and every startup rule
+    # holds: what may still miss is a boot peak, which the KV cache's size does not move.
+    kv_fits: bool = False
 
 
 def estimate(
@@ -244,6 +247,7 @@ def estimate(
         return out, excess
 
     memory, excess = memory_misses(kv_bytes, room)
+    kv_fits = not rules and not memory
     # an explicit KV size is exact; only what is left beside it is uncertain
     optimistic, _ = memory_misses(kv_bytes + (0 if s.explicit_kv is not None else uncertainty), room + uncertainty)
     # The boot's peaks, outside the budget: the CUDA-graph profiling's minimal KV cache beside the weights and what
@@ -303,6 +307,7 @@ def estimate(
         kv_tokens_high=tokens(kv_bytes + uncertainty),
         not_modelled=tuple(not_modelled),
         refused=bool(rules) or (bool(optimistic) and not not_modelled),
+        kv_fits=kv_fits,
     )
 
 

@@ -14,6 +14,7 @@ import pytest
 
 from autotune.fit.estimate import disabled_kernels_in, estimate
 from autotune.fit.hardware import PROFILES
+from autotune.measure.trial import warm_kv_blocks
 from autotune.units import GiB
 from benchmarks import estimator_accuracy as acc
 from benchmarks.h200.run_h200 import DEVICE_FLAGS
@@ -129,6 +130,22 @@ def test_inside_the_band_the_held_down_boots_failed_cold_and_served_warm_with_th
     assert 0 <= entry["kv_cache_tokens"] / (e.kv_tokens / e.num_blocks) - e.num_blocks <= 1.01
     seen = entry["boot_peak_memory_gib"] - acc.ballast_held_gib(entry)
     assert 0 < e.boot_peak_bytes / GiB - seen < 0.7, (e.boot_peak_bytes / GiB, seen)
+
+
+def test_where_only_the_boot_peak_is_in_doubt_a_first_boot_is_given_the_predicted_blocks() -> None:
+    """s32, the recipe held down through Marlin: inside the band for its boot peak only. Sized by vLLM while
+    compiling, its cold boot was left 36 Mamba blocks for 48 sequences and failed; booted again warm it sized 59,
+    one more than the 58 predicted. A first boot that compiles is now given those 58 (trial.warm_kv_blocks), the
+    size the warm boot found room for, so one boot measures it; the peak is the same whatever the KV cache's size.
+    #5, inside the band for its KV cache itself, is still left to vLLM."""
+    by_index = {c["plan_index"]: c for c in MARLIN}
+    recipe, long_context = (acc.predicted_boot(by_index[i], "h100-80gb") for i in (1, 5))
+    assert recipe.kv_fits and not recipe.fits and not recipe.refused
+    assert warm_kv_blocks(recipe, cuda=True) == recipe.num_blocks == 58
+    assert by_index[1]["kv_cache_tokens"] / (recipe.kv_tokens / recipe.num_blocks) >= 58
+    assert by_index[1]["cold_boot"]["failure_kind"] == "too_many_seqs_for_state"
+    assert not long_context.kv_fits and not long_context.refused and warm_kv_blocks(long_context, cuda=True) is None
+    assert warm_kv_blocks(recipe, cuda=False) is None  # the CPU build's KV cache is VLLM_CPU_KVCACHE_SPACE
 
 
 def test_vllm_025_boots_a_pool_of_exactly_one_max_length_request_which_the_estimator_counts_one_block_short() -> None:

@@ -281,9 +281,17 @@ def test_the_configurations_the_estimator_expects_to_fit_are_given_its_warm_kv_b
     recipe = next(c for c in configs if c.baseline == "recipe")
     # the recipe's flags were given 51 blocks on the device too (S20, trial 0: vLLM sized 29 while compiling)
     assert (recipe.boots, recipe.warm_kv_blocks, recipe.now.fits) == ("given", 51, True)
+    in_band = {"given": 0, "sized": 0}
     for c in configs:
-        assert (c.warm_kv_blocks is not None) == (c.now.fits and c.now.num_blocks > 0)
         assert c.warm_kv_blocks is None or c.warm_kv_blocks == c.now.num_blocks
+        if c.now.fits or c.now.refused:
+            assert (c.warm_kv_blocks is not None) == (c.now.fits and c.now.num_blocks > 0)
+            continue
+        # inside the band: given its blocks where only a boot peak is in doubt, which they do not move
+        kv_miss = any(m in c.now.reason for m in ("one request of max_model_len", "Mamba cache blocks"))
+        assert (c.warm_kv_blocks is None) == kv_miss, c.now.reason
+        in_band[c.boots] += 1
+    assert in_band["given"] >= 5 and in_band["sized"] >= 1, in_band
     assert by_index[0].boots == "refused"  # vLLM's defaults: 262k context, out of memory
     assert by_index[14].boots == "sized"  # inside the estimate's band: vLLM sizes it, cold then warm
     assert sum(c.boots == "given" for c in configs) >= 14
