@@ -247,7 +247,7 @@ def estimate(
         return out, excess
 
     memory, excess = memory_misses(kv_bytes, room)
-    kv_fits = not rules and not memory
+    kv_misses = tuple(memory)  # before the boot's peaks join them
     # an explicit KV size is exact; only what is left beside it is uncertain
     optimistic, _ = memory_misses(kv_bytes + (0 if s.explicit_kv is not None else uncertainty), room + uncertainty)
     # The boot's peaks, outside the budget: the CUDA-graph profiling's minimal KV cache beside the weights and what
@@ -307,7 +307,7 @@ def estimate(
         kv_tokens_high=tokens(kv_bytes + uncertainty),
         not_modelled=tuple(not_modelled),
         refused=bool(rules) or (bool(optimistic) and not not_modelled),
-        kv_fits=kv_fits,
+        kv_fits=not rules and not kv_misses,
     )
 
 

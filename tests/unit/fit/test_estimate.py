@@ -208,6 +208,16 @@ def test_scheduler_rules_are_reasons():
     assert any("positions" in r for r in est.reasons)
 
 
+def test_kv_fits_is_the_kv_cache_alone_fitting_with_every_startup_rule_holding():
+    """What a first boot may be given its predicted blocks on (trial.warm_kv_blocks), whatever the boot's peaks."""
+    shape = ModelShape.from_config(DENSE)
+    base = {"kv_cache_memory_bytes": 100 * MiB, "max_model_len": 4096, "max_num_seqs": 8}
+    assert estimate(shape, RTX3090, base).kv_fits
+    assert not estimate(shape, RTX3090, {**base, "max_num_batched_tokens": 4}).kv_fits  # a rule, checked last
+    short = estimate(shape, RTX3090, {**base, "kv_cache_memory_bytes": MiB})
+    assert not short.fits and not short.kv_fits and "one request of max_model_len" in short.reasons[0]
+
+
 def test_bad_values_raise_spec_errors():
     shape = ModelShape.from_config(DENSE)
     with pytest.raises(SpecError, match="max_num_seqs"):
