@@ -374,7 +374,7 @@ def warm_kv_blocks(estimate: Estimate, cuda: bool) -> int | None:
     short (s32: the recipe, held down to a 3090's total, was left 36 Mamba blocks for 48 sequences and failed, then
     served warm with one block more than predicted). A KV cache that fits only at the band's optimistic end is left
     to vLLM."""
-    usable = estimate.fits or (estimate.kv_fits and not estimate.refused)
+    usable = estimate.kv_fits and not estimate.refused  # an estimate that fits does both
     return estimate.num_blocks if cuda and usable and estimate.num_blocks > 0 else None
 
 
