@@ -152,7 +152,7 @@ def test_vllm_025_boots_a_pool_of_exactly_one_max_length_request_which_the_estim
     """s33, #5 (32,768 context, 43 sequences): the warm boot was given exactly one max-length request's 45 blocks
     ("Maximum concurrency for 32,768 tokens per request: 1.00x") and booted. vLLM 0.25's startup check compares one
     request's blocks with the whole pool; the pool holds one block back as its null block, which 0.32's check
-    reserves (kv_cache_utils.py check_enough_kv_cache_memory, PR #47272: such a request is never scheduled). The
+    reserves (kv_cache_utils.py check_enough_kv_cache_memory; PR #47272 says such a request is never scheduled). The
     estimator counts that block: the one request does not fit, the pool is 45 blocks, and it left the configuration
     to a boot rather than refusing it. The cold boot before it, compiling, had 0.44 GiB for KV and failed."""
     [entry] = [c for c in MARLIN if c["plan_index"] == 5]
