@@ -114,7 +114,7 @@ def test_the_held_down_run_covers_both_verdicts(boots: list[dict]) -> None:
     assert any(c["compile_cache"] == "warm" and c["status"] == "measured" and not c["kv_blocks_given"] for c in boots)
 
 
-BAND = [c for c in MARLIN if not (e := acc.predicted_boot(c, "h100-80gb")).fits and not e.refused]
+BAND = [c for c in MARLIN if acc.verdict(acc.predicted_boot(c, "h100-80gb")) == "in band"]
 
 
 @pytest.mark.parametrize("entry", BAND, ids=[f"marlin-plan{c['plan_index']}" for c in BAND])
