@@ -760,6 +760,12 @@ def sessions(seconds: Sequence[float], session_s: float = SESSION_S, cost: Cost 
     return out
 
 
+FIRST_BOOT = ("given the estimator's warm KV blocks (--num-gpu-blocks-override) where its compile key was new and "
+              "the estimate's KV cache fits (the estimate fits, or only a boot peak is in doubt: trial.warm_kv_blocks, "
+              "since s33) (kv_blocks_given; vLLM's own sizing in kv_blocks_profiled); else sized by vLLM, and a cold "
+              "CUDA boot booted again warm. A first boot booted again is kept under cold_boot")
+
+
 def surface_doc(out: Path, plan_path: Path, plan: dict, spec: StudySpec, real: GpuProfile,
                 ballast: str | None = None, flags_kind: str = AS_PLANNED) -> dict:
     """The surface recorded so far in `out` (resumed), or a new one: its provenance and no configurations.
@@ -802,9 +808,7 @@ def surface_doc(out: Path, plan_path: Path, plan: dict, spec: StudySpec, real: G
         f"requests; fewer where `stop` says: a level that clearly misses `limits` is abandoned (Wald's test, error "
         f"{obj.load.verdict_error}; its requests in flight under `dropped`), one clearly inside `tightest_limits` "
         "ends there (Wald's test and the p95 of its finished requests)",
-        "first_boot": "given the estimator's warm KV blocks (--num-gpu-blocks-override) where its compile key was "
-        "new and the estimate fits (kv_blocks_given; vLLM's own sizing in kv_blocks_profiled); else sized by vLLM, "
-        "and a cold CUDA boot booted again warm. A first boot booted again is kept under cold_boot",
+        "first_boot": FIRST_BOOT,
         "record_columns": RECORD_COLUMNS,
         "memory": MEMORY_FIELDS,
         "space": plan["space"], "baselines": [{"name": b.name, "flags": b.flags} for b in spec.baselines],
