@@ -40,6 +40,7 @@ from dataclasses import dataclass
 
 from autotune.engine.defaults import (
     DEFAULT_UTILIZATION,
+    align_block_within_batch,
     hybrid_prefix_caching_default,
     profiling_kv_per_sequence,
 )
@@ -181,6 +182,9 @@ def estimate(
         rules.append(f"vLLM's CPU build runs Gated DeltaNet layers in bfloat16 only, not {shape.dtype}")
     if shape.is_hybrid and s.prefix and not s.chunked:
         rules.append("hybrid models need chunked prefill when prefix caching is on (mamba cache mode 'align')")
+    if shape.is_hybrid and s.prefix and s.chunked and lay.block > s.batched and align_block_within_batch(vllm_version):
+        rules.append(f"vLLM {vllm_version} needs max_num_batched_tokens {s.batched} >= the hybrid block size "
+                     f"{lay.block} with prefix caching (mamba cache mode 'align'; 0.27 lifts it)")
     blocks_req = lay.g_attn * math.ceil(s.max_len / lay.block) + lay.g_mamba * lay.per_state
     profiling = drafter = 0  # KV blocks the CUDA-graph profiling allocates at boot; MTP's drafter's bytes
     if cpu:
@@ -254,25 +258,31 @@ def estimate(
     # the profile run left (vllm_memory.py; an explicit KV size skips that profiling, determine_available_memory),
     # and MTP's drafter with its own embedding and lm_head beside the weights (vllm_memory.py drafter_peak: at load,
     # before the profile run, so an explicit KV size does not avoid it). Over the card's total either fails.
-    peaks: list[tuple[int, str]] = []
+    # A peak's low end: the profile run's activations are freed into PyTorch's cache before the profiling KV cache
+    # is allocated, which reuses them where a cached segment holds one layer's tensor: none of them on the H200
+    # pinned to 512 blocks (1.53 GiB tensors; seen within 0.25 GiB of the sum at the median), some at 88-96 blocks
+    # (the held-down card: 0.5 GiB under the sum at 8,192 batched tokens; at 16,384 a boot whose sum was 25.1 GiB
+    # went through on 23.6, s34). So the sum is the central peak and the larger term alone its optimistic end.
+    peaks: list[tuple[int, int, str]] = []
     if profiling and s.explicit_kv is None:
         peak = CUDA_CONTEXT_BYTES + non_kv + profiling * bpb
-        peaks.append((peak, f"the boot peaks at {gib(peak)}, over {card()}: to profile its "
+        peaks.append((peak, peak - min(activation, profiling * bpb),
+                      f"the boot peaks at {gib(peak)}, over {card()}: to profile its "
                       f"CUDA graphs vLLM allocates {profiling} KV blocks ({gib(profiling * bpb)}) beside the weights"
                       + ("" if profiling_kv_per_sequence(vllm_version) else
                          " (vLLM 0.25 takes max_cudagraph_capture_size blocks; 0.26+ one per max_num_seqs)")))
     if drafter:
         peak = CUDA_CONTEXT_BYTES + overhead + weights + drafter
-        peaks.append((peak, f"the boot peaks at {format_gib(peak, digits=2)}, over {card(2)}: the MTP drafter "
+        peaks.append((peak, peak, f"the boot peaks at {format_gib(peak, digits=2)}, over {card(2)}: the MTP drafter "
                       f"builds its own embedding and lm_head ({gib(drafter)} with "
                       "its buffers) beside the weights before it shares the target's"))
-    for peak, why in peaks:
+    for peak, low, why in peaks:
         if peak > usable:
             memory.append(why)
             excess = max(excess, peak - usable)
-        if peak - uncertainty > usable:
+        if low - uncertainty > usable:
             optimistic.append(why)
-    boot_peak = max((peak for peak, _ in peaks), default=0)
+    boot_peak = max((peak for peak, _, _ in peaks), default=0)
     if s.batched < s.seqs:
         rules.append(f"max_num_batched_tokens {s.batched} must be >= max_num_seqs {s.seqs}")
     if not s.chunked and s.batched < s.max_len:

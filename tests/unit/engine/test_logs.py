@@ -42,6 +42,16 @@ def test_real_failure_logs_are_classified(log: str, kind: FailureKind, fragment:
     assert "pid=" not in failure.reason  # vLLM's process prefix is stripped from the one-line reason
 
 
+def test_a_startup_rule_vllm_asserts_after_loading_the_model_is_an_invalid_configuration() -> None:
+    """A real CUDA log (vLLM 0.25.0, the held-down H100, s34, #12 of the Marlin plan): prefix caching on a hybrid
+    model with 1,024 batched tokens, under the 1,600-token block fp8 gives it. The engine loads the model, then
+    asserts and dies; the wrapper's "Engine core initialization failed" is not the cause."""
+    log = Path(__file__).parents[3] / "benchmarks/data/surface-rtx3090-ballast-marlin-logs/s34/12.log"
+    failure = classify_log(log.read_text().splitlines())
+    assert failure.kind is FailureKind.INVALID_CONFIG
+    assert "block_size (1600) must be <= max_num_batched_tokens (1024)" in failure.reason
+
+
 def test_healthy_boot_logs_have_no_failure_line() -> None:
     for log in ("cpu-dense-ok.log", "cpu-hybrid-ok.log"):
         assert all(classify_line(line) is None for line in lines(log)), log

@@ -439,9 +439,13 @@ def test_judged_as_on_the_device_the_plan_gets_the_devices_own_verdicts_flags_an
     assert surface["provenance"]["how"] == plan["how"] and len(surface["configs"]) >= 9
     for entry in surface["configs"]:
         c = configs[json.dumps(entry["params"], sort_keys=True)]
+        assert c.flags == entry["flags"]
+        if c.now.refused and not entry["refused"]:
+            # learnt since from a boot that failed (#12, s34: vLLM 0.25's hybrid block against the batched tokens)
+            assert entry["status"] == "boot_failed" and "mamba cache mode 'align'" in c.now.reason
+            continue
         assert dataclasses.asdict(c.now) == entry["estimate_now"]
         assert c.warm_kv_blocks == entry["warm_kv_blocks"]
-        assert c.flags == entry["flags"]
     # outside it, this machine's own vLLM is back (no capture size is pinned on the CPU build)
     pinned = any("max_cudagraph_capture_size" in c.flags for c in rs.planned_configs(plan, spec, MODEL, H200))
     assert pinned == (installed_vllm() == (Build.CUDA, rs.DEVICE_VLLM))
@@ -536,19 +540,20 @@ def _estimate(out: Path, capsys: pytest.CaptureFixture[str], ballast: bool = Fal
 
 
 def test_the_estimate_judges_with_the_flags_the_surface_file_records(tmp_path: Path, capsys) -> None:
-    """--estimate on the held-down card's file (autotune's own flags) expects the recipe refused, as it was on
-    that card (s28: the boot's profiling KV cache); on the H200 surface (as planned) it expects it to boot. A new
-    file is judged by --ballast."""
+    """--estimate on a held-down card's file (autotune's own flags) judges the recipe as on that card: inside the
+    band since s34 (its boot's profiling peak; it failed through Machete and served through Marlin), so given the
+    blocks its KV cache fits; on the H200 surface (as planned) it expects it to boot. A new file is judged by
+    --ballast."""
     data = REPO / "benchmarks" / "data"
     recipe = [line for line in _estimate(data / "surface-rtx3090-ballast-own.json", capsys).splitlines()
               if line.split()[:1] == ["1"]]
-    assert recipe and recipe[0].split()[1] == "refused" and recipe[0].endswith("(recorded)")
+    assert recipe and recipe[0].split()[1] == "given" and recipe[0].endswith("(recorded)")
     planned_recipe = [line for line in _estimate(data / "surface-rtx3090.json", capsys).splitlines()
                       if line.split()[:1] == ["1"]]
     assert planned_recipe and planned_recipe[0].split()[1] != "refused"
     new = [line for line in _estimate(tmp_path / "new.json", capsys, ballast=True).splitlines()
            if line.split()[:1] == ["1"]]
-    assert new[0].split()[1] == "refused" and not new[0].endswith("(recorded)")
+    assert new[0].split()[1] == "given" and not new[0].endswith("(recorded)")
 
 
 def test_the_estimate_scales_the_sessions_as_the_files_recordings_ran(tmp_path: Path, capsys) -> None:
