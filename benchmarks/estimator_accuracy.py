@@ -253,15 +253,14 @@ def predicted_boot(entry: dict, real: str, env: Mapping[str, str] | None = None)
     gpu_memory_utilization, judged for the `real` card capped as a 3090 by vLLM 0.25.0 (the device's), in the
     environment its file records (and `env` over it), with the shape of the checkpoint its file served."""
     env = env or {}
-    from autotune.engine.models import model_config
-    from autotune.fit import memcap
+    from autotune.fit import feasibility, memcap
     from autotune.fit.hardware import PROFILES
     from benchmarks.h200.run_h200 import AWQ, DEVICE_FLAGS
 
     flags = {k: v for k, v in entry["flags"].items() if k not in DEVICE_FLAGS}
     flags["gpu_memory_utilization"] = entry["params"].get("gpu_memory_utilization", 0.92)
     profile = memcap.capped_profile(PROFILES[real], memcap.parse_cap("rtx3090"))
-    return estimate(ModelShape.from_config(model_config(entry.get("_model", AWQ))), profile, flags,
+    return estimate(feasibility.model_shape(entry.get("_model", AWQ)), profile, flags,
                     vllm_version="0.25.0",
                     disabled_kernels=disabled_kernels_in({**entry.get("_env", {}), **env}))
 

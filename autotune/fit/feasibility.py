@@ -17,6 +17,7 @@ import os
 import statistics
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 from optuna.trial import FrozenTrial, TrialState
 
@@ -79,7 +80,21 @@ class Verdict:
 
 @functools.cache
 def model_shape(model: str) -> ModelShape:
-    return ModelShape.from_config(model_config(model))
+    shape = ModelShape.from_config(model_config(model))
+    q = shape.quantization
+    if q.method == "gptq" and not q.scope and _folder_without_safetensors(model):
+        # auto_gptq.py maybe_update_config (vLLM 0.25 to 0.32): a GPTQ config without modules_in_block_to_quantize
+        # quantizes the layers whose safetensors headers hold a packed dtype, so a folder without any (a config
+        # served with --load-format dummy) is served with every layer in the model dtype (seen on the device: the
+        # GPTQ-Int4 config's MLPs asked for bf16: benchmarks/data/surface-rtx3090-ballast-marlin-gptq-config-only)
+        shape = dataclasses.replace(shape, quantization=dataclasses.replace(q, default=None, overrides=(),
+                                                                             lm_head=None))
+    return shape
+
+
+def _folder_without_safetensors(model: str) -> bool:
+    folder = Path(model).expanduser()
+    return folder.is_dir() and not any(folder.glob("*.safetensors"))
 
 
 def slow_dtype_warning(model: str, flags: Mapping[str, object], cpu_build: bool) -> str | None:

@@ -70,8 +70,23 @@ def model_folder(hub_id: str, work: Path = WORK) -> Path:
 
     folder = served_model(hub_id, work)
     folder.mkdir(parents=True, exist_ok=True)
-    (folder / "config.json").write_bytes((KNOWN_MODELS / KNOWN[hub_id]).read_bytes())
+    config = json.loads((KNOWN_MODELS / KNOWN[hub_id]).read_text())
+    gptq = config.get("quantization_config") or {}
+    if gptq.get("quant_method") == "gptq" and not gptq.get("modules_in_block_to_quantize"):
+        # vLLM reads which layers a GPTQ checkpoint quantized from its safetensors headers; random weights have
+        # none, so name them, as the checkpoint's headers do (s34 served this config without: all bf16)
+        gptq["modules_in_block_to_quantize"] = gptq_quantized_modules(config)
+    (folder / "config.json").write_text(json.dumps(config, indent=1))
     return folder
+
+
+def gptq_quantized_modules(config: dict) -> list[str]:
+    """The linear layers a GPTQ config quantizes, by their checkpoint names (what vLLM derives from the headers)."""
+    from autotune.fit.model_shape import ModelShape
+
+    shape = ModelShape.from_config(config)
+    return [m.name for m in shape.modules
+            if m.kind == "linear" and m.part == "text" and shape.quantization.scheme(m.name) is not None]
 
 
 def study_file(study: Path = STUDY) -> Path:

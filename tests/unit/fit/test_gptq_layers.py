@@ -1,0 +1,65 @@
+"""Which layers vLLM quantizes for a GPTQ checkpoint: those its safetensors headers store packed, unless the config
+lists them (auto_gptq.py maybe_update_config, vLLM 0.25 and 0.32). s34 served the Qwen3.5-27B GPTQ-Int4 config
+from a folder with random weights and no safetensors: vLLM built every layer in bfloat16, and all four boots
+failed loading the model (benchmarks/data/surface-rtx3090-ballast-marlin-gptq-config-only.json)."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from autotune.engine.models import KNOWN, KNOWN_MODELS
+from autotune.fit import feasibility
+from autotune.units import GiB, MiB
+from benchmarks import estimator_accuracy as acc
+from benchmarks.h200.run_h200 import model_folder
+
+GPTQ = "Qwen/Qwen3.5-27B-GPTQ-Int4"
+CONFIG_ONLY = acc.surface_boots("surface-rtx3090-ballast-marlin-gptq-config-only.json")
+
+
+@pytest.fixture(scope="module")
+def config_only(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """A folder as the device served it in s34: the checkpoint's config.json and nothing else."""
+    folder = tmp_path_factory.mktemp("gptq-config-only")
+    (folder / "config.json").write_bytes((KNOWN_MODELS / KNOWN[GPTQ]).read_bytes())
+    return str(folder)
+
+
+@pytest.mark.parametrize("entry", CONFIG_ONLY, ids=[f"plan{c['plan_index']}" for c in CONFIG_ONLY])
+def test_a_gptq_config_without_safetensors_is_served_unquantized_as_vllm_did(entry: dict, config_only: str) -> None:
+    """Each boot asked, while building the model 23.3-23.6 GiB in, for one layer's MLP tensor in bfloat16
+    (UnquantizedLinearMethod): gate_up_proj's 2 x 17,408 x 5,120 x 2 bytes (340 MiB) or down_proj's half. The
+    estimator, told what was served, refuses each for the weights alone."""
+    shape = feasibility.model_shape(config_only)
+    mlp = shape.intermediate_size * shape.hidden_size * 2 / MiB
+    assert (2 * mlp, mlp) == (340.0, 170.0)
+    for log in sorted(entry["_logs"].glob(f"s*/{entry['plan_index']:02d}*.log")):
+        text = log.read_text()
+        asked = re.search(r"Tried to allocate ([\d.]+) MiB", text)
+        assert "Failed to load model" in text and asked and float(asked.group(1)) in (2 * mlp, mlp), log
+        assert "quantization=auto_gptq" in text and 'linear.py", line 201, in create_weights' in text, log
+    e = acc.predicted_boot({**entry, "_model": config_only}, "h100-80gb")
+    assert e.refused and e.weights_bytes > 24 * GiB
+    assert any(r.startswith(f"weights {e.weights_bytes / GiB:.1f} GiB exceed") for r in e.reasons), e.reasons
+    # as a user serves the checkpoint, its headers naming the packed layers: the weights fit
+    assert acc.predicted_boot(entry, "h100-80gb").weights_bytes < 18 * GiB
+
+
+def test_the_recorder_names_the_quantized_layers_so_random_weights_are_served_as_the_checkpoint(
+        tmp_path: Path) -> None:
+    """The device's folder now lists modules_in_block_to_quantize, as the checkpoint's headers would: every text
+    linear layer but the ones the config's `dynamic` leaves in bfloat16 (in_proj_a/b), and the estimate for the
+    folder is the estimate for the checkpoint."""
+    folder = model_folder(GPTQ, tmp_path)
+    listed = json.loads((folder / "config.json").read_text())["quantization_config"]["modules_in_block_to_quantize"]
+    assert "model.language_model.layers.0.mlp.gate_proj" in listed
+    assert "model.language_model.layers.0.linear_attn.in_proj_qkv" in listed
+    assert not any(re.search(r"in_proj_[ab]$|^mtp\.|visual", m) for m in listed)
+    assert feasibility.model_shape(str(folder)).quantization.scope
+    entry = CONFIG_ONLY[0]
+    assert (acc.predicted_boot({**entry, "_model": str(folder)}, "h100-80gb").weights_bytes
+            == acc.predicted_boot(entry, "h100-80gb").weights_bytes)
