@@ -61,9 +61,14 @@
 # Seen 2026-12-06 (s33): nvidia-h200 asked, an H100 came at once: stage 1..6 and triton-cache (held 105 s), surface-start
 # 1640 .gpu7 (install 48 s, recording from held 180 s), surface-wait 520, 520, 500: eight of the Marlin file (#2-#9),
 # the recorder stopped itself at held 1,739 s; 61 s left.
-# Next (planned in s33, not yet run): on an H100, stage 1..6 and triton-cache, then
-# PLAN=surface-plan-rtx3090-gptq.json bash benchmarks/h200/run_h200.sh surface-start 700 .gpu7 (and the same PLAN=
-# before each surface-wait) for GPTQ-Int4's weights through Marlin, then surface-start <left> .gpu7 for the Marlin file.
+# Seen 2026-12-06 (s34): nvidia-h200 asked, an H100 came at once: stage 1..6 and triton-cache (held 49 s),
+# PLAN=surface-plan-rtx3090-gptq.json ... surface-start 760 .gpu7 (install 30 s), surface-wait 520 (the four done at
+# held 520 s: all failed loading, the folder had no safetensors, so vLLM left GPTQ's layers in bf16; the folder now
+# lists them), then surface-start 1130 .gpu7 (installed already), surface-wait 520, 520: nine of the Marlin file
+# (#10-#18), the recorder stopped itself at held 1,595 s; 202 s left.
+# Next: on an H100, stage 1..6 and triton-cache, then PLAN=surface-plan-rtx3090-gptq.json bash
+# benchmarks/h200/run_h200.sh surface-start 760 .gpu7 (and the same PLAN= before each surface-wait) for GPTQ-Int4's
+# weights through Marlin, then surface-start <left> .gpu7 for the Marlin file (#19 on).
 #   1-4: bash benchmarks/h200/run_h200.sh stage 1   ... stage 4         carry [".gpuN"]
 #   5:   bash benchmarks/h200/run_h200.sh trials                          carry [".gpu5", ".whl"]
 #        (stages .gpu5 and .whl, installs, reads the idle card, then: `autotune trial --memory-cap 24` of vLLM's
