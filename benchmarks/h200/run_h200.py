@@ -70,13 +70,15 @@ def model_folder(hub_id: str, work: Path = WORK) -> Path:
 
     folder = served_model(hub_id, work)
     folder.mkdir(parents=True, exist_ok=True)
-    config = json.loads((KNOWN_MODELS / KNOWN[hub_id]).read_text())
+    shipped = (KNOWN_MODELS / KNOWN[hub_id]).read_text()
+    config = json.loads(shipped)
     gptq = config.get("quantization_config") or {}
     if gptq.get("quant_method") == "gptq" and not gptq.get("modules_in_block_to_quantize"):
         # vLLM reads which layers a GPTQ checkpoint quantized from its safetensors headers; random weights have
         # none, so name them, as the checkpoint's headers do (s34 served this config without: all bf16)
         gptq["modules_in_block_to_quantize"] = gptq_quantized_modules(config)
-    (folder / "config.json").write_text(json.dumps(config, indent=1))
+        shipped = json.dumps(config, indent=1)
+    (folder / "config.json").write_text(shipped)
     return folder
 
 
