@@ -48,7 +48,7 @@ def align_block_within_batch(vllm_version: str | None) -> bool:
     (prefix caching on): VllmConfig asserts "In Mamba cache align mode, block_size (1600) must be <=
     max_num_batched_tokens (1024)" in 0.25.0 (seen on the device, s34) and 0.26.0 (vLLM PR #34445; read in both
     wheels); from 0.27.1 the scheduler carries a block wider than a chunk across chunks (_mamba_block_aligned_split,
-    read in the 0.27.1, 0.28.0 ... 0.32.0 wheels) and the assertion is gone. Unknown version: the newest."""
+    read in the 0.27.1, 0.28.0 ... 0.33.0 wheels) and the assertion is gone. Unknown version: the newest."""
     return vllm_version is not None and _version(vllm_version) < (0, 27)
 
 
