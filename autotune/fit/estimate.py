@@ -180,11 +180,12 @@ def estimate(
         # model_executor/layers/mamba/ops/cpu/gdn_attention.py asserts it at the first request (vLLM 0.32): the
         # server boots, then dies serving (seen with --dtype float32 on tiny:hybrid)
         rules.append(f"vLLM's CPU build runs Gated DeltaNet layers in bfloat16 only, not {shape.dtype}")
-    if shape.is_hybrid and s.prefix and not s.chunked:
-        rules.append("hybrid models need chunked prefill when prefix caching is on (mamba cache mode 'align')")
-    if shape.is_hybrid and s.prefix and s.chunked and lay.block > s.batched and align_block_within_batch(vllm_version):
-        rules.append(f"vLLM {vllm_version} needs max_num_batched_tokens {s.batched} >= the hybrid block size "
-                     f"{lay.block} with prefix caching (mamba cache mode 'align'; 0.27 lifts it)")
+    if shape.is_hybrid and s.prefix:  # mamba cache mode 'align'
+        if not s.chunked:
+            rules.append("hybrid models need chunked prefill when prefix caching is on (mamba cache mode 'align')")
+        elif lay.block > s.batched and align_block_within_batch(vllm_version):
+            rules.append(f"vLLM {vllm_version} needs max_num_batched_tokens {s.batched} >= the hybrid block size "
+                         f"{lay.block} with prefix caching (mamba cache mode 'align'; 0.27 lifts it)")
     blocks_req = lay.g_attn * math.ceil(s.max_len / lay.block) + lay.g_mamba * lay.per_state
     profiling = drafter = 0  # KV blocks the CUDA-graph profiling allocates at boot; MTP's drafter's bytes
     if cpu:
