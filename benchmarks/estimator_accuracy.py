@@ -344,11 +344,17 @@ def held_down_rows(name: str) -> list[str]:
     return lines
 
 
+def boot_logs(entry: dict) -> list[Path]:
+    """A held-down configuration's server logs, kept beside its surface file: session by session, each session's
+    cold boot (NN.cold.log) before the boot that followed it (NN.log)."""
+    return sorted(entry["_logs"].glob(f"s*/{entry['plan_index']:02d}*.log"))
+
+
 def failed_allocations(entry: dict) -> list[tuple[str, float, float]]:
     """(log, GiB asked, GiB the process held) for each of a held-down boot's logs that ran out of memory, from
     CUDA's own message in the server logs kept beside the surface file (its reason is cut short)."""
     out = []
-    for log in sorted(entry["_logs"].glob(f"s*/{entry['plan_index']:02d}*.log")):
+    for log in boot_logs(entry):
         m = re.search(r"Tried to allocate ([\d.]+) ([GM]iB).*?this process has ([\d.]+) GiB memory in use",
                       log.read_text())
         if m:

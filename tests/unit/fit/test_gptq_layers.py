@@ -37,7 +37,7 @@ def test_a_gptq_config_without_safetensors_is_served_unquantized_as_vllm_did(ent
     shape = feasibility.model_shape(config_only)
     mlp = shape.intermediate_size * shape.hidden_size * 2 / MiB
     assert (2 * mlp, mlp) == (340.0, 170.0)
-    for log in sorted(entry["_logs"].glob(f"s*/{entry['plan_index']:02d}*.log")):
+    for log in acc.boot_logs(entry):
         text = log.read_text()
         asked = re.search(r"Tried to allocate ([\d.]+) MiB", text)
         assert "Failed to load model" in text and asked and float(asked.group(1)) in (2 * mlp, mlp), log
