@@ -282,8 +282,8 @@ def surface_boots(name: str) -> list[dict]:
 HELD_DOWN = {
     "surface-rtx3090-ballast-own.json": "no capture-size pin on 0.25, AWQ through Machete; s28-s29",
     "surface-rtx3090-ballast-marlin.json": "Machete disabled, AWQ through Marlin as on a 3090; s32-",
-    # planned in s33 (benchmarks/surface_plan.py --checkpoint), printed once a session has recorded it
-    "surface-rtx3090-ballast-marlin-gptq.json": "Machete disabled, GPTQ-Int4 through Marlin as on a 3090",
+    # planned in s33 (benchmarks/surface_plan.py --checkpoint), recorded in s35
+    "surface-rtx3090-ballast-marlin-gptq.json": "Machete disabled, GPTQ-Int4 through Marlin as on a 3090; s35",
 }
 
 

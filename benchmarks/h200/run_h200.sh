@@ -66,9 +66,14 @@
 # held 520 s: all failed loading, the folder had no safetensors, so vLLM left GPTQ's layers in bf16; the folder now
 # lists them), then surface-start 1130 .gpu7 (installed already), surface-wait 520, 520: nine of the Marlin file
 # (#10-#18), the recorder stopped itself at held 1,595 s; 202 s left.
-# Next: on an H100, stage 1..6 and triton-cache, then PLAN=surface-plan-rtx3090-gptq.json bash
-# benchmarks/h200/run_h200.sh surface-start 760 .gpu7 (and the same PLAN= before each surface-wait) for GPTQ-Int4's
-# weights through Marlin, then surface-start <left> .gpu7 for the Marlin file (#19 on).
+# Seen 2026-12-06 (s35): nvidia-h200 asked, an H100 came at once (held 85 s at the first call): stage 1..6 and
+# triton-cache (held 108 s), PLAN=surface-plan-rtx3090-gptq.json ... surface-start 760 .gpu7 (install 30 s),
+# surface-wait 520 and 300 (three of four, the fourth expected to take longer than was left), surface-start 490 and
+# surface-wait 500 in one call (the fourth, done at held 957 s: all four served, with the folder listing GPTQ's
+# layers), then surface-start 780 .gpu7 and surface-wait 480 in one call, surface-wait 285: five of the Marlin file
+# (#19-#23), the recorder stopped itself at held 1,730 s; 69 s left.
+# Next: on an H100, stage 1..6 and triton-cache, then surface-start <left-40> .gpu7 for the Marlin file (#24 on);
+# a start and its first wait can share one call (`surface-start N .gpu7 && sleep 3 && surface-wait 480`).
 #   1-4: bash benchmarks/h200/run_h200.sh stage 1   ... stage 4         carry [".gpuN"]
 #   5:   bash benchmarks/h200/run_h200.sh trials                          carry [".gpu5", ".whl"]
 #        (stages .gpu5 and .whl, installs, reads the idle card, then: `autotune trial --memory-cap 24` of vLLM's
