@@ -33,6 +33,19 @@ def hybrid_prefix_caching_default(vllm_version: str | None) -> bool:
     return vllm_version is None or _version(vllm_version) >= (0, 28)
 
 
+def unset_flag_value(name: str, vllm_version: str | None, hybrid: bool) -> bool | None:
+    """What vLLM uses for a boolean flag a configuration leaves unset (None: not known here). Prefix caching: see
+    hybrid_prefix_caching_default; on for other models. Asynchronous scheduling: on unless an option forbids it
+    (config/vllm.py, read in the 0.25.0, 0.26.0 and 0.33.0 wheels: pooling models, speculative methods other than
+    EAGLE-type ones, MTP among them, an executor without it); the 0.25.0 server said "Asynchronous scheduling is
+    enabled" for the recipe on the device (s32)."""
+    if name == "enable_prefix_caching":
+        return not hybrid or hybrid_prefix_caching_default(vllm_version)
+    if name == "async_scheduling":
+        return True
+    return None
+
+
 def profiling_kv_per_sequence(vllm_version: str | None) -> bool:
     """Whether the minimal KV cache vLLM allocates to profile CUDA-graph memory (gpu_model_runner.py
     _init_minimal_kv_cache_for_profiling) holds one block per sequence, min(max_num_seqs,

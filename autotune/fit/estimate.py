@@ -41,8 +41,8 @@ from dataclasses import dataclass
 from autotune.engine.defaults import (
     DEFAULT_UTILIZATION,
     align_block_within_batch,
-    hybrid_prefix_caching_default,
     profiling_kv_per_sequence,
+    unset_flag_value,
 )
 from autotune.fit.hardware import GpuProfile, host_has_avx512_bf16
 from autotune.fit.model_shape import (
@@ -75,20 +75,22 @@ WEIGHTS_UNCERTAINTY = 0.02
 CPU_RSS_UNCERTAINTY_BYTES = 256 * MiB
 
 
-# 4-bit AWQ on compute capability 9.x runs through Machete, which stores the zero points as 16-bit values
-# pre-multiplied by the scales; vLLM 0.25 reported 17.21 GiB of weights for the Qwen3.5-27B AWQ shape where packed
-# 4-bit weights + 16-bit scales + 4-bit zeros come to 16.56 GiB (linear_attn.in_proj_a/b, which the AWQ config leaves
-# in bf16, counted so). 16-bit zeros explain 0.27 GiB of the 0.65; the rest is unexplained and fitted: 6.4 bytes per
-# group of 128 give 17.25 GiB (6.25 would give 17.22; the 0.03 GiB more keeps the eager boots' predicted KV blocks
-# at or under the printed ones, because the non-weight terms were fitted beside the old 17.24).
-MACHETE_BYTES_PER_GROUP = 6.4
-# Elsewhere on CUDA from compute capability 8.0 (an RTX 3090's 8.6), and on 9.x where VLLM_DISABLED_KERNELS names
-# MacheteLinearKernel, it runs through Marlin (kernels/linear mixed_precision: the first kernel that can implement
-# it). Its 16-bit scales and packed 4-bit zeros explain 2.5 bytes a group; the H100 held down to the 3090's total with
-# Machete disabled printed 17.69 GiB with the MTP layer (s29, surface-rtx3090-ballast-own-logs/s29/marlin), 0.34 GiB
-# more than that: 4.44 bytes a group, the rest unexplained like Machete's. Out of sample (s32, the same card): the
-# recipe without MTP's layer printed 16.9 GiB, 16.90 predicted (surface-rtx3090-ballast-marlin-logs/s32/01.log).
-MARLIN_BYTES_PER_GROUP = 4.44
+# A 4-bit checkpoint with groups of weights runs on CUDA through the first mixed-precision kernel that can implement
+# it (kernels/linear/mixed_precision): Machete on compute capability 9.x unless VLLM_DISABLED_KERNELS names
+# MacheteLinearKernel, else Marlin from 8.0 (an RTX 3090's 8.6). Each kernel holds a group beside its packed weights
+# as: the 16-bit scale; the zero point as the kernel keeps it, where the checkpoint has one (AWQ's: Marlin packs it in
+# 4 bits, Machete stores it 16-bit, pre-multiplied by the scale; GPTQ's AutoGPTQ config is symmetric only and asks
+# for no zero points, auto_gptq.py zero_points=False, so its stored qzeros are dropped); and more that no tensor
+# explains, fitted per kernel on the Qwen3.5-27B AWQ shape (linear_attn.in_proj_a/b, left in bf16, counted so):
+#   Machete (H200, vLLM 0.25, gpu-boots): 17.21 and 17.24 GiB printed; 2.4 bytes a group beyond scale and zero give
+#     17.25 (the 0.03 GiB more keeps the eager boots' predicted KV blocks at or under the printed ones).
+#   Marlin (an H100 held down to the 3090's total with Machete disabled, s29): 17.69 GiB printed with the MTP layer,
+#     1.94 bytes a group beyond scale and packed zero. Out of sample: the AWQ recipe without MTP's layer printed
+#     16.9, 16.90 predicted (s32); GPTQ-Int4, which has no zero points, printed 16.83-16.86 (17.65 with MTP's layer),
+#     16.81 (17.60) predicted (s35, surface-rtx3090-ballast-marlin-gptq-logs).
+# GPTQ through Machete is not measured: its extra is taken as AWQ's.
+MACHETE_EXTRA_BYTES_PER_GROUP = 2.4
+MARLIN_EXTRA_BYTES_PER_GROUP = 1.94
 
 
 @dataclass(frozen=True)
@@ -166,7 +168,7 @@ def estimate(
     the module docstring and fit/vllm_memory.py; every rule vLLM enforces at startup that fails becomes a reason."""
     cpu = profile.kind == "cpu"
     shape = shape.served_as(config.get("dtype"))
-    prefix_default = not shape.is_hybrid or hybrid_prefix_caching_default(vllm_version)
+    prefix_default = bool(unset_flag_value("enable_prefix_caching", vllm_version, shape.is_hybrid))
     s = settings(shape, profile, config, default_gpu_memory_utilization, cpu_kvcache_bytes, prefix_default)
     quant, rules = _quantization(shape, profile, str(config.get("quantization") or "").lower())
     # what the model does not cover: booted to learn, never refused for memory
@@ -174,7 +176,7 @@ def estimate(
     if s.mtp and shape.num_mtp_layers == 0:
         rules.append("speculative_config asks for MTP but the model has no MTP layers")
     weights = _weights(shape, quant, DTYPE_BYTES.get(shape.dtype, 2), s.mtp and shape.num_mtp_layers > 0, s.vision,
-                       _awq_kernel(profile, quant, disabled_kernels))
+                       kernel_bytes_per_group(profile, quant, disabled_kernels))
     lay = _layout(shape, s, cpu, str(config.get("mamba_ssm_cache_dtype") or "auto"))
     if cpu and shape.is_hybrid and shape.dtype != "bfloat16":
         # model_executor/layers/mamba/ops/cpu/gdn_attention.py asserts it at the first request (vLLM 0.32): the
@@ -328,35 +330,39 @@ def disabled_kernels_in(env: Mapping[str, str]) -> tuple[str, ...]:
     return tuple(k.strip() for k in env.get("VLLM_DISABLED_KERNELS", "").split(",") if k.strip())
 
 
-def _awq_kernel(profile: GpuProfile, quant: Quantization, disabled: Collection[str]) -> str:
-    """The kernel vLLM runs 4-bit AWQ through on this card, whose storage differs: "machete", "marlin" or ""
-    (the checkpoint's own layout)."""
-    if profile.kind == "cpu" or not (quant.method == "awq" and quant.bits == 4 and quant.group_size > 0):
-        return ""
+def kernel_bytes_per_group(profile: GpuProfile, quant: Quantization, disabled: Collection[str] = ()) -> float:
+    """What the CUDA kernel holds beside a 4-bit group's packed weights (scale, zero point and its unexplained
+    extra: see MARLIN_EXTRA_BYTES_PER_GROUP), or 0 where the checkpoint's own layout is kept."""
+    if profile.kind == "cpu" or not (quant.method in ("awq", "gptq") and quant.bits == 4 and quant.group_size > 0):
+        return 0.0
+    zeros = quant.method == "awq"
     if (9, 0) <= profile.compute_capability < (10, 0) and "MacheteLinearKernel" not in disabled:
-        return "machete"
-    return "marlin" if profile.compute_capability >= (8, 0) and "MarlinLinearKernel" not in disabled else ""
+        return 2 + (2 if zeros else 0) + MACHETE_EXTRA_BYTES_PER_GROUP
+    if profile.compute_capability >= (8, 0) and "MarlinLinearKernel" not in disabled:
+        return 2 + (0.5 if zeros else 0) + MARLIN_EXTRA_BYTES_PER_GROUP
+    return 0.0
 
 
 def _weights(shape: ModelShape, quant: Quantization, dtype_b: int, mtp: bool, vision: bool,
-             kernel: str = "") -> int:
+             kernel_group_bytes: float = 0.0) -> int:
     """Every weight matrix at its own width (quantization.py: the scheme vLLM resolves for its checkpoint name,
     with its scales and zero points), the rest (norms, conv1d, routers, biases, the vision patch embedding) in
     the model dtype. The MTP layer's embedding and lm_head are the target model's (vLLM shares them)."""
-    text, mtp_b, vision_b = _weights_by_part(shape, quant, dtype_b, kernel)
+    text, mtp_b, vision_b = _weights_by_part(shape, quant, dtype_b, kernel_group_bytes)
     return int(text + (mtp_b if mtp else 0) + (vision_b if vision else 0))
 
 
 @functools.lru_cache(maxsize=256)
-def _weights_by_part(shape: ModelShape, quant: Quantization, dtype_b: int, kernel: str) -> tuple[float, ...]:
+def _weights_by_part(shape: ModelShape, quant: Quantization, dtype_b: int,
+                     kernel_group_bytes: float) -> tuple[float, ...]:
     parts = {"text": 0.0, "mtp": 0.0, "vision": 0.0}
     listed = dict.fromkeys(parts, 0)
     for m in shape.modules:
         scheme = quant.scheme(m.name, m.kind)
         if scheme is None:
             per = float(dtype_b)
-        elif kernel and scheme.bits == 4 and scheme.group_size > 0:
-            per = 0.5 + (MACHETE_BYTES_PER_GROUP if kernel == "machete" else MARLIN_BYTES_PER_GROUP) / scheme.group_size
+        elif kernel_group_bytes and scheme.bits == 4 and scheme.group_size > 0:
+            per = 0.5 + kernel_group_bytes / scheme.group_size
         else:
             per = scheme.bytes_per_param(m.in_features)
         parts[m.part] += m.params * per

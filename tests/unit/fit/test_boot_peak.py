@@ -256,8 +256,8 @@ def test_with_machete_disabled_the_held_down_h100_loads_the_3090s_weights_and_mt
     """s29's last minutes: the same held-down card with VLLM_DISABLED_KERNELS=MacheteLinearKernel, so that AWQ ran
     through Marlin as it does on a 3090. #11 (MTP, 2 tokens), which failed above with Machete, printed 17.69 GiB of
     weights, booted warm with 14,199 KV tokens and served. Told the same environment, the estimator predicts those
-    weights (fitted on this boot: MARLIN_BYTES_PER_GROUP) and, out of that fit, exactly that KV, with the drafter's
-    peak under the card where Machete's is over it; a 3090's own profile loads the same weights. The cold boot
+    weights (fitted on this boot: MARLIN_EXTRA_BYTES_PER_GROUP) and, out of that fit, exactly that KV, with the
+    drafter's peak under the card where Machete's is over it; a 3090's own profile loads the same weights. The cold boot
     before it compiled the drafter inside the profile run and was left 2.17 GiB less KV memory (0.56 against 2.73
     GiB; one request needs 0.78): a cold boot is not what the estimator predicts."""
     [entry] = [c for c in OWN if c["plan_index"] == 11]
@@ -278,10 +278,10 @@ def test_with_machete_disabled_the_held_down_h100_loads_the_3090s_weights_and_mt
 def test_through_marlin_the_recipe_loads_the_3090s_weights_and_its_warm_boot_sizes_the_predicted_kv() -> None:
     """s32, the held-down H100 with Machete disabled: the recipe (48 sequences, no MTP), which failed with Machete's
     larger weights in the profiling KV cache, printed 16.9 GiB of weights, what the estimator predicts for a 3090
-    out of MARLIN_BYTES_PER_GROUP (fitted in s29 on a boot with MTP's layer, 17.69: this one is out of sample), and
-    its warm boot, sized by vLLM, printed one KV block more than predicted. Its cold boot, sized by vLLM while
-    compiling, was left 1.07 GiB less KV memory and too few Mamba blocks for 48 sequences: it failed where the warm
-    boot served."""
+    out of MARLIN_EXTRA_BYTES_PER_GROUP (fitted in s29 on a boot with MTP's layer, 17.69: this one is out of
+    sample), and its warm boot, sized by vLLM, printed one KV block more than predicted. Its cold boot, sized by
+    vLLM while compiling, was left 1.07 GiB less KV memory and too few Mamba blocks for 48 sequences: it failed
+    where the warm boot served."""
     [entry] = [c for c in MARLIN if c["plan_index"] == 1]
     cold, warm = served_through_marlin(entry, "s32")
     e = acc.predicted_boot(entry, "h100-80gb")

@@ -19,6 +19,7 @@ from benchmarks.h200.run_h200 import model_folder
 
 GPTQ = "Qwen/Qwen3.5-27B-GPTQ-Int4"
 CONFIG_ONLY = acc.surface_boots("surface-rtx3090-ballast-marlin-gptq-config-only.json")
+SERVED = acc.surface_boots("surface-rtx3090-ballast-marlin-gptq.json")  # s35: the folder lists the quantized layers
 
 
 @pytest.fixture(scope="module")
@@ -63,3 +64,40 @@ def test_the_recorder_names_the_quantized_layers_so_random_weights_are_served_as
     entry = CONFIG_ONLY[0]
     assert (acc.predicted_boot({**entry, "_model": str(folder)}, "h100-80gb").weights_bytes
             == acc.predicted_boot(entry, "h100-80gb").weights_bytes)
+
+
+def printed_weights(entry: dict) -> list[float]:
+    """"Model loading took X GiB" of every boot of a configuration (vLLM's allocated bytes after loading)."""
+    return [float(x) for log in acc.boot_logs(entry)
+            for x in re.findall(r"Model loading took ([\d.]+) GiB", log.read_text())]
+
+
+@pytest.mark.parametrize("entry", SERVED, ids=[f"plan{c['plan_index']}" for c in SERVED])
+def test_gptq_through_marlin_loads_what_the_kernel_model_fitted_on_awq_predicts(entry: dict) -> None:
+    """s35, the held-down H100 with Machete disabled: GPTQ-Int4's weights through Marlin printed 16.83-16.86 GiB
+    (17.65 with MTP's layer). Marlin drops symmetric GPTQ's zero points and holds the extra it holds for AWQ
+    (MARLIN_EXTRA_BYTES_PER_GROUP, fitted on AWQ in s29): predicted 16.81 (17.60), 0.02-0.05 GiB under. The
+    checkpoint's own layout, as the estimator counted GPTQ before, was 0.27-0.30 GiB under."""
+    seen = printed_weights(entry)
+    assert seen, entry["plan_index"]
+    predicted = acc.predicted_boot(entry, "h100-80gb").weights_bytes / GiB
+    stored = acc.predicted_boot(entry, "h100-80gb", {"VLLM_DISABLED_KERNELS": "MacheteLinearKernel,MarlinLinearKernel"})
+    for gib in seen:
+        assert 0 <= gib - predicted <= 0.06, (gib, predicted)
+        assert gib - stored.weights_bytes / GiB > 0.25
+
+
+def test_the_gptq_boots_the_estimator_accepts_served_and_sized_no_more_kv_than_the_card_held() -> None:
+    """All four served. #2, accepted, failed its first boot (cold, given the 106 blocks predicted then), 30 MiB
+    short once vLLM had allocated them, so the card held at most 105; vLLM's own warm sizing took 99. The
+    estimate now lies between."""
+    estimates = {c["plan_index"]: acc.predicted_boot(c, "h100-80gb") for c in SERVED}
+    assert all(c["status"] == "measured" for c in SERVED)
+    assert sum(e.fits for e in estimates.values()) == 3 and not any(e.refused for e in estimates.values())
+    [cold] = [c for c in SERVED if c.get("cold_boot")]
+    failed = cold["cold_boot"]
+    assert failed["status"] == "boot_failed" and "Tried to allocate 30.00 MiB" in failed["reason"]
+    own = round(cold["kv_cache_tokens"] / (estimates[cold["plan_index"]].kv_tokens
+                                           / estimates[cold["plan_index"]].num_blocks))
+    assert own == 99 and failed["kv_blocks_given"] == 106
+    assert own <= estimates[cold["plan_index"]].num_blocks < failed["kv_blocks_given"]

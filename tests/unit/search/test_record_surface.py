@@ -583,8 +583,8 @@ GPTQ_PLAN = REPO / "benchmarks" / "data" / "surface-plan-rtx3090-gptq.json"
 def test_a_plan_for_another_checkpoint_boots_the_same_flags_from_its_folder_with_its_weights(planned,
                                                                                             tmp_path: Path) -> None:
     """surface_plan.py --checkpoint: four of the plan (the recipe, an MTP one, 52 sequences, a 32,768 context)
-    served from the GPTQ-Int4 checkpoint the 3090 study starts from, whose weights no boot has measured yet
-    (run_h200.sh with PLAN=surface-plan-rtx3090-gptq.json). The shipped file is what the function writes. The
+    served from the GPTQ-Int4 checkpoint the 3090 study starts from (run_h200.sh with
+    PLAN=surface-plan-rtx3090-gptq.json; recorded in s35). The shipped file is what the function writes. The
     recorder serves them from that checkpoint's folder (its shipped config as config.json) with the flags the
     plan's own configurations boot, and judges them with its weights: lighter than AWQ's, so each is expected to
     leave more KV cache."""
