@@ -140,6 +140,9 @@ class Surface:
     points: tuple[Point, ...]
     space: tuple[Param, ...]
     provenance: dict[str, object] = field(hash=False)
+    # what the recorded vLLM used for a searched flag a configuration leaves unset (vllm_decides): a baseline that
+    # leaves prefix caching to vLLM is the configuration that names vLLM's choice, not one a parameter away
+    unset: Mapping[str, object] = field(default_factory=dict, hash=False)
 
     @property
     def best(self) -> float:
@@ -156,10 +159,12 @@ class Surface:
     def nearest(self, params: Mapping[str, object], among: Callable[[Point], bool] | None = None) -> Point:
         """The recorded configuration closest to a sampled one: per parameter, the distance in the space's scale
         (log where the parameter is log) over its range, 1 for a different category or a parameter only one side
-        has; ties go to the larger numbers (as the grid snapping did: ties go up). `among`: only the recorded ones
-        it accepts (all, where it accepts none)."""
+        has (a flag left to vLLM counts as the value vLLM gave it: `unset`); ties go to the larger numbers (as the
+        grid snapping did: ties go up). `among`: only the recorded ones it accepts (all, where it accepts none)."""
+        params = {**self.unset, **params}
+
         def rank(p: Point) -> tuple[float, tuple[float, ...]]:
-            return (round(distance(self.space, params, p.params), 9),
+            return (round(distance(self.space, params, {**self.unset, **p.params}), 9),
                     tuple(-float(v) for _, v in p.key if isinstance(v, int | float) and not isinstance(v, bool)))
         candidates = [p for p in self.points if among is None or among(p)]
         return min(candidates or self.points, key=rank)
@@ -308,10 +313,25 @@ def load_surface(path: Path, limits: Limits | None = None) -> Surface:
     if not any(p.feasible for p in points):
         raise ValueError(f"{path}: no recorded configuration meets the limits")
     provenance = dict(doc.get("provenance", {}))
+    unset = vllm_decides(space, str(provenance.get("model") or ""), provenance.get("vllm"))
     if limits is not None:
         provenance["limits"] = {k: v for k, v in dataclasses.asdict(limits).items() if v is not None}
         provenance["rejudged"] = f"rungs judged again under these limits (recorded under {recorded})"
-    return Surface(points, space, provenance)
+    return Surface(points, space, provenance, unset)
+
+
+def vllm_decides(space: tuple[Param, ...], model: str, vllm_version: object) -> dict[str, object]:
+    """The searched flags without a default of the space's own (vLLM decides) and without a condition, with the
+    value the recorded vLLM gives them when unset (engine/defaults.py unset_flag_value) for this model."""
+    from autotune.engine.defaults import unset_flag_value
+    from autotune.fit.feasibility import model_shape
+
+    free = [p.name for p in space if p.default is None and not p.when and p.type == "bool"]
+    if not free or not model:
+        return {}
+    hybrid = model_shape(model).is_hybrid
+    values = {name: unset_flag_value(name, str(vllm_version) if vllm_version else None, hybrid) for name in free}
+    return {name: v for name, v in values.items() if v is not None}
 
 
 def space_as_json(space: tuple[Param, ...] | list[Param]) -> list[dict[str, object]]:
