@@ -161,10 +161,8 @@ class Surface:
         (log where the parameter is log) over its range, 1 for a different category or a parameter only one side
         has (a flag left to vLLM counts as the value vLLM gave it: `unset`); ties go to the larger numbers (as the
         grid snapping did: ties go up). `among`: only the recorded ones it accepts (all, where it accepts none)."""
-        params = {**self.unset, **params}
-
         def rank(p: Point) -> tuple[float, tuple[float, ...]]:
-            return (round(distance(self.space, params, {**self.unset, **p.params}), 9),
+            return (round(distance(self.space, params, p.params, self.unset), 9),
                     tuple(-float(v) for _, v in p.key if isinstance(v, int | float) and not isinstance(v, bool)))
         candidates = [p for p in self.points if among is None or among(p)]
         return min(candidates or self.points, key=rank)
@@ -186,7 +184,11 @@ def _sortable(v: object) -> tuple[int, float, str]:
     return (2, 0.0, str(v))
 
 
-def distance(space: tuple[Param, ...], a: Mapping[str, object], b: Mapping[str, object]) -> float:
+def distance(space: tuple[Param, ...], a: Mapping[str, object], b: Mapping[str, object],
+             unset: Mapping[str, object] | None = None) -> float:
+    """`unset`: the value a parameter takes where a side leaves it out (vLLM's choice for a flag)."""
+    if unset:
+        a, b = {**unset, **a}, {**unset, **b}
     total = 0.0
     for p in space:
         if p.name not in a and p.name not in b:
