@@ -97,7 +97,7 @@ def test_the_gptq_boots_the_estimator_accepts_served_and_sized_no_more_kv_than_t
     [cold] = [c for c in SERVED if c.get("cold_boot")]
     failed = cold["cold_boot"]
     assert failed["status"] == "boot_failed" and "Tried to allocate 30.00 MiB" in failed["reason"]
-    own = round(cold["kv_cache_tokens"] / (estimates[cold["plan_index"]].kv_tokens
-                                           / estimates[cold["plan_index"]].num_blocks))
+    e = estimates[cold["plan_index"]]
+    own = round(cold["kv_cache_tokens"] / (e.kv_tokens / e.num_blocks))
     assert own == 99 and failed["kv_blocks_given"] == 106
-    assert own <= estimates[cold["plan_index"]].num_blocks < failed["kv_blocks_given"]
+    assert own <= e.num_blocks < failed["kv_blocks_given"]
