@@ -72,8 +72,14 @@
 # surface-wait 500 in one call (the fourth, done at held 957 s: all four served, with the folder listing GPTQ's
 # layers), then surface-start 780 .gpu7 and surface-wait 480 in one call, surface-wait 285: five of the Marlin file
 # (#19-#23), the recorder stopped itself at held 1,730 s; 69 s left.
+# Seen 2026-12-06 (s36): two refused starts (271 s, nvidia-h200 then nvidia-h100-x1), then an H100 on a call naming no
+# kind, ten minutes later, held 354 s at the first call; stage 1..6 and triton-cache (held 378 s), surface-start 1380
+# .gpu7 and surface-wait 560 in one call ran past the call's 600 s (the start took 66 s: start + wait must stay under
+# 600) and brought back the file as it was (#24, MTP, expected 329 s, not done). The next surface-wait 540 never
+# answered: the machine was taken back for other work mid-call, and what it had recorded was lost with it.
 # Next: on an H100, stage 1..6 and triton-cache, then surface-start <left-40> .gpu7 for the Marlin file (#24 on);
-# a start and its first wait can share one call (`surface-start N .gpu7 && sleep 3 && surface-wait 480`).
+# a start and its first wait can share one call (`surface-start N .gpu7 && sleep 3 && surface-wait 480`); each
+# surface-wait now returns once a configuration is recorded, so a machine taken back loses one at most.
 #   1-4: bash benchmarks/h200/run_h200.sh stage 1   ... stage 4         carry [".gpuN"]
 #   5:   bash benchmarks/h200/run_h200.sh trials                          carry [".gpu5", ".whl"]
 #        (stages .gpu5 and .whl, installs, reads the idle card, then: `autotune trial --memory-cap 24` of vLLM's
@@ -156,9 +162,14 @@ launch() {  # NAME COMMAND...: COMMAND from /tmp/src in its own session (it outl
   sleep 20; tail -5 "$GPURUN/$name.out"; echo "started after ${SECONDS}s"
 }
 
-wait_for() {  # PATTERN SECONDS: wait up to SECONDS while a process matches PATTERN, then say whether it ended
-  local end=$((SECONDS + $2))
-  while [ $SECONDS -lt $end ] && pgrep -f "$1" >/dev/null; do sleep 5; done
+wait_for() {  # PATTERN SECONDS [FILE]: wait up to SECONDS while a process matches PATTERN (and FILE, if given, is
+  # as it was), then say whether it ended
+  local end=$((SECONDS + $2)) was
+  was=$(stat -c %Y "${3:-/dev/null}" 2>/dev/null)
+  while [ $SECONDS -lt $end ] && pgrep -f "$1" >/dev/null; do
+    if [ -n "${3:-}" ] && [ "$(stat -c %Y "$3" 2>/dev/null)" != "$was" ]; then echo "$3 rewritten"; break; fi
+    sleep 5
+  done
   pgrep -f "$1" >/dev/null && echo "still running" || echo "finished"
 }
 
@@ -207,11 +218,12 @@ case $phase in
     launch surface python3 -m benchmarks.record_surface --plan "benchmarks/data/$PLAN" \
       --out "$GPURUN/$SURFACE" --logs "$LOGS" --stop-after "$2" "${BALLAST[@]}" "${@:4}" ;;
   surface-wait)
-    # Waits up to $2 s for the recording surface-start began, then brings back the surface file (rewritten after
-    # every configuration), the recorder's output and the server logs.
+    # Waits up to $2 s for the recording surface-start began, or until it rewrites the surface file (after every
+    # configuration), then brings back the file, the recorder's output and the server logs: each configuration comes
+    # back with the call it was recorded in (s36: a machine taken back mid-call returns nothing of that call).
     # The surface as it stands goes back first: a call cut off by the session's end still returns it.
     cp "$GPURUN/$SURFACE" "$OUT/" 2>/dev/null
-    wait_for "benchmarks.record_surface" "$2"
+    wait_for "benchmarks.record_surface" "$2" "$GPURUN/$SURFACE"
     tail -30 "$GPURUN/surface.out"
     cp "$GPURUN/$SURFACE" "$OUT/" 2>/dev/null
     tar czf "$OUT/surface.tgz" -C "$GPURUN" surface.out "$(basename "$LOGS")"
