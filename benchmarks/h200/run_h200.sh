@@ -73,7 +73,7 @@
 # layers), then surface-start 780 .gpu7 and surface-wait 480 in one call, surface-wait 285: five of the Marlin file
 # (#19-#23), the recorder stopped itself at held 1,730 s; 69 s left.
 # Seen 2026-12-06 (s36): two refused starts (271 s, nvidia-h200 then nvidia-h100-x1), then an H100 on a call naming no
-# kind, ten minutes later, held 354 s at the first call; stage 1..6 and triton-cache (held 378 s), surface-start 1380
+# kind after a seven-minute wait, held 354 s at the first call; stage 1..6 and triton-cache (held 378 s), surface-start 1380
 # .gpu7 and surface-wait 560 in one call ran past the call's 600 s (the start took 66 s: start + wait must stay under
 # 600) and brought back the file as it was (#24, MTP, expected 329 s, not done). The next surface-wait 540 never
 # answered: the machine was taken back for other work mid-call, and what it had recorded was lost with it.
