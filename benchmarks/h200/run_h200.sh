@@ -73,15 +73,17 @@
 # layers), then surface-start 780 .gpu7 and surface-wait 480 in one call, surface-wait 285: five of the Marlin file
 # (#19-#23), the recorder stopped itself at held 1,730 s; 69 s left.
 # Seen 2026-12-06 (s36): two refused starts (271 s, nvidia-h200 then nvidia-h100-x1), then an H100 on a call naming no
-# kind after a seven-minute wait, held 354 s at the first call; stage 1..6 and triton-cache (held 378 s), surface-start 1380
-# .gpu7 and surface-wait 560 in one call ran past the call's 600 s (the start took 66 s: start + wait must stay under
-# 600) and brought back the file as it was (#24, MTP, expected 329 s, not done). The next surface-wait 540 never
-# answered: the machine was taken back for other work mid-call, and what it had recorded was lost with it.
+# kind after a seven-minute wait, held 354 s at the first call; stage 1..6 and triton-cache (held 378 s),
+# surface-start 1380 .gpu7 and surface-wait 560 in one call ran past the call's 600 s (the start took 66 s: start +
+# wait must stay under 600) and brought back the file as it was (#24, MTP, expected 329 s, not done). The next
+# surface-wait 540 never answered: the machine was taken back for other work mid-call, and what it had recorded was
+# lost with it.
 # Next: on an H100, stage 1..6 and triton-cache, then for the Marlin file (#24 on) `surface-start <left-40> .gpu7
 # --only 42,43,44,24,25,26,27,28,29,30,31,32,33,34,35,36,37,38,39,40,41`: the start picks (what the default boots
-# first) before the rest, so that a short session still tests the search's own first trials. A start and its first
-# wait can share one call (`surface-start N .gpu7 ... && sleep 3 && surface-wait 480`: under 600 s together); each
-# surface-wait now returns once a configuration is recorded, so a machine taken back loses one at most.
+# first) before the rest, so that a short session still tests the search's own first trials. On an H200 (its own
+# surface, #19-#41 to go) leave --only out. A start and its first wait can share one call (`surface-start N .gpu7 ...
+# && sleep 3 && surface-wait 480`: under 600 s together); each surface-wait now returns once a configuration is
+# recorded, so a machine taken back loses one at most.
 #   1-4: bash benchmarks/h200/run_h200.sh stage 1   ... stage 4         carry [".gpuN"]
 #   5:   bash benchmarks/h200/run_h200.sh trials                          carry [".gpu5", ".whl"]
 #        (stages .gpu5 and .whl, installs, reads the idle card, then: `autotune trial --memory-cap 24` of vLLM's
