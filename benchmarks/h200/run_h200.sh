@@ -78,6 +78,8 @@
 # wait must stay under 600) and brought back the file as it was (#24, MTP, expected 329 s, not done). The next
 # surface-wait 540 never answered: the machine was taken back for other work mid-call, and what it had recorded was
 # lost with it.
+# Seen 2026-12-06 (s37): the session began with 168 s of device time, too little to start a machine;
+# nothing ran.
 # Next: on an H100, stage 1..6 and triton-cache, then for the Marlin file (#24 on) `surface-start <left-40> .gpu7
 # --only 42,43,44,24,25,26,27,28,29,30,31,32,33,34,35,36,37,38,39,40,41`: the start picks (what the default boots
 # first) before the rest, so that a short session still tests the search's own first trials. On an H200 (its own
