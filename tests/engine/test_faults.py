@@ -91,13 +91,14 @@ class Inject(NoProgress):
     action ran, `missed` why an action never did (it runs in a thread, where an error would go unseen)."""
 
     def __init__(self, actions):
-        self.actions, self.done = dict(actions), set()
+        self.actions, self.done, self.scheduled = dict(actions), set(), set()
         self.missed: dict[int, str] = {}
         self.stages: list[tuple[int, str]] = []
 
     def stage(self, number: int, text: str) -> None:
         self.stages.append((number, text))
-        if number in self.actions and text.startswith("level 1") and number not in self.done | set(self.missed):
+        if number in self.actions and text.startswith("level 1") and number not in self.scheduled:
+            self.scheduled.add(number)
             threading.Timer(0.3, self._act, [number]).start()  # once requests are in flight
 
     def _act(self, number: int) -> None:
