@@ -86,7 +86,7 @@ CPU_RSS_UNCERTAINTY_BYTES = 256 * MiB
 # more holds its whole 2 MiB-rounded segment) and the 128 MiB rotary cache: benchmarks/weights_load.py replays the
 # load and matches the 81 kept logs without an fp8 KV cache within 0.005 GiB (the 53 with one printed 32 MiB more,
 # which it does not explain). The fitted figures stay here because the KV and peak terms were fitted beside them:
-# with the replay's weights, seven recorded outcomes, each within one KV block or 0.05 GiB of its boundary, went the
+# with the replay's weights, five recorded boots, each within one KV block or 0.05 GiB of its boundary, went the
 # other way (s37).
 #   Machete (H200, vLLM 0.25, gpu-boots): 17.21 and 17.24 GiB printed; 2.4 bytes a group beyond scale and zero give
 #     17.25 (the 0.03 GiB more keeps the eager boots' predicted KV blocks at or under the printed ones).
