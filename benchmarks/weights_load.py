@@ -41,9 +41,6 @@ from benchmarks.cuda_allocator import Block, CachingAllocator
 ROOT = Path(__file__).resolve().parents[1]
 MODELS = ROOT / "autotune" / "engine" / "known_models"
 LOGS = [ROOT / "benchmarks" / "data", ROOT / "tests" / "data" / "gpu-boots"]
-KERNEL_GROUP_BYTES = {  # (kernel, method) -> bytes a group of each tensor the kernel keeps beside the weights
-    ("marlin", "awq"): (2, 0.5), ("marlin", "gptq"): (2,), ("machete", "awq"): (2, 2), ("machete", "gptq"): (2, 0.5),
-}
 # vLLM loads these checkpoint matrices of one layer as one tensor (its models' packed_modules_mapping)
 FUSED_INTO = {"q_proj": "qkv_proj", "k_proj": "qkv_proj", "v_proj": "qkv_proj", "gate_proj": "gate_up_proj",
               "up_proj": "gate_up_proj", "in_proj_qkv": "in_proj_qkvz", "in_proj_z": "in_proj_qkvz",
@@ -63,17 +60,13 @@ class Loaded:
     blocks: dict[str, Block | None] = field(default_factory=dict)
 
 
-def module_bytes(m: WeightModule, quant: Quantization, dtype_b: int, kernel: str) -> int:
-    """The module's tensors as the kernel keeps them."""
+def plain_bytes(m: WeightModule, quant: Quantization, dtype_b: int) -> int:
+    """A module no 4-bit kernel converts, as its checkpoint stores it."""
     scheme = quant.scheme(m.name, m.kind)
-    if scheme is None:
-        return m.params * dtype_b
-    if scheme.bits == 4 and scheme.group_size > 0:
-        return m.params // 2 + int(m.params // scheme.group_size * sum(KERNEL_GROUP_BYTES[(kernel, quant.method)]))
-    return int(m.params * scheme.bytes_per_param(m.in_features))
+    return m.params * dtype_b if scheme is None else int(m.params * scheme.bytes_per_param(m.in_features))
 
 
-def load_sequence(shape: ModelShape, kernel: str, mtp: bool) -> list[list[Loaded]]:
+def load_sequence(shape: ModelShape, mtp: bool) -> list[list[Loaded]]:
     """The tensors vLLM makes, in order: the target model (lm_head last), then MTP's drafter."""
     quant, dtype_b = shape.quantization, DTYPE_BYTES.get(shape.dtype, 2)
     parts = ("text", "mtp") if mtp else ("text",)
@@ -86,7 +79,7 @@ def load_sequence(shape: ModelShape, kernel: str, mtp: bool) -> list[list[Loaded
             t.n += m.params // m.in_features
             t.groups = m.in_features // scheme.group_size
         else:
-            t.plain += module_bytes(m, quant, dtype_b, kernel)
+            t.plain += plain_bytes(m, quant, dtype_b)
     first_attention = next(key for key in fused if key[0] == "text" and key[1].endswith("self_attn.o_proj"))
     fused[first_attention].rope_after = True
     return [[t for (part, _), t in fused.items() if part == p] for p in parts]
@@ -97,7 +90,7 @@ def replayed_bytes(config: dict, kernel: str, mtp: bool) -> tuple[int, int]:
     small tensors no module lists."""
     shape = ModelShape.from_config(config)
     alloc, kept, method = CachingAllocator(), [], shape.quantization.method
-    for model in load_sequence(shape, kernel, mtp):
+    for model in load_sequence(shape, mtp):
         for t in model:
             if t.plain:
                 kept.append(alloc.malloc(t.plain))
