@@ -32,11 +32,13 @@ import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from autotune.engine.logs import parse_boot_info
 from autotune.fit.estimate import estimate
 from autotune.fit.hardware import PROFILES
 from autotune.fit.model_shape import DTYPE_BYTES, ModelShape, WeightModule
 from autotune.fit.quantization import Quantization
 from benchmarks.cuda_allocator import Block, CachingAllocator
+from benchmarks.estimator_accuracy import ARGS
 
 ROOT = Path(__file__).resolve().parents[1]
 MODELS = ROOT / "autotune" / "engine" / "known_models"
@@ -89,11 +91,11 @@ def replayed_bytes(config: dict, kernel: str, mtp: bool) -> tuple[int, int]:
     """(what torch counts as allocated, what the device holds: CachingAllocator.held) after the load, with the
     small tensors no module lists."""
     shape = ModelShape.from_config(config)
-    alloc, kept, method = CachingAllocator(), [], shape.quantization.method
+    alloc, method = CachingAllocator(), shape.quantization.method
     for model in load_sequence(shape, mtp):
         for t in model:
             if t.plain:
-                kept.append(alloc.malloc(t.plain))
+                alloc.malloc(t.plain)
             if t.groups:
                 t.blocks = {"qweight": alloc.malloc(t.k * t.n // 2)}
                 if method == "gptq":
@@ -101,7 +103,7 @@ def replayed_bytes(config: dict, kernel: str, mtp: bool) -> tuple[int, int]:
                 t.blocks["qzeros"] = alloc.malloc(t.groups * t.n // 2)
                 t.blocks["scales"] = alloc.malloc(t.groups * t.n * 2)
             if t.rope_after:
-                kept.append(_rope_cache(alloc, shape, config))
+                _rope_cache(alloc, shape, config)
         for t in model:
             if t.groups:
                 _convert(alloc, t, method, kernel)
@@ -112,7 +114,7 @@ def replayed_bytes(config: dict, kernel: str, mtp: bool) -> tuple[int, int]:
     return alloc.allocated + rest, alloc.held + rest
 
 
-def _rope_cache(alloc: CachingAllocator, shape: ModelShape, config: dict) -> Block:
+def _rope_cache(alloc: CachingAllocator, shape: ModelShape, config: dict) -> None:
     rope = (config.get("text_config") or config).get("rope_parameters") or {}
     positions = shape.max_position_embeddings * (4 if rope.get("mrope_section") else 1)
     dim = int(shape.head_dim * float(rope.get("partial_rotary_factor") or 1))
@@ -121,9 +123,8 @@ def _rope_cache(alloc: CachingAllocator, shape: ModelShape, config: dict) -> Blo
     cat = alloc.malloc(positions * dim * 4)
     for b in (position, freqs, cos, sin):
         alloc.free(b)
-    cache = alloc.malloc(positions * dim * DTYPE_BYTES.get(shape.dtype, 2))
+    alloc.malloc(positions * dim * DTYPE_BYTES.get(shape.dtype, 2))  # the cache, kept
     alloc.free(cat)
-    return cache
 
 
 def _replace(alloc: CachingAllocator, t: Loaded, name: str, new: Block | None) -> None:
@@ -195,17 +196,16 @@ def printed_loads() -> list[PrintedLoad]:
     out = []
     for log in sorted(p for root in LOGS for p in root.rglob("*.log")):
         text = log.read_text(errors="replace")
-        took = re.search(r"Model loading took ([\d.]+) GiB", text)
+        took = parse_boot_info(text.splitlines(), 0.0).weights_gib
         kernel = re.search(r"Using (Marlin|Machete)LinearKernel", text)
-        args = re.search(r"non-default args: (\{.*\})", text)
+        args = ARGS.search(text)
         if not (took and kernel and args):
             continue
         flags = ast.literal_eval(args.group(1))
         spec = flags.get("speculative_config") or {}
         out.append(PrintedLoad(str(log.relative_to(ROOT)), "gptq" if "gptq" in str(flags.get("model")) else "awq",
                                kernel.group(1).lower(), (spec.get("method") if isinstance(spec, dict) else None)
-                               == "mtp", str(flags.get("kv_cache_dtype", "auto")).startswith("fp8"),
-                               float(took.group(1))))
+                               == "mtp", str(flags.get("kv_cache_dtype", "auto")).startswith("fp8"), took))
     return out
 
 
