@@ -61,7 +61,7 @@ from autotune.search.samplers import sampler_for
 from autotune.search.space import suggest
 from autotune.search.start import START_CANDIDATES, Capacity
 from autotune.search.study import runs_at_once, screen_before_boot
-from benchmarks.record_surface import AS_PLANNED, device_vllm, recorded_env, recorded_flags
+from benchmarks.record_surface import AS_PLANNED, device_vllm, params_key, recorded_env, recorded_flags
 from benchmarks.surface import Point, Surface, _records, load_surface
 
 REPO = Path(__file__).resolve().parents[1]
@@ -672,6 +672,18 @@ def parse_limits(items: list[str], recorded: dict[str, float]) -> list[Limits]:
     return out
 
 
+def label(surface: Surface, point: Point) -> str:
+    """How SURFACE.md and the recorder name a configuration: its index in the plan a GPU surface was recorded
+    from (the recorder takes them out of order, e.g. the start picks #42-#44 before #24), else its place in the
+    surface file."""
+    plan = surface.provenance.get("plan")
+    if isinstance(plan, str) and (REPO / plan).is_file():
+        index = {params_key(c["params"]): i for i, c in enumerate(json.loads((REPO / plan).read_text())["configs"])}
+        if (i := index.get(params_key(point.params))) is not None:
+            return f"#{i}"
+    return f"#{surface.points.index(point)}"
+
+
 def left_out(surface: Surface, seeds: int, top: int = 3) -> str:
     """The default against random search and the grid with each of the `top` best configurations left out of the
     surface in turn: on a sparse surface a method's figure can hang on one point (the GPU surface's best is one
@@ -684,7 +696,7 @@ def left_out(surface: Surface, seeds: int, top: int = 3) -> str:
         rest = replace(surface, points=tuple(p for p in surface.points if p is not gone))
         med = {name: _median([f.trials for f in figs]) for name, figs in evaluate(rest, [default, rnd], seeds).items()}
         near = sum(p.feasible and p.value >= (1 - WITHIN) * rest.best for p in rest.points)
-        rows.append(f"  without #{surface.points.index(gone)} ({gone.value:,.0f} tok/s): best {rest.best:,.0f} "
+        rows.append(f"  without {label(surface, gone)} ({gone.value:,.0f} tok/s): best {rest.best:,.0f} "
                     f"({near} within {WITHIN:.0%}); {default.name} {_fmt(med[default.name])}, random search "
                     f"{_fmt(med[RANDOM])} ({med[RANDOM] / med[default.name]:.1f}x), the grid in vLLM's auto_tune order "
                     f"{_fmt(med[GRID])} ({med[GRID] / med[default.name]:.1f}x)")

@@ -80,10 +80,14 @@
 # lost with it.
 # Seen 2026-12-06 (s37): the session began with 168 s of device time, too little to start a machine;
 # nothing ran.
-# Next: on an H100, stage 1..6 and triton-cache, then for the Marlin file (#24 on) `surface-start <left-40> .gpu7
-# --only 42,43,44,24,25,26,27,28,29,30,31,32,33,34,35,36,37,38,39,40,41`: the start picks (what the default boots
-# first) before the rest, so that a short session still tests the search's own first trials. On an H200 (its own
-# surface, #19-#41 to go) leave --only out. A start and its first wait can share one call (`surface-start N .gpu7 ...
+# Seen 2026-12-06 (s38): four refused starts (478 s: two asking no kind, two nvidia-h200 after the first refusal
+# made it the plain kind), each try after status showed no none_now; then an H100 on a call naming no kind. stage
+# 1..6 and triton-cache (held 502 s, counting the refusals), surface-start 1240 .gpu7 --only 42,43,44,24,... with
+# surface-wait 470 in one call (190 s: install 28 s, #42 done), then surface-wait 540, 540, 540, 420, 240 and 30:
+# seven of the Marlin file (#42-#44, #24-#27), 130-257 s each; the last wait ended at held 1,760 s with 39 s left.
+# Next: on an H100, stage 1..6 and triton-cache, then for the Marlin file (#28 on) `surface-start <left-40> .gpu7`
+# (the plan's order; --only is no longer needed, the start picks are in). On an H200 (its own surface, #19-#41 to
+# go) the same. A start and its first wait can share one call (`surface-start N .gpu7 ...
 # && sleep 3 && surface-wait 480`: under 600 s together); each surface-wait now returns once a configuration is
 # recorded, so a machine taken back loses one at most.
 #   1-4: bash benchmarks/h200/run_h200.sh stage 1   ... stage 4         carry [".gpuN"]

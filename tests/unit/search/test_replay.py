@@ -464,11 +464,12 @@ def test_a_sampled_configuration_is_replayed_as_the_nearest_recorded_one_autotun
 
 
 def test_left_out_replays_the_surface_without_each_of_its_best_configurations() -> None:
-    """On the GPU surface its two best are within 1% of each other (#19 and #21, the start picks #42 and #44 of the
-    plan, 677 and 671 tok/s): without either, the other is the one configuration within 5% of the best left."""
+    """On the GPU surface its two best are within 1% of each other (the start picks #42 and #44 of the plan, the
+    file's 20th and 22nd, 677 and 671 tok/s): without either, the other is the one configuration within 5% of the
+    best left. Each is named by its index in the plan, as SURFACE.md and the recorder name it."""
     surface = load_surface(Path(__file__).parents[3] / "benchmarks" / "data" / "surface-rtx3090.json")
     rows = se.left_out(surface, seeds=2, top=2).splitlines()
     assert len(rows) == 2
-    assert rows[0].startswith("  without #19 (677 tok/s): best 671 (1 within 5%); default, no baselines ")
-    assert rows[1].startswith("  without #21 (671 tok/s): best 677 (1 within 5%)")
+    assert rows[0].startswith("  without #42 (677 tok/s): best 671 (1 within 5%); default, no baselines ")
+    assert rows[1].startswith("  without #44 (671 tok/s): best 677 (1 within 5%)")
     assert "the grid in vLLM's auto_tune order 12.0 (" in rows[0]  # auto_tune's order reaches #21 at its 12th boot
