@@ -49,6 +49,17 @@ def cpu_study_db(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
     engine lock: a trial is 3-4 minutes on 2 AVX2 cores."""
     work = tmp_path_factory.mktemp("cpu-study")
     study_file = _study_copy(work)
+    # The shipped objective's limits, four times wider: what these tests read is the run's outputs, not this
+    # machine's speed, and on a busy 2-core machine both baselines missed the 500 ms TTFT at concurrency 1 (528 and
+    # 547 ms, s38, beside a CPU-bound benchmark), leaving no best to export or report.
+    objective = (ROOT / "objectives" / "tiny-cpu.toml").read_text()
+    for key, shipped in (("ttft_p95_ms", 500), ("tpot_p95_ms", 50)):
+        assert objective.count(f"{key} = {shipped}\n") == 1, key
+        objective = objective.replace(f"{key} = {shipped}\n", f"{key} = {4 * shipped}\n")
+    (work / "tiny-cpu-objective.toml").write_text(objective)
+    study_file.write_text(study_file.read_text().replace(f'"{ROOT}/objectives/tiny-cpu.toml"',
+                                                         '"tiny-cpu-objective.toml"'))
+    assert "tiny-cpu-objective.toml" in study_file.read_text()
     db = work / "tiny-cpu.db"
     autotune = Path(sys.executable).parent / "autotune"
     with engine_lock():
