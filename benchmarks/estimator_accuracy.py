@@ -267,11 +267,10 @@ def predicted_boot(entry: dict, real: str, env: Mapping[str, str] | None = None)
 
 def surface_boots(name: str) -> list[dict]:
     """A surface file's configurations, each with its plan index and, for a ballast run, the ballast's line."""
-    from benchmarks.record_surface import params_key, recorded_env
+    from benchmarks.record_surface import params_key, plan_indices, recorded_env
 
     doc = json.loads((SURFACES / name).read_text())
-    plan = json.loads((ROOT / doc["provenance"]["plan"]).read_text())["configs"]
-    index = {params_key(c["params"]): i for i, c in enumerate(plan)}
+    index = plan_indices(doc["provenance"]["plan"])
     return [{**c, "plan_index": index[params_key(c["params"])], "_ballast": doc["provenance"].get("ballast"),
              "_env": recorded_env(doc["provenance"]), "_logs": SURFACES / name.replace(".json", "-logs"),
              "_model": doc["provenance"]["model"]}

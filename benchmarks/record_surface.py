@@ -821,6 +821,12 @@ def params_key(params: dict[str, object]) -> str:
     return json.dumps(params, sort_keys=True)
 
 
+def plan_indices(plan: str) -> dict[str, int]:
+    """params_key -> index in the plan file `plan` (a surface's provenance names it, relative to the repository):
+    how SURFACE.md names a configuration, which the recorder may take out of the plan's order."""
+    return {params_key(c["params"]): i for i, c in enumerate(json.loads((REPO / plan).read_text())["configs"])}
+
+
 def to_record(configs: list[PlannedConfig], doc: dict) -> list[PlannedConfig]:
     """The planned configurations the surface does not hold yet, in the plan's order."""
     done = {params_key(c["params"]) for c in doc["configs"]}

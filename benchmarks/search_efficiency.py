@@ -61,7 +61,14 @@ from autotune.search.samplers import sampler_for
 from autotune.search.space import suggest
 from autotune.search.start import START_CANDIDATES, Capacity
 from autotune.search.study import runs_at_once, screen_before_boot
-from benchmarks.record_surface import AS_PLANNED, device_vllm, params_key, recorded_env, recorded_flags
+from benchmarks.record_surface import (
+    AS_PLANNED,
+    device_vllm,
+    params_key,
+    plan_indices,
+    recorded_env,
+    recorded_flags,
+)
 from benchmarks.surface import Point, Surface, _records, load_surface
 
 REPO = Path(__file__).resolve().parents[1]
@@ -678,8 +685,7 @@ def label(surface: Surface, point: Point) -> str:
     surface file."""
     plan = surface.provenance.get("plan")
     if isinstance(plan, str) and (REPO / plan).is_file():
-        index = {params_key(c["params"]): i for i, c in enumerate(json.loads((REPO / plan).read_text())["configs"])}
-        if (i := index.get(params_key(point.params))) is not None:
+        if (i := plan_indices(plan).get(params_key(point.params))) is not None:
             return f"#{i}"
     return f"#{surface.points.index(point)}"
 

@@ -37,6 +37,7 @@ from autotune.fit.estimate import estimate
 from autotune.fit.hardware import PROFILES
 from autotune.fit.model_shape import DTYPE_BYTES, ModelShape, WeightModule
 from autotune.fit.quantization import Quantization
+from autotune.units import GiB
 from benchmarks.cuda_allocator import Block, CachingAllocator
 from benchmarks.estimator_accuracy import ARGS
 
@@ -47,7 +48,6 @@ LOGS = [ROOT / "benchmarks" / "data", ROOT / "tests" / "data" / "gpu-boots"]
 FUSED_INTO = {"q_proj": "qkv_proj", "k_proj": "qkv_proj", "v_proj": "qkv_proj", "gate_proj": "gate_up_proj",
               "up_proj": "gate_up_proj", "in_proj_qkv": "in_proj_qkvz", "in_proj_z": "in_proj_qkvz",
               "in_proj_b": "in_proj_ba", "in_proj_a": "in_proj_ba"}
-GiB = 2**30
 
 
 @dataclass

@@ -5,10 +5,9 @@ from __future__ import annotations
 
 import pytest
 
+from autotune.units import GiB, MiB
 from benchmarks.cuda_allocator import CachingAllocator
 from benchmarks.weights_load import config_of, printed_loads, replayed_bytes
-
-MiB, GiB = 2**20, 2**30
 
 
 def test_a_tensor_of_20_mib_or_more_holds_its_whole_2_mib_rounded_segment() -> None:
