@@ -103,6 +103,7 @@ measures the best few configurations again, to show how much one figure varies (
 from __future__ import annotations
 
 import argparse
+import collections
 import contextlib
 import dataclasses
 import datetime as dt
@@ -828,9 +829,32 @@ def plan_indices(plan: str) -> dict[str, int]:
 
 
 def to_record(configs: list[PlannedConfig], doc: dict) -> list[PlannedConfig]:
-    """The planned configurations the surface does not hold yet, in the plan's order."""
+    """The planned configurations the surface does not hold yet, in the order given, each once."""
     done = {params_key(c["params"]) for c in doc["configs"]}
-    return [c for c in configs if params_key(c.params) not in done]
+    todo = []
+    for c in configs:
+        if params_key(c.params) not in done:
+            done.add(params_key(c.params))
+            todo.append(c)
+    return todo
+
+
+def to_repeat(configs: Sequence[PlannedConfig], again: Sequence[int], doc: dict) -> list[PlannedConfig]:
+    """`again`'s plan indices measured once more each (an index listed twice: twice), less the repeats the surface
+    holds already (a resumed run): a figure measured once cannot say whether 6% between two configurations is
+    theirs or the measurement's (s38: #43 793 tok/s against the recipe's 751, one measurement each)."""
+    recorded = {params_key(c["params"]) for c in doc["configs"]}
+    held = collections.Counter(params_key(c["params"]) for c in doc.get("repeats", []))
+    todo = []
+    for c in chosen(configs, again):
+        key = params_key(c.params)
+        if key not in recorded:
+            raise SystemExit(f"--again: #{c.index} is not recorded yet; record it first (--only {c.index})")
+        if held[key]:
+            held[key] -= 1
+        else:
+            todo.append(c)
+    return todo
 
 
 def reserve_s(doc: dict, expected_s: float) -> float:
@@ -909,19 +933,21 @@ def chosen(configs: Sequence[PlannedConfig], only: Sequence[int]) -> list[Planne
     the start picks first and then the rest, in one call of a session that has no time for two installs."""
     if not only:
         return list(configs)
-    missing = sorted(set(only) - {c.index for c in configs})
+    by_index = {c.index: c for c in configs}
+    missing = sorted(set(only) - set(by_index))
     if missing:
         raise SystemExit(f"--only: the plan has no configuration {', '.join(f'#{i}' for i in missing)}")
-    return sorted((c for c in configs if c.index in only), key=lambda c: list(only).index(c.index))
+    return [by_index[i] for i in only]
 
 
 def record_plan(plan_path: Path, out: Path, stop_after: float | None, logs: Path,
-                only: Sequence[int] = (), ballast: bool = False) -> None:
+                only: Sequence[int] = (), ballast: bool = False, again: Sequence[int] = ()) -> None:
     """The planned configurations not yet in `out` (`only`: those of these plan indices), each booted (given the
     estimate's KV blocks where its key is new) and measured on the adaptive ladder (gpu_ladder); `out` is
     rewritten after every one. Refused ones are booted too: how they fail is recorded. With `ballast`, the card
     keeps only the capped card's CUDA total free while they run (benchmarks/h200/ballast.py), and they boot with
-    the flags autotune gives their params now: whether a real card of the cap's total runs what autotune would."""
+    the flags autotune gives their params now: whether a real card of the cap's total runs what autotune would.
+    `again`'s configurations are measured once more first, kept under 'repeats' (to_repeat)."""
     t0 = time.monotonic()
     plan, spec = read_plan(plan_path)
     real = memcap.present_gpu(0)
@@ -930,15 +956,15 @@ def record_plan(plan_path: Path, out: Path, stop_after: float | None, logs: Path
     with device_vllm(as_planned=flags_kind == AS_PLANNED):  # on the device too
         configs = planned_configs(plan, spec, model, real)  # refuses a study without a memory cap
     assert spec.memory_cap is not None
-    configs = chosen(configs, only)
     with ballast_held(spec.memory_cap.cuda_total_gib) if ballast else contextlib.nullcontext() as held:
         doc = surface_doc(out, plan_path, plan, spec, real, held, flags_kind)
-        todo = to_record(configs, doc)
+        todo = ([("repeats", c) for c in to_repeat(configs, again, doc)]
+                + [("configs", c) for c in to_record(chosen(configs, only), doc)])
         ladder = gpu_ladder(spec.objective)
         vocab = model_vocab_size(model)
         logs.mkdir(parents=True, exist_ok=True)
         print(f"{len(doc['configs'])} configurations recorded, {len(todo)} to go; logs in {logs}", flush=True)
-        for n, c in enumerate(todo):
+        for n, (where, c) in enumerate(todo):
             # the run's first configuration also compiles Triton's kernels (a session's machine is fresh)
             expect = expected(c, ladder, spec.objective.workload).seconds + (COST.first_key_extra_s if n == 0 else 0.0)
             left = None if stop_after is None else stop_after - (time.monotonic() - t0)
@@ -946,7 +972,8 @@ def record_plan(plan_path: Path, out: Path, stop_after: float | None, logs: Path
                 print(f"stopping: {left:.0f} s left of --stop-after, #{c.index} is expected to take "
                       f"~{reserve_s(doc, expect):.0f} s", flush=True)
                 break
-            print(f"[{n + 1}/{len(todo)}] #{c.index} {c.params} (expected ~{expect:.0f} s, {c.boots}"
+            again = " again" if where == "repeats" else ""
+            print(f"[{n + 1}/{len(todo)}] #{c.index}{again} {c.params} (expected ~{expect:.0f} s, {c.boots}"
                   f"{f' {c.warm_kv_blocks} KV blocks' if c.warm_kv_blocks else ''})", flush=True)
             engine = EngineSpec(model=c.model, flags=c.flags, env={**spec.env, **ENV}, boot_timeout_s=600)
             entry = plan_entry(c, real, record_config(engine, spec.objective, vocab, logs / f"{c.index:02d}.log",
@@ -957,10 +984,10 @@ def record_plan(plan_path: Path, out: Path, stop_after: float | None, logs: Path
                   f", peak {entry.get('peak_memory_gib')} GiB serving, {entry.get('boot_peak_memory_gib')} booting"
                   + (f"; first boot {cold['status']} in {cold['boot_s']} s" if isinstance(cold, dict) else "") + ")",
                   flush=True)
-            doc["configs"].append(entry)
+            doc.setdefault(where, []).append(entry)
             doc["provenance"]["finished"] = entry["recorded"]
             save(doc, out)
-        print(f"{len(to_record(configs, doc))} to go", flush=True)
+        print(f"{len(to_record(chosen(configs, only), doc))} to go", flush=True)
 
 
 @contextlib.contextmanager
@@ -998,6 +1025,9 @@ def main() -> None:
     ap.add_argument("--logs", type=Path, default=None, help="Folder for the server logs (default: a new temporary).")
     ap.add_argument("--only", type=lambda v: [int(i) for i in v.split(",")], default=[],
                     help="With --plan: record only these plan indices, in this order, e.g. 9,13.")
+    ap.add_argument("--again", type=lambda v: [int(i) for i in v.split(",")], default=[],
+                    help="With --plan: first measure these recorded plan indices once more each (kept under "
+                         "'repeats'), e.g. 43,1.")
     ap.add_argument("--ballast", action="store_true",
                     help="With --plan: hold the card down to the capped card's CUDA total while recording "
                          "(benchmarks/h200/ballast.py; give another --out), booting the flags autotune gives "
@@ -1013,7 +1043,8 @@ def main() -> None:
             estimate_plan(opts.plan, GPU_OUT if opts.out == OUT else opts.out, opts.ballast)
         else:
             record_plan(opts.plan, opts.out, opts.stop_after,
-                        opts.logs or Path(tempfile.mkdtemp(prefix="surface-logs-")), opts.only, opts.ballast)
+                        opts.logs or Path(tempfile.mkdtemp(prefix="surface-logs-")), opts.only, opts.ballast,
+                        opts.again)
         return
     logs = opts.logs or Path(tempfile.mkdtemp(prefix="surface-logs-"))
     spec = load_study(STUDY)

@@ -111,6 +111,20 @@ def test_a_new_surface_starts_empty_and_a_resumed_one_skips_what_it_holds(planne
     assert [c.index for c in left] == [i for i in range(len(configs)) if i not in (0, 5)]
 
 
+def test_again_measures_recorded_configurations_once_more_each_and_a_resumed_run_skips_what_it_repeated(
+        planned, tmp_path: Path) -> None:
+    plan, spec, configs = planned
+    doc = rs.surface_doc(tmp_path / "surface.json", PLAN, plan, spec, H200)
+    for i in (1, 43):
+        doc["configs"].append({"params": configs[i].params, "wall_s": 200.0})
+    assert [c.index for c in rs.to_repeat(configs, [43, 1, 43], doc)] == [43, 1, 43]
+    doc["repeats"] = [{"params": dict(reversed(configs[43].params.items()))}]  # one repeat of #43 held already
+    assert [c.index for c in rs.to_repeat(configs, [43, 1, 43], doc)] == [1, 43]
+    with pytest.raises(SystemExit, match=r"--again: #2 is not recorded yet"):
+        rs.to_repeat(configs, [1, 2], doc)
+    assert [c.index for c in rs.to_record(rs.chosen(configs, [5, 1, 5]), doc)] == [5]  # recorded or listed twice
+
+
 def test_a_surface_of_another_plan_is_not_resumed(planned, tmp_path: Path) -> None:
     plan, spec, _ = planned
     out = tmp_path / "surface.json"
