@@ -622,8 +622,9 @@ def spread(doc: dict) -> tuple[str, float]:
         return c.get("params") or {k: c[k] for k in ("max_num_seqs", "max_num_batched_tokens")}
 
     groups: dict[str, list[float]] = {}
-    for c in doc["configs"] + doc.get("repeats", []):
-        groups.setdefault(_label(params(c)), []).append(value(c))
+    labels = {json.dumps(params(c), sort_keys=True): _label(params(c)) for c in doc["configs"]}
+    for c in doc["configs"] + doc.get("repeats", []):  # named as first recorded, whatever a repeat's key order
+        groups.setdefault(labels[json.dumps(params(c), sort_keys=True)], []).append(value(c))
     rows, rel = [], []
     for key, vals in groups.items():
         if len(vals) > 1:
@@ -735,8 +736,8 @@ def main() -> None:
     warnings.filterwarnings("ignore")
     try:
         doc = json.loads(opts.surface.read_text())
-        surfaces = [load_surface(opts.surface)]
-        surfaces += [load_surface(opts.surface, lim) for lim in parse_limits(opts.limit, doc["provenance"]["limits"])]
+        limits: list[Limits | None] = [None, *parse_limits(opts.limit, doc["provenance"]["limits"])]
+        surfaces = [load_surface(opts.surface, lim) for lim in limits]
     except (OSError, ValueError, KeyError, TypeError) as e:
         ap.error(f"--surface {opts.surface}: {e}" if not isinstance(e, ValueError) or "--limit" not in str(e)
                  else str(e))
@@ -771,6 +772,13 @@ def main() -> None:
         print(rows)
         for rounds in (1, 2):
             print(remeasure_gain(surfaces[0], sd, opts.seeds, rounds=rounds))
+        for lim in limits:  # the headline again, on the figures the repeats measured
+            surface = load_surface(opts.surface, lim, repeated=True)
+            print(f"\nwith each repeated configuration as measured again, under {surface.provenance.get('limits')}:")
+            print(describe(surface).splitlines()[0])
+            results = evaluate(surface, default_methods(), opts.seeds)
+            print(table(results, checkpoints_for(surface)))
+            print(ratios(results))
     for surface in surfaces if opts.tuning else ():
         print(f"\nthe settings compared, under {surface.provenance.get('limits')} (no start picks but in the "
               f"'start:' rows):")

@@ -251,6 +251,12 @@ def _overhead(c: dict, boot_s: float) -> float | None:
     return max(0.0, c["wall_s"] - boot_s - sum(lv["duration_s"] for lv in levels)) / len(levels) if levels else None
 
 
+def _key(c: dict) -> str:
+    """A recorded configuration's identity in either layout: its params (or the grid's two flags), key order aside."""
+    params = c.get("params") or {k: c[k] for k in ("max_num_seqs", "max_num_batched_tokens")}
+    return json.dumps(params, sort_keys=True)
+
+
 def _nearest_on_axis(axis: list[int], v: float) -> int:
     return min(axis, key=lambda a: (abs(math.log2(a) - math.log2(v)), -a))
 
@@ -297,11 +303,15 @@ def _read_planned(doc: dict, limits: Limits | None) -> tuple[tuple[Point, ...], 
     return points, space
 
 
-def load_surface(path: Path, limits: Limits | None = None) -> Surface:
+def load_surface(path: Path, limits: Limits | None = None, repeated: bool = False) -> Surface:
     """The recorded surface; with `limits`, each rung judged again under them: no looser than the recording's
     (above a rung the recording failed nothing was measured), and no tighter than its `tightest_limits`, where it
-    names them (below the lowest rung of each configuration nothing was)."""
+    names them (below the lowest rung of each configuration nothing was). `repeated`: each configuration measured
+    again (the file's `repeats`) as its latest measurement has it, the surface another run would have replayed."""
     doc = json.loads(path.read_text())
+    if repeated:
+        again = {_key(c): c for c in doc.get("repeats", [])}
+        doc["configs"] = [again.get(_key(c), c) for c in doc["configs"]]
     recorded = doc["provenance"].get("limits", {})
     tightest = doc["provenance"].get("tightest_limits", {})
     if limits is not None:

@@ -63,6 +63,23 @@ def test_auto_tune_order_counts_trials_minutes_and_the_infeasible_share(tmp_path
     assert fig.infeasible_share_all == pytest.approx(1 / 6)
 
 
+def test_a_configuration_measured_again_replays_with_its_latest_figure_and_its_spread_is_reported(
+        tmp_path: Path) -> None:
+    path = _surface(tmp_path)
+    doc = json.loads(path.read_text())
+    again = _measured(4, 128, 360.0)
+    again["params"] = dict(reversed(again["params"].items()))  # as recorded: another key order
+    doc["repeats"] = [_measured(8, 128, 380.0), again]
+    path.write_text(json.dumps(doc))
+    assert load_surface(path).best == 400.0
+    repeated = load_surface(path, repeated=True)
+    assert repeated.best == 380.0 and len(repeated.points) == len(load_surface(path).points)
+    assert repeated.nearest({"max_num_seqs": 4, "max_num_batched_tokens": 128}).value == 360.0
+    rows, sd = se.spread(doc)
+    assert "400, 360" in rows and "390, 380" in rows
+    assert sd == pytest.approx(statistics.pstdev([400 / 380 - 1, 360 / 380 - 1, 390 / 385 - 1, 380 / 385 - 1]))
+
+
 def test_a_configuration_that_does_not_fit_costs_its_boot_unless_the_estimator_refuses_it(tmp_path: Path) -> None:
     surface = load_surface(_surface(tmp_path))
     oom = surface.nearest({"max_num_seqs": 8, "max_num_batched_tokens": 64})
