@@ -14,7 +14,9 @@ as it. Here, once: `bash benchmarks/h200/fetch-wheels.sh` (-> .gpu1 ... .gpuN, 5
           (SECONDS: what the session has left after this call), from the surface the tree carries in
           benchmarks/data/surface-rtx3090.json when there is one (a new file on the first session). Further
           arguments go to the recorder: `--only 42,43,44,0,1,...,41` records the start picks first, then the rest
-          (in the order given). The surface resumes only on the card it was recorded on (h200): on a lent H100,
+          (in the order given); `--again 43,1` first measures recorded configurations once more (under `repeats`:
+          s39's of #43 and #1 served 9% and 14% less than their first measurements, in other sessions).
+          The surface resumes only on the card it was recorded on (h200): on a lent H100,
           run_h200.sh (SURFACE unset) resumes surface-rtx3090-ballast-marlin.json with --ballast instead, the same
           plan on the H100 held down to the capped card's CUDA total with autotune's own flags and Machete disabled,
           so that 4-bit weights take Marlin's memory as on a 3090 (s32-s33: 10 of 45; s28-s29 recorded 17 with

@@ -85,8 +85,13 @@
 # 1..6 and triton-cache (held 502 s, counting the refusals), surface-start 1240 .gpu7 --only 42,43,44,24,... with
 # surface-wait 470 in one call (190 s: install 28 s, #42 done), then surface-wait 540, 540, 540, 420, 240 and 30:
 # seven of the Marlin file (#42-#44, #24-#27), 130-257 s each; the last wait ended at held 1,760 s with 39 s left.
-# Next: on an H100, stage 1..6 and triton-cache, then for the Marlin file (#28 on) `surface-start <left-40> .gpu7`
-# (the plan's order; --only is no longer needed, the start picks are in). On an H200 (its own surface, #19-#41 to
+# Seen 2026-12-06 (s39): eight refused starts (747 s: nvidia-h200, nvidia-h100-x1 and calls naming no kind, over 50
+# minutes, each after status showed no none_now), then an H100 on a call naming no kind. stage 1..6 and triton-cache
+# (held 775 s, counting the refusals), surface-start 940 .gpu7 --again 43,1 with surface-wait 480 in one call (233 s:
+# install 39 s, #43 measured again), then surface-wait 540, 540 and 290: #1 again, #28 and #29 (both refused, both
+# failed for memory, two boots each, 266 and 227 s); the recorder stopped with 97 s of --stop-after left.
+# Next: on an H100, stage 1..6 and triton-cache, then for the Marlin file (#30 on) `surface-start <left-40> .gpu7`
+# (the plan's order; --again I,J measures recorded ones once more first). On an H200 (its own surface, #19-#41 to
 # go) the same. A start and its first wait can share one call (`surface-start N .gpu7 ...
 # && sleep 3 && surface-wait 480`: under 600 s together); each surface-wait now returns once a configuration is
 # recorded, so a machine taken back loses one at most.
