@@ -16,7 +16,7 @@ import statistics
 import threading
 from collections import Counter
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import optuna
 from optuna.trial import FrozenTrial, TrialState
@@ -125,6 +125,9 @@ class Best:
 
     trial: FrozenTrial  # the original trial of the configuration (its flags, its command)
     measurements: tuple[Measurement, ...]  # the first figure first, then each re-measurement in order
+    # a configuration measured once, higher than this one's figure, that the run had no time to boot again: its
+    # single figure is not comparable (the winner's curse), but the reader is told it may still win
+    rival: Best | None = None
 
     @property
     def passing(self) -> list[float]:
@@ -156,7 +159,13 @@ class Best:
     @property
     def text(self) -> str:
         """What each reader prints after "best: "."""
-        return f"trial {self.trial.number}, {self.describe()}"
+        text = f"trial {self.trial.number}, {self.describe()}"
+        if self.rival is None:
+            return text
+        r = self.rival
+        name = f" ({view(r.trial).baseline})" if view(r.trial).baseline else ""
+        return (f"{text}; trial {r.trial.number}{name} measured higher once, {r.figure:,.0f} output tok/s, and was "
+                "not re-measured: it may still win")
 
 
 def _best_of(t: FrozenTrial, trials: Sequence[FrozenTrial]) -> Best:
@@ -171,8 +180,12 @@ def best(trials: Sequence[FrozenTrial], keep: Callable[[FrozenTrial], bool] = la
     (the winner's curse) and are not comparable with figures of several measurements."""
     candidates = [_best_of(t, trials) for t in trials
                   if feasible(t) and keep(t) and view(t).remeasure_of is None]
-    pool = [b for b in candidates if len(b.measurements) > 1 and b.holds] or candidates
-    return max(pool, key=lambda b: b.figure, default=None)
+    again = [b for b in candidates if len(b.measurements) > 1 and b.holds]
+    winner = max(again or candidates, key=lambda b: b.figure, default=None)
+    if winner is None or not again:
+        return winner
+    higher = [b for b in candidates if len(b.measurements) == 1 and b.figure > winner.figure]
+    return replace(winner, rival=max(higher, key=lambda b: b.figure, default=None))
 
 
 def ranked(trials: Sequence[FrozenTrial]) -> list[Best]:

@@ -296,6 +296,22 @@ def test_a_runner_up_is_re_measured_only_while_it_can_change_the_answer():
     assert all(t.params["c"] != "c" for t in trials[3:])
 
 
+def test_a_higher_single_figure_the_run_had_no_time_to_re_measure_is_named_beside_the_winner():
+    clock = Clock()
+    lab = Lab({"a": [1000.0, 500.0], "b": [900.0], "c": [400.0]}, clock)
+    for _ in range(3):
+        lab.run_one()
+    ran = remeasure_top(lab.study, Budget(trials=1, clock=clock), Reserve(top=3), lab.run_one)
+    assert ran.done == (0,)  # a confirmed (500), then no time for b
+    winner = best(lab.study.get_trials())
+    assert winner.trial.number == 0 and winner.rival is not None and winner.rival.trial.number == 1
+    assert winner.text == ("trial 0, 750 output tok/s (median of 2 measurements, 500-1,000); trial 1 measured "
+                           "higher once, 900 output tok/s, and was not re-measured: it may still win")
+    remeasure_top(lab.study, Budget(trials=1, clock=clock), Reserve(top=3), lab.run_one)  # b: 900 again
+    # b wins, and nothing measured once is higher
+    assert best(lab.study.get_trials()).trial.number == 1 and best(lab.study.get_trials()).rival is None
+
+
 def test_each_configuration_is_re_measured_at_most_max_rounds_times():
     clock = Clock()
     lab = Lab({"a": [1000.0], "b": [1000.0]}, clock)  # a tie that no measurement breaks
