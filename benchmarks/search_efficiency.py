@@ -69,7 +69,7 @@ from benchmarks.record_surface import (
     recorded_env,
     recorded_flags,
 )
-from benchmarks.surface import Point, Surface, _records, load_surface
+from benchmarks.surface import Point, Surface, _records, config_key, load_surface
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -622,9 +622,9 @@ def spread(doc: dict) -> tuple[str, float]:
         return c.get("params") or {k: c[k] for k in ("max_num_seqs", "max_num_batched_tokens")}
 
     groups: dict[str, list[float]] = {}
-    labels = {json.dumps(params(c), sort_keys=True): _label(params(c)) for c in doc["configs"]}
+    labels = {config_key(c): _label(params(c)) for c in doc["configs"]}
     for c in doc["configs"] + doc.get("repeats", []):  # named as first recorded, whatever a repeat's key order
-        groups.setdefault(labels[json.dumps(params(c), sort_keys=True)], []).append(value(c))
+        groups.setdefault(labels[config_key(c)], []).append(value(c))
     rows, rel = [], []
     for key, vals in groups.items():
         if len(vals) > 1:

@@ -251,7 +251,7 @@ def _overhead(c: dict, boot_s: float) -> float | None:
     return max(0.0, c["wall_s"] - boot_s - sum(lv["duration_s"] for lv in levels)) / len(levels) if levels else None
 
 
-def _key(c: dict) -> str:
+def config_key(c: dict) -> str:
     """A recorded configuration's identity in either layout: its params (or the grid's two flags), key order aside."""
     params = c.get("params") or {k: c[k] for k in ("max_num_seqs", "max_num_batched_tokens")}
     return json.dumps(params, sort_keys=True)
@@ -310,8 +310,8 @@ def load_surface(path: Path, limits: Limits | None = None, repeated: bool = Fals
     again (the file's `repeats`) as its latest measurement has it, the surface another run would have replayed."""
     doc = json.loads(path.read_text())
     if repeated:
-        again = {_key(c): c for c in doc.get("repeats", [])}
-        doc["configs"] = [again.get(_key(c), c) for c in doc["configs"]]
+        again = {config_key(c): c for c in doc.get("repeats", [])}
+        doc["configs"] = [again.get(config_key(c), c) for c in doc["configs"]]
     recorded = doc["provenance"].get("limits", {})
     tightest = doc["provenance"].get("tightest_limits", {})
     if limits is not None:
