@@ -974,8 +974,8 @@ def record_plan(plan_path: Path, out: Path, stop_after: float | None, logs: Path
                 print(f"stopping: {left:.0f} s left of --stop-after, #{c.index} is expected to take "
                       f"~{reserve_s(doc, expect):.0f} s", flush=True)
                 break
-            again = " again" if where == "repeats" else ""
-            print(f"[{n + 1}/{len(todo)}] #{c.index}{again} {c.params} (expected ~{expect:.0f} s, {c.boots}"
+            mark = " again" if where == "repeats" else ""
+            print(f"[{n + 1}/{len(todo)}] #{c.index}{mark} {c.params} (expected ~{expect:.0f} s, {c.boots}"
                   f"{f' {c.warm_kv_blocks} KV blocks' if c.warm_kv_blocks else ''})", flush=True)
             engine = EngineSpec(model=c.model, flags=c.flags, env={**spec.env, **ENV}, boot_timeout_s=600)
             entry = plan_entry(c, real, record_config(engine, spec.objective, vocab, logs / f"{c.index:02d}.log",
