@@ -24,8 +24,10 @@ apart from luck; the plan's #42-44 (what these picks boot first for seeds 0-2) t
 served 677 (the new best), 539 and 671 tok/s where the replay had mapped them to 516 and 471; on the 22 points the
 default needs 3.0 / 4.0, random search 13.5, the grid 11 (3.7x: its order reaches the new best sooner than #9).
 Held down to a 3090's total through Marlin (stop 38) the same three served 602, 793 (that file's best) and 701; on its
-31 points the default needs 7.0 / 6.5 under the chat limits, random search 37.5, the grid 22, and 3 picks of 64 were
-the best start-up compared or within half a trial of it (benchmarks/data/search-efficiency-rtx3090-marlin.txt).
+33 points (stop 39) the default needs 7.0 / 6.5 under the chat limits, random search 37.5, the grid 24, and 3 picks of
+64 were the best start-up compared or within half a trial of it (benchmarks/data/search-efficiency-rtx3090-marlin.txt).
+Measured again on one machine, #43 served 718 and the recipe 648 (that machine a tenth slower for both); on those
+figures the default needs 3.0 / 4.0, random search 15.5, the grid 22.
 """
 
 from __future__ import annotations
