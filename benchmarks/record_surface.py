@@ -153,6 +153,7 @@ from autotune.measure.workload import Workload
 from autotune.search.space import engine_config
 from autotune.units import GiB
 from benchmarks.h200.run_h200 import DEVICE_FLAGS, ENV, model_folder, served_model
+from benchmarks.surface import params_key
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -818,10 +819,6 @@ def surface_doc(out: Path, plan_path: Path, plan: dict, spec: StudySpec, real: G
         **({"ballast": f"{ballast} (benchmarks/h200/ballast.py; memory figures are the card's, ballast included)"}
            if ballast else {}),
         "started": dt.datetime.now(dt.UTC).isoformat(timespec="seconds")}, "configs": []}
-
-
-def params_key(params: dict[str, object]) -> str:
-    return json.dumps(params, sort_keys=True)
 
 
 def plan_indices(plan: str) -> dict[str, int]:

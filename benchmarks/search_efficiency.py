@@ -69,7 +69,7 @@ from benchmarks.record_surface import (
     recorded_env,
     recorded_flags,
 )
-from benchmarks.surface import Point, Surface, _records, config_key, load_surface
+from benchmarks.surface import Point, Surface, _records, config_key, entry_params, load_surface
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -618,11 +618,8 @@ def spread(doc: dict) -> tuple[str, float]:
         top = max(passing, key=lambda lv: lv["concurrency"]) if passing else None
         return top["output_tok_s"] if top and c["status"] == "measured" else 0.0
 
-    def params(c: dict) -> dict[str, object]:
-        return c.get("params") or {k: c[k] for k in ("max_num_seqs", "max_num_batched_tokens")}
-
     groups: dict[str, list[float]] = {}
-    labels = {config_key(c): _label(params(c)) for c in doc["configs"]}
+    labels = {config_key(c): _label(entry_params(c)) for c in doc["configs"]}
     for c in doc["configs"] + doc.get("repeats", []):  # named as first recorded, whatever a repeat's key order
         groups.setdefault(labels[config_key(c)], []).append(value(c))
     rows, rel = [], []

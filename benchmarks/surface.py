@@ -251,10 +251,18 @@ def _overhead(c: dict, boot_s: float) -> float | None:
     return max(0.0, c["wall_s"] - boot_s - sum(lv["duration_s"] for lv in levels)) / len(levels) if levels else None
 
 
-def config_key(c: dict) -> str:
-    """A recorded configuration's identity in either layout: its params (or the grid's two flags), key order aside."""
-    params = c.get("params") or {k: c[k] for k in ("max_num_seqs", "max_num_batched_tokens")}
+def params_key(params: Mapping[str, object]) -> str:
+    """A configuration's identity, key order aside."""
     return json.dumps(params, sort_keys=True)
+
+
+def entry_params(c: dict) -> dict[str, object]:
+    """A recorded configuration's params in either layout (the CPU grid keeps its two flags at the top)."""
+    return c.get("params") or {k: c[k] for k in ("max_num_seqs", "max_num_batched_tokens")}
+
+
+def config_key(c: dict) -> str:
+    return params_key(entry_params(c))
 
 
 def _nearest_on_axis(axis: list[int], v: float) -> int:
