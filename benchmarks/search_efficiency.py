@@ -77,6 +77,7 @@ SURFACE = REPO / "benchmarks" / "data" / "surface-tiny-cpu.json"
 WITHIN = 0.05
 ANYTIME = (10, 20, 40)
 MAX_BOOTED = 64
+REDRAWS = 20  # surfaces redrawn with the repeats' spread (redraws)
 POINT_ATTR = "surface_point"  # an enqueued baseline's index on the surface
 
 
@@ -612,7 +613,8 @@ def measurement(doc: dict) -> str:
 
 def spread(doc: dict) -> tuple[str, float]:
     """The repeated measurements of the top configurations: each one's figures, and the pooled relative
-    standard deviation (a configuration's figure / the mean of its figures)."""
+    standard deviation of one measurement (a configuration's figure / the mean of its figures, with one degree of
+    freedom spent on each mean: two figures scatter about their own mean by 1/sqrt(2) of one measurement's sd)."""
     def value(c: dict) -> float:
         passing = [lv for lv in c.get("levels", []) if lv["passed"]]
         top = max(passing, key=lambda lv: lv["concurrency"]) if passing else None
@@ -628,7 +630,7 @@ def spread(doc: dict) -> tuple[str, float]:
             mean = statistics.fmean(vals)
             rel += [v / mean - 1 for v in vals]
             rows.append(f"  {key}: " + ", ".join(f"{v:,.0f}" for v in vals) + " output tok/s")
-    sd = statistics.pstdev(rel) if rel else 0.0
+    sd = math.sqrt(sum(r * r for r in rel) / (len(rel) - len(rows))) if rel else 0.0  # a df per mean
     return "\n".join(rows), sd
 
 
@@ -661,6 +663,41 @@ def remeasure_gain(surface: Surface, sd: float, seeds: int, trials: int = 20, to
             f"{rounds} time(s) and choosing on the medians reaches {statistics.median(again):.1%} "
             f"(mean {statistics.fmean(again):.1%}), its re-measured figure off by {statistics.median(over_again):+.1%} "
             f"(median)")
+
+
+def redrawn(surface: Surface, sd: float, rng: random.Random) -> Surface:
+    """The surface another recording might have given: each measured configuration's throughputs scaled by one
+    factor 1 + N(0, sd) (a configuration is measured in one session, and a session's effect lands on all its
+    rungs). Which rungs pass stays as recorded: only throughput is redrawn, the spread that was measured."""
+    def scaled(p: Point) -> Point:
+        f = max(0.0, 1 + rng.gauss(0, sd))
+        return replace(p, rungs=tuple(replace(r, output_tok_s=r.output_tok_s * f) for r in p.rungs))
+    return replace(surface, points=tuple(scaled(p) for p in surface.points))
+
+
+def redraws(surface: Surface, sd: float, draws: int, seeds: int) -> str:
+    """The headline over `draws` redrawn surfaces: whether the default's lead over random search and the grid
+    holds whatever the measurement noise made of the recorded figures, or hangs on one of them (on a surface
+    whose best few lie within the noise of one another, which is best is itself a draw)."""
+    methods = {m.name: m for m in default_methods()}
+    default, rnd = methods[DEFAULT_BARE], methods[RANDOM]
+    rows: list[tuple[float, float, float, str]] = []
+    for d in range(draws):
+        s = redrawn(surface, sd, random.Random(2000 + d))
+        res = evaluate(s, [default, rnd], seeds)
+        med = {name: _median([f.trials for f in figs]) for name, figs in res.items()}
+        top = max((p for p in s.points if p.feasible), key=lambda p: p.value)
+        rows.append((med[default.name], med[RANDOM], med[GRID], label(surface, surface.points[s.points.index(top)])))
+    ours, rand, grids = ([r[i] for r in rows] for i in range(3))
+    vs_random = [r / o for o, r in zip(ours, rand, strict=True)]
+    vs_grid = [g / o for o, g in zip(ours, grids, strict=True)]
+    bests = {b: sum(r[3] == b for r in rows) for b in sorted({r[3] for r in rows})}
+    return (f"  {draws} redrawn surfaces (each configuration's figures x 1 + N(0, {sd:.1%})), {seeds} seeds each: "
+            f"the default needs a median {_fmt(_median(ours))} booted trials ({_fmt(min(ours))}-{_fmt(max(ours))}), "
+            f"random search {_fmt(_median(rand))}, the grid in vLLM's auto_tune order {_fmt(_median(grids))}; "
+            f"random / default >= 2 in {sum(v >= 2 for v in vs_random)} of {draws} (median "
+            f"{_median(vs_random):.2f}x), grid / default >= 5 in {sum(v >= 5 for v in vs_grid)} of {draws} "
+            f"(median {_median(vs_grid):.2f}x); the best was " + ", ".join(f"{b} in {n}" for b, n in bests.items()))
 
 
 def parse_limits(items: list[str], recorded: dict[str, float]) -> list[Limits]:
@@ -769,6 +806,10 @@ def main() -> None:
         print(rows)
         for rounds in (1, 2):
             print(remeasure_gain(surfaces[0], sd, opts.seeds, rounds=rounds))
+        print("\nthe headline on surfaces redrawn with that spread (does it hang on one measurement?):")
+        for surface in surfaces:
+            print(f"under {surface.provenance.get('limits')}:")
+            print(redraws(surface, sd, REDRAWS, opts.seeds))
         for lim in limits:  # the headline again, on the figures the repeats measured
             surface = load_surface(opts.surface, lim, repeated=True)
             print(f"\nwith each repeated configuration as measured again, under {surface.provenance.get('limits')}:")

@@ -77,7 +77,10 @@ def test_a_configuration_measured_again_replays_with_its_latest_figure_and_its_s
     assert repeated.nearest({"max_num_seqs": 4, "max_num_batched_tokens": 128}).value == 360.0
     rows, sd = se.spread(doc)
     assert "400, 360" in rows and "390, 380" in rows
-    assert sd == pytest.approx(statistics.pstdev([400 / 380 - 1, 360 / 380 - 1, 390 / 385 - 1, 380 / 385 - 1]))
+    # one measurement's sd: four deviations from two means leave two degrees of freedom
+    devs = [400 / 380 - 1, 360 / 380 - 1, 390 / 385 - 1, 380 / 385 - 1]
+    assert sd == pytest.approx(math.sqrt(sum(d * d for d in devs) / 2))
+    assert sd == pytest.approx(statistics.pstdev(devs) * math.sqrt(2))
 
 
 def test_a_configuration_that_does_not_fit_costs_its_boot_unless_the_estimator_refuses_it(tmp_path: Path) -> None:
@@ -490,3 +493,31 @@ def test_left_out_replays_the_surface_without_each_of_its_best_configurations() 
     assert rows[0].startswith("  without #42 (677 tok/s): best 671 (1 within 5%); default, no baselines ")
     assert rows[1].startswith("  without #44 (671 tok/s): best 677 (1 within 5%)")
     assert "the grid in vLLM's auto_tune order 12.0 (" in rows[0]  # auto_tune's order reaches #21 at its 12th boot
+
+
+def test_a_redrawn_surface_scales_each_configurations_rungs_by_one_factor_and_keeps_their_verdicts(
+        tmp_path: Path) -> None:
+    def factors(before: se.Surface, after: se.Surface) -> list[set[float]]:
+        """Per configuration, its rungs' redrawn / recorded throughputs."""
+        out = []
+        for b, a in zip(before.points, after.points, strict=True):
+            assert [r.passed for r in a.rungs] == [r.passed for r in b.rungs]
+            out.append({round(x.output_tok_s / y.output_tok_s, 9) for x, y in zip(a.rungs, b.rungs, strict=True)
+                        if y.output_tok_s})
+        return out
+
+    walked = load_surface(_walked(tmp_path))  # one configuration, three rungs
+    assert se.redrawn(walked, 0.0, random.Random(1)) == walked
+    (one,) = factors(walked, se.redrawn(walked, 0.2, random.Random(1)))
+    assert len(one) == 1 and one != {1.0}  # one factor: a session's effect lands on all of a configuration's rungs
+    surface = load_surface(_surface(tmp_path))
+    each = [f for f in factors(surface, se.redrawn(surface, 0.2, random.Random(1))) if f]
+    assert len(each) == 6 and len(set.union(*each)) == 6  # each measured configuration its own draw
+
+
+def test_redraws_report_how_often_each_goal_holds_and_which_configuration_was_best(tmp_path: Path) -> None:
+    surface = load_surface(_surface(tmp_path))
+    line = se.redraws(surface, 0.0, draws=2, seeds=2)
+    # with no spread every draw is the recorded surface: (4, 128) is the best, the sixth the grid boots
+    assert "the grid in vLLM's auto_tune order 6.0;" in line
+    assert "grid / default >= 5 in " in line and line.endswith("the best was #5 in 2")
