@@ -678,26 +678,34 @@ def redrawn(surface: Surface, sd: float, rng: random.Random) -> Surface:
 def redraws(surface: Surface, sd: float, draws: int, seeds: int) -> str:
     """The headline over `draws` redrawn surfaces: whether the default's lead over random search and the grid
     holds whatever the measurement noise made of the recorded figures, or hangs on one of them (on a surface
-    whose best few lie within the noise of one another, which is best is itself a draw)."""
+    whose best few lie within the noise of one another, which is best is itself a draw). Booted trials, and
+    in brackets each recorded configuration counted once (Figures.points)."""
     methods = {m.name: m for m in default_methods()}
     default, rnd = methods[DEFAULT_BARE], methods[RANDOM]
-    rows: list[tuple[float, float, float, str]] = []
+    per_draw: list[dict[str, tuple[float, float]]] = []
+    bests: dict[str, int] = {}
     for d in range(draws):
         s = redrawn(surface, sd, random.Random(2000 + d))
         res = evaluate(s, [default, rnd], seeds)
-        med = {name: _median([f.trials for f in figs]) for name, figs in res.items()}
-        top = max((p for p in s.points if p.feasible), key=lambda p: p.value)
-        rows.append((med[default.name], med[RANDOM], med[GRID], label(surface, surface.points[s.points.index(top)])))
-    ours, rand, grids = ([r[i] for r in rows] for i in range(3))
-    vs_random = [r / o for o, r in zip(ours, rand, strict=True)]
-    vs_grid = [g / o for o, g in zip(ours, grids, strict=True)]
-    bests = {b: sum(r[3] == b for r in rows) for b in sorted({r[3] for r in rows})}
-    return (f"  {draws} redrawn surfaces (each configuration's figures x 1 + N(0, {sd:.1%})), {seeds} seeds each: "
-            f"the default needs a median {_fmt(_median(ours))} booted trials ({_fmt(min(ours))}-{_fmt(max(ours))}), "
-            f"random search {_fmt(_median(rand))}, the grid in vLLM's auto_tune order {_fmt(_median(grids))}; "
-            f"random / default >= 2 in {sum(v >= 2 for v in vs_random)} of {draws} (median "
-            f"{_median(vs_random):.2f}x), grid / default >= 5 in {sum(v >= 5 for v in vs_grid)} of {draws} "
-            f"(median {_median(vs_grid):.2f}x); the best was " + ", ".join(f"{b} in {n}" for b, n in bests.items()))
+        per_draw.append({name: (_median([f.trials for f in figs]), _median([f.points for f in figs]))
+                         for name, figs in res.items()})
+        top = label(surface, surface.points[s.points.index(max((p for p in s.points if p.feasible),
+                                                                   key=lambda p: p.value))])
+        bests[top] = bests.get(top, 0) + 1
+
+    def summary(i: int) -> str:
+        ours = [r[default.name][i] for r in per_draw]
+        vs_random = [r[RANDOM][i] / r[default.name][i] for r in per_draw]
+        vs_grid = [r[GRID][i] / r[default.name][i] for r in per_draw]
+        return (f"the default {_fmt(_median(ours))} ({_fmt(min(ours))}-{_fmt(max(ours))}), random search "
+                f"{_fmt(_median([r[RANDOM][i] for r in per_draw]))}, the grid "
+                f"{_fmt(_median([r[GRID][i] for r in per_draw]))}; random / default >= 2 in "
+                f"{sum(v >= 2 for v in vs_random)} of {draws} (median {_median(vs_random):.2f}x), grid / default "
+                f">= 5 in {sum(v >= 5 for v in vs_grid)} of {draws} (median {_median(vs_grid):.2f}x)")
+
+    return (f"  {draws} redrawn surfaces (each configuration's figures x 1 + N(0, {sd:.1%})), {seeds} seeds each, "
+            f"median booted trials to within {WITHIN:.0%}: {summary(0)}\n  counting each recorded configuration "
+            f"once: {summary(1)}\n  the best was " + ", ".join(f"{b} in {n}" for b, n in sorted(bests.items())))
 
 
 def parse_limits(items: list[str], recorded: dict[str, float]) -> list[Limits]:
