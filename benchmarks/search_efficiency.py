@@ -26,6 +26,10 @@ level (measure/ladder.py): one that fails there (known from its rungs: a level a
 PRUNED after its boot and that one level, as a real trial is; the plain Optuna loops (random search, TPE and GP
 without constraints) and the grid measure every configuration in full. The grid in vLLM's auto_tune order boots
 everything in order.
+
+Where the file holds repeats (a configuration measured again), it also prints their spread (one measurement's sd)
+and the headline again on the repeats' figures and on 20 surfaces redrawn with that spread (redraws): whether a
+goal holds, or hangs on one measurement.
 """
 
 from __future__ import annotations
@@ -678,8 +682,8 @@ def redrawn(surface: Surface, sd: float, rng: random.Random) -> Surface:
 def redraws(surface: Surface, sd: float, draws: int, seeds: int) -> str:
     """The headline over `draws` redrawn surfaces: whether the default's lead over random search and the grid
     holds whatever the measurement noise made of the recorded figures, or hangs on one of them (on a surface
-    whose best few lie within the noise of one another, which is best is itself a draw). Booted trials, and
-    in brackets each recorded configuration counted once (Figures.points)."""
+    whose best few lie within the noise of one another, which is best is itself a draw). Booted trials, then
+    the same counting each recorded configuration once (Figures.points)."""
     methods = {m.name: m for m in default_methods()}
     default, rnd = methods[DEFAULT_BARE], methods[RANDOM]
     per_draw: list[dict[str, tuple[float, float]]] = []

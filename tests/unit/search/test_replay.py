@@ -517,8 +517,8 @@ def test_a_redrawn_surface_scales_each_configurations_rungs_by_one_factor_and_ke
 
 def test_redraws_report_how_often_each_goal_holds_and_which_configuration_was_best(tmp_path: Path) -> None:
     surface = load_surface(_surface(tmp_path))
-    line = se.redraws(surface, 0.0, draws=2, seeds=2)
+    text = se.redraws(surface, 0.0, draws=2, seeds=2)
     # with no spread every draw is the recorded surface: (4, 128) is the best, the sixth the grid boots
-    booted, once, best = line.splitlines()
+    booted, once, best = text.splitlines()
     assert ", the grid 6.0; " in booted and ", the grid 6.0; " in once
     assert "grid / default >= 5 in " in booted and best == "  the best was #5 in 2"
