@@ -28,5 +28,16 @@ for w in $(ls -S "$dl"/*.whl); do
   if [ $(( $(du -sm ".gpu$n" | cut -f1) + $(du -m "$w" | cut -f1) )) -gt 50 ]; then n=$((n + 1)); mkdir -p ".gpu$n"; fi
   mv "$w" ".gpu$n/"
 done
+# the last folder travels with .whl (~19 MiB) and the tree (~11 MiB) in one call (surface-start): keep it to 20 MiB,
+# moving the largest wheels that fit into one more folder (s40: .gpu6 was 41 MiB and had to be split by hand)
+if [ "$(du -sm ".gpu$n" | cut -f1)" -gt 20 ]; then
+  mkdir -p ".gpu$((n + 1))"
+  for w in $(ls -S ".gpu$n"); do
+    if [ $(( $(du -sm ".gpu$((n + 1))" | cut -f1) + $(du -m ".gpu$n/$w" | cut -f1) )) -le 20 ]; then
+      mv ".gpu$n/$w" ".gpu$((n + 1))/"
+    fi
+  done
+  n=$((n + 1))
+fi
 du -sh .gpu*
 echo "carry .gpu1 ... .gpu$n, one folder per device call, each copying it to /tmp/acc; then bash benchmarks/h200/device-install.sh"
