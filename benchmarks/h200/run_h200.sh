@@ -90,12 +90,12 @@
 # (held 775 s, counting the refusals), surface-start 940 .gpu7 --again 43,1 with surface-wait 480 in one call (233 s:
 # install 39 s, #43 measured again), then surface-wait 540, 540 and 290: #1 again, #28 and #29 (both refused, both
 # failed for memory, two boots each, 266 and 227 s); the recorder stopped with 97 s of --stop-after left.
-# Seen 2026-12-07 (s40): eleven refused starts (00:58-01:57, then ~02:48, ~02:51 and 03:01: nvidia-h200,
-# nvidia-h100-x1 and calls naming no kind, each after status showed no none_now) cost 1,261 s; stopped with 539 s
+# Seen 2026-12-07 (s40): twelve refused starts (00:58-01:57, then ~02:48, ~02:51, 03:01 and 03:10: nvidia-h200,
+# nvidia-h100-x1 and calls naming no kind, each after status showed no none_now) cost 1,351 s; stopped with 449 s
 # left, too little for a fresh machine without the Triton cache (a fresh checkout lacks .triton/, .gpu*/ and .whl/:
 # fetch-wheels.sh made .gpu1-.gpu6 in 47 s; .gpu6 was then split into .gpu6 and .gpu7 (18 MiB) so that .gpu7, .whl (19
-# MiB) and the tree (11 MiB) travel together; fetch-wheels.sh now makes that split itself: .gpu6 21 MiB, .gpu7 20
-# MiB, in 56 s). Nothing recorded.
+# MiB) and the tree (11 MiB) travel together; fetch-wheels.sh now makes that split itself: .gpu6 21 MiB, .gpu7 20 MiB,
+# in 56 s). Nothing recorded.
 # Next: on an H100, stage 1..6 and triton-cache, then for the Marlin file (#30 on) `surface-start <left-40> .gpu7`
 # (the plan's order; --again I,J measures recorded ones once more first). On an H200 (its own surface, #19-#41 to
 # go) the same. A start and its first wait can share one call (`surface-start N .gpu7 ...
