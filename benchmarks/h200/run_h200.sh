@@ -90,7 +90,7 @@
 # (held 775 s, counting the refusals), surface-start 940 .gpu7 --again 43,1 with surface-wait 480 in one call (233 s:
 # install 39 s, #43 measured again), then surface-wait 540, 540 and 290: #1 again, #28 and #29 (both refused, both
 # failed for memory, two boots each, 266 and 227 s); the recorder stopped with 97 s of --stop-after left.
-# Seen 2026-12-07 (s40): twelve refused starts (00:58-01:57, then ~02:48, ~02:51, 03:01 and 03:10: nvidia-h200,
+# Seen 2026-12-07 (s40): twelve refused starts (00:58-01:57, then ~02:48, ~02:51, ~03:00 and ~03:05: nvidia-h200,
 # nvidia-h100-x1 and calls naming no kind, each after status showed no none_now) cost 1,351 s; stopped with 449 s
 # left, too little for a fresh machine without the Triton cache (a fresh checkout lacks .triton/, .gpu*/ and .whl/:
 # fetch-wheels.sh made .gpu1-.gpu6 in 47 s; .gpu6 was then split into .gpu6 and .gpu7 (18 MiB) so that .gpu7, .whl (19
