@@ -402,6 +402,11 @@ def _median(xs: list[float]) -> float:
     return statistics.median(xs)
 
 
+def medians(results: dict[str, list[Figures]], field: str = "trials") -> dict[str, float]:
+    """Per method, the median over its seeds of one of Figures' counts ("trials" or "points")."""
+    return {name: _median([getattr(f, field) for f in figs]) for name, figs in results.items()}
+
+
 def median_interval(xs: list[float], resamples: int = 2000, share: float = 0.90) -> tuple[float, float]:
     """A bootstrap interval of the median over seeds (percentile method, a fixed generator): whether two methods'
     medians differ by more than which seeds were drawn. One run (the grid's fixed order): its own value."""
@@ -691,10 +696,9 @@ def redraws(surface: Surface, sd: float, draws: int, seeds: int) -> str:
     for d in range(draws):
         s = redrawn(surface, sd, random.Random(2000 + d))
         res = evaluate(s, [default, rnd], seeds)
-        per_draw.append({name: (_median([f.trials for f in figs]), _median([f.points for f in figs]))
-                         for name, figs in res.items()})
-        top = label(surface, surface.points[s.points.index(max((p for p in s.points if p.feasible),
-                                                                   key=lambda p: p.value))])
+        trials, points = medians(res), medians(res, "points")
+        per_draw.append({name: (trials[name], points[name]) for name in res})
+        top = label(surface, surface.points[max(range(len(s.points)), key=lambda i: s.points[i].value)])
         bests[top] = bests.get(top, 0) + 1
 
     def summary(i: int) -> str:
@@ -747,7 +751,7 @@ def left_out(surface: Surface, seeds: int, top: int = 3) -> str:
     rows = []
     for gone in ranked:
         rest = replace(surface, points=tuple(p for p in surface.points if p is not gone))
-        med = {name: _median([f.trials for f in figs]) for name, figs in evaluate(rest, [default, rnd], seeds).items()}
+        med = medians(evaluate(rest, [default, rnd], seeds))
         near = sum(p.feasible and p.value >= (1 - WITHIN) * rest.best for p in rest.points)
         rows.append(f"  without {label(surface, gone)} ({gone.value:,.0f} tok/s): best {rest.best:,.0f} "
                     f"({near} within {WITHIN:.0%}); {default.name} {_fmt(med[default.name])}, random search "
@@ -757,8 +761,7 @@ def left_out(surface: Surface, seeds: int, top: int = 3) -> str:
 
 
 def ratios(results: dict[str, list[Figures]]) -> str:
-    med = {name: _median([f.trials for f in figs]) for name, figs in results.items()}
-    pts = {name: _median([f.points for f in figs]) for name, figs in results.items()}
+    med, pts = medians(results), medians(results, "points")
     rows = []
     for name in (DEFAULT + ", baselines first", DEFAULT_BARE):
         rows.append(f"  {name}: {_fmt(med[name])} trials; random search needs {med[RANDOM] / med[name]:.2f}x "
