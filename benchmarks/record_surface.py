@@ -845,7 +845,7 @@ def to_repeat(configs: Sequence[PlannedConfig], again: Sequence[int], doc: dict)
     recorded = {params_key(c["params"]) for c in doc["configs"]}
     held = collections.Counter(params_key(c["params"]) for c in doc.get("repeats", []))
     todo = []
-    for c in chosen(configs, again):
+    for c in (chosen(configs, again) if again else []):  # chosen() reads an empty list as all of the plan
         key = params_key(c.params)
         if key not in recorded:
             raise SystemExit(f"--again: #{c.index} is not recorded yet; record it first (--only {c.index})")

@@ -123,6 +123,7 @@ def test_again_measures_recorded_configurations_once_more_each_and_a_resumed_run
     with pytest.raises(SystemExit, match=r"--again: #2 is not recorded yet"):
         rs.to_repeat(configs, [1, 2], doc)
     assert [c.index for c in rs.to_record(rs.chosen(configs, [5, 1, 5]), doc)] == [5]  # recorded or listed twice
+    assert rs.to_repeat(configs, [], doc) == []  # no --again: nothing repeated (s41: it read as all of the plan)
 
 
 def test_a_surface_of_another_plan_is_not_resumed(planned, tmp_path: Path) -> None:
