@@ -96,8 +96,13 @@
 # fetch-wheels.sh made .gpu1-.gpu6 in 47 s; .gpu6 was then split into .gpu6 and .gpu7 (18 MiB) so that .gpu7, .whl (19
 # MiB) and the tree (11 MiB) travel together; fetch-wheels.sh now makes that split itself: .gpu6 21 MiB, .gpu7 20 MiB,
 # in 56 s). Nothing recorded.
-# Next: on an H100, stage 1..6 and triton-cache, then for the Marlin file (#30 on) `surface-start <left-40> .gpu7`
-# (the plan's order; --again I,J measures recorded ones once more first). On an H200 (its own surface, #19-#41 to
+# Seen 2026-12-07 (s41): the first call (no kind) got an H100 at once, held 27 s. stage 1..6 (held 49 s), no Triton
+# cache to carry (the checkout had none); two surface-start calls refused to record ("--again: #30 is not recorded
+# yet": to_repeat read no --again as all of the plan, fixed in e77c469), then surface-start 1550 .gpu7 with
+# surface-wait 480 in one call (241 s: #30, Triton compiled cold, 237 s), surface-wait 540 x6 and 265: ten of the
+# Marlin file (#30-#39, 19-237 s each); the recorder stopped itself at held 1,704 s (#40 expected 130 s), 95 s left.
+# Next: on an H100, stage 1..6 and triton-cache, then for the Marlin file (#40 and #41 to go)
+# `surface-start <left-40> .gpu7` (the plan's order; --again I,J measures recorded ones once more first). On an H200 (its own surface, #19-#41 to
 # go) the same. A start and its first wait can share one call (`surface-start N .gpu7 ...
 # && sleep 3 && surface-wait 480`: under 600 s together); each surface-wait now returns once a configuration is
 # recorded, so a machine taken back loses one at most.
