@@ -151,18 +151,25 @@ BAND = [c for c in MARLIN if acc.verdict(acc.predicted_boot(c, "h100-80gb")) == 
 
 
 @pytest.mark.parametrize("entry", BAND, ids=[f"marlin-plan{c['plan_index']}" for c in BAND])
-def test_inside_the_band_the_held_down_boots_failed_cold_and_served_warm_with_the_predicted_kv(entry: dict) -> None:
-    """s32-s33 through Marlin: the estimator left two configurations to a boot (neither verdict): #1, the recipe,
-    for its boot peak, and #5 for one max-length request's KV cache. Each failed cold, sized by vLLM while
-    compiling, and served warm, booted again as autotune boots them; each warm boot sized the KV cache the
-    estimator predicts, within one block, and peaked below the predicted boot peak (by 0.54 and 0.57 GiB: the
-    model is pessimistic at 4,096-8,192 batched tokens, not refitted)."""
+def test_inside_the_band_a_held_down_boot_took_no_more_than_the_predicted_peak(entry: dict) -> None:
+    """Through Marlin the estimator left four configurations without MTP to a boot (neither verdict). s32-s33: #1,
+    the recipe, for its boot peak, and #5 for one max-length request's KV cache; each failed cold, sized by vLLM
+    while compiling, and served warm, booted again as autotune boots them. s41: #36, given the 53 blocks
+    predicted, served at its first boot; #33 failed both boots for memory. Each that served sized the KV cache
+    predicted, within one block, and peaked below the predicted boot peak, by 0.54, 0.57 and 2.19 GiB (the model is
+    pessimistic at 4,096-16,384 batched tokens, not refitted); the one that failed reached the card's total, which
+    its predicted peak exceeds by 1.6 GiB. So the band's top was never below what a boot took."""
     e = acc.predicted_boot(entry, "h100-80gb")
-    assert entry["cold_boot"]["status"] == "boot_failed" and entry["cold_boot"]["compile_cache"] == "cold"
-    assert entry["status"] == "measured" and entry["compile_cache"] == "warm" and not entry["kv_blocks_given"]
-    assert 0 <= entry["kv_cache_tokens"] / (e.kv_tokens / e.num_blocks) - e.num_blocks <= 1.01
     seen = entry["boot_peak_memory_gib"] - acc.ballast_held_gib(entry)
-    assert 0 < e.boot_peak_bytes / GiB - seen < 0.7, (e.boot_peak_bytes / GiB, seen)
+    assert 0 < e.boot_peak_bytes / GiB - seen < 2.3, (e.boot_peak_bytes / GiB, seen)
+    if entry["status"] != "measured":
+        assert entry["failure_kind"] == "out_of_memory" and seen > 23.6
+        return
+    blocks = entry["kv_blocks_given"] or entry["kv_cache_tokens"] / (e.kv_tokens / e.num_blocks)
+    assert 0 <= blocks - e.num_blocks <= 1.01
+    if not entry["kv_blocks_given"]:  # sized by vLLM: it could not while compiling, only warm
+        assert entry["cold_boot"]["status"] == "boot_failed" and entry["cold_boot"]["compile_cache"] == "cold"
+        assert entry["compile_cache"] == "warm"
 
 
 def test_where_only_the_boot_peak_is_in_doubt_a_first_boot_is_given_the_predicted_blocks() -> None:
