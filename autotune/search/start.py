@@ -27,7 +27,9 @@ Held down to a 3090's total through Marlin (stop 38) the same three served 602, 
 33 points (stop 39) the default needs 7.0 / 6.5 under the chat limits, random search 37.5, the grid 24, and 3 picks of
 64 were the best start-up compared or within half a trial of it (benchmarks/data/search-efficiency-rtx3090-marlin.txt).
 Measured again on one machine, #43 served 718 and the recipe 648 (that machine a tenth slower for both); on those
-figures the default needs 3.0 / 4.0, random search 15.5, the grid 22.
+figures the default needs 3.0 / 4.0, random search 15.5, the grid 22. On its 43 points (s41) it needs 16.0 under the
+chat limits (random search 63.5, the grid 32) and 2.0 under a 1 s TTFT; there 10 picks of 64 need 9.0 under the chat
+limits, as many as 3 on the H200 surface, and more on the CPU surface at 150 ms (18.0 against 14.5): not yet changed.
 """
 
 from __future__ import annotations
