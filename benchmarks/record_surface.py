@@ -842,10 +842,12 @@ def to_repeat(configs: Sequence[PlannedConfig], again: Sequence[int], doc: dict)
     """`again`'s plan indices measured once more each (an index listed twice: twice), less the repeats the surface
     holds already (a resumed run): a figure measured once cannot say whether 6% between two configurations is
     theirs or the measurement's (s38: #43 793 tok/s against the recipe's 751, one measurement each)."""
+    if not again:  # nothing asked; chosen() would read the empty list as all of the plan
+        return []
     recorded = {params_key(c["params"]) for c in doc["configs"]}
     held = collections.Counter(params_key(c["params"]) for c in doc.get("repeats", []))
     todo = []
-    for c in (chosen(configs, again) if again else []):  # chosen() reads an empty list as all of the plan
+    for c in chosen(configs, again):
         key = params_key(c.params)
         if key not in recorded:
             raise SystemExit(f"--again: #{c.index} is not recorded yet; record it first (--only {c.index})")
