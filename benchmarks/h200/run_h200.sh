@@ -102,10 +102,10 @@
 # surface-wait 480 in one call (241 s: #30, Triton compiled cold, 237 s), surface-wait 540 x6 and 265: ten of the
 # Marlin file (#30-#39, 19-237 s each); the recorder stopped itself at held 1,704 s (#40 expected 130 s), 95 s left.
 # Next: on an H100, stage 1..6 and triton-cache, then for the Marlin file (#40 and #41 to go)
-# `surface-start <left-40> .gpu7` (the plan's order; --again I,J measures recorded ones once more first). On an H200 (its own surface, #19-#41 to
-# go) the same. A start and its first wait can share one call (`surface-start N .gpu7 ...
-# && sleep 3 && surface-wait 480`: under 600 s together); each surface-wait now returns once a configuration is
-# recorded, so a machine taken back loses one at most.
+# `surface-start <left-40> .gpu7` (the plan's order; --again I,J measures recorded ones once more first). On an
+# H200 (its own surface, #19-#41 to go) the same. A start and its first wait can share one call
+# (`surface-start N .gpu7 ... && sleep 3 && surface-wait 480`: under 600 s together); each surface-wait now returns
+# once a configuration is recorded, so a machine taken back loses one at most.
 #   1-4: bash benchmarks/h200/run_h200.sh stage 1   ... stage 4         carry [".gpuN"]
 #   5:   bash benchmarks/h200/run_h200.sh trials                          carry [".gpu5", ".whl"]
 #        (stages .gpu5 and .whl, installs, reads the idle card, then: `autotune trial --memory-cap 24` of vLLM's
