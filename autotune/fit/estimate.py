@@ -127,8 +127,7 @@ class Estimate:
     max_concurrency_at_max_len: float  # as vLLM prints "Maximum concurrency for max_model_len"
     # The most sequences the pool can run at once, at the optimistic end of the band: vLLM admits a request only
     # when it holds a block of every group (one per attention group, 1 + speculative tokens per mamba group). An
-    # upper bound (0: no pool), for the queue wait before boot (measure/queueing.py) and the start's pick
-    # (search/start.py).
+    # upper bound (0: no pool), for the queue wait before boot (measure/queueing.py).
     max_running_seqs: int
     fits: bool  # the central prediction fits and every startup rule holds
     reasons: tuple[str, ...]
@@ -156,6 +155,11 @@ class Estimate:
     # The central KV cache holds one max_model_len request and a Mamba block per sequence, and every startup rule
     # holds: what may still miss is a boot peak, which the KV cache's size does not move.
     kv_fits: bool = False
+    # The same count for the central pool (num_blocks, less vLLM's null block): what the configuration runs at once
+    # as booted (a compiling boot is given num_blocks; a warm one sizes them within a block of it). The start's pick
+    # (search/start.py) ranks on it: on the Marlin surface every configuration it put at 14 or more sustained 16
+    # requests and none it put at 13 or fewer did, where the optimistic end put two that failed at 16 and 15.
+    running_seqs: int = 0
 
 
 def estimate(
@@ -328,6 +332,7 @@ def estimate(
         not_modelled=tuple(not_modelled),
         refused=bool(rules) or (bool(optimistic) and not not_modelled),
         kv_fits=not rules and not kv_misses,
+        running_seqs=usable // per_running if per_running else 0,
     )
 
 

@@ -68,6 +68,25 @@ def least_queue_wait(level: float, flags: Mapping[str, object], weights_bytes: i
     return QueueWait(level, slots, held_by, step_s, service_s, (level - slots) / slots * service_s)
 
 
+# The least share of the incumbent's level a sampled configuration must run at once (the estimator's central count)
+# to be booted to be screened there. Below it, the requests it cannot hold queue behind a whole wave: in the closed
+# loop's first wave the running ones start together and end together, so each queued one waits about a service time
+# (3-4 s at 16 requests on the capped card: over the chat limit's 2 s). Of the 22 configurations the two recorded GPU
+# surfaces measured at 16, the 9 the estimator has running 14-24 at once sustained 16 and the 13 it has at 7-13
+# failed (tests/unit/search/test_replay.py); a share of 1 would have screened out four that sustained 16 at 14-15.
+HELD_SHARE = 7 / 8
+
+
+def holds_too_few(level: float, runs: float | None, limits: Limits) -> str | None:
+    """Why a configuration that runs `runs` requests at once (ladder.capacity with the central KV cache) is not
+    booted to be screened at the incumbent's `level`, else None. An estimate, not a bound (cannot_sustain's)."""
+    if limits.ttft_p95_ms is None or runs is None or runs >= HELD_SHARE * level:
+        return None
+    return (f"it runs {runs:g} of the incumbent's {level:g} concurrent requests at once (the estimator's KV cache "
+            f"and max_num_seqs), under {HELD_SHARE:.3g} of them: the rest would wait about a whole request each, "
+            f"past the p95 TTFT limit of {limits.ttft_p95_ms / 1000:g} s")
+
+
 def cannot_sustain(level: float, flags: Mapping[str, object], weights_bytes: int, bandwidth_gbs: float,
                    workload: Workload, limits: Limits, pool_seqs: int | None = None) -> str | None:
     """Why a closed loop of `level` requests must miss the p95 TTFT limit on this configuration, else None."""

@@ -31,7 +31,7 @@ from autotune.fit.estimate import Estimate
 from autotune.fit.hardware import GpuInfo, GpuProfile, card_mismatch
 from autotune.fit.memcap import MemoryCap
 from autotune.measure.ladder import Prior, capacity
-from autotune.measure.queueing import cannot_sustain
+from autotune.measure.queueing import cannot_sustain, holds_too_few
 from autotune.measure.trial import LevelOutcome, TrialResult, configured, plan_trial, run_trial, warm_kv_blocks
 from autotune.search import record, remeasure, start, tell
 from autotune.search.budget import Budget
@@ -515,7 +515,8 @@ def _one_trial(run: _Run, slot: Slot) -> _Booted | None:
 def runs_at_once(spec: StudySpec, profile: GpuProfile, model: str | None, params: dict[str, object],
                  seen: Sequence[feasibility.Observation] = ()) -> float | None:
     """How many requests a sampled configuration runs at once, as the estimator predicts (ladder.capacity with
-    its KV cache's bound); None when it would be refused before boot. `model` replaces the configuration's."""
+    its central KV cache's bound, estimate.running_seqs); None when it would be refused before boot. `model`
+    replaces the configuration's."""
     config = engine_config(spec, params)
     path, flags = configured(model or config.model, config.flags)
     if invalid_reason(flags):
@@ -523,7 +524,7 @@ def runs_at_once(spec: StudySpec, profile: GpuProfile, model: str | None, params
     verdict = feasibility.judge(path, profile, flags, spec.env, seen)
     if not verdict.fits:
         return None
-    return _holds_at_once(spec, flags, verdict.estimate.kv_tokens, verdict.estimate.max_running_seqs or None)
+    return _holds_at_once(spec, flags, verdict.estimate.kv_tokens, verdict.estimate.running_seqs or None)
 
 
 def _holds_at_once(spec: StudySpec, flags: dict[str, object], kv_tokens: int | None,
@@ -536,15 +537,19 @@ def _holds_at_once(spec: StudySpec, flags: dict[str, object], kv_tokens: int | N
 
 def screen_before_boot(prior: Prior, flags: dict[str, object], estimate: Estimate, profile: GpuProfile,
                        spec: StudySpec) -> str | None:
-    """Why a sampled configuration, screened at the incumbent's level, must fail there (measure/queueing.py):
-    then it is screened out without a boot. None: it boots. A KV cache the estimator does not model bounds
-    nothing."""
+    """Why a sampled configuration, screened at the incumbent's level, must or would fail there
+    (measure/queueing.py: a queue wait no kernel shortens, or fewer running at once than holds_too_few allows): then
+    it is screened out without a boot. None: it boots. A KV cache the estimator does not model bounds nothing."""
     o = spec.objective
     if not prior.screen or prior.incumbent is None or o.load.mode != "concurrency":
         return None
     pool = None if estimate.not_modelled else estimate.max_running_seqs
-    return cannot_sustain(prior.incumbent, flags, estimate.weights_bytes, profile.bandwidth_gbs, o.workload,
-                          o.limits, pool)
+    if why := cannot_sustain(prior.incumbent, flags, estimate.weights_bytes, profile.bandwidth_gbs, o.workload,
+                             o.limits, pool):
+        return why
+    runs = (_holds_at_once(spec, flags, None) if estimate.not_modelled
+            else _holds_at_once(spec, flags, estimate.kv_tokens, estimate.running_seqs or None))
+    return holds_too_few(prior.incumbent, runs, o.limits)
 
 
 def load_prior(study: optuna.Study, trial: optuna.Trial, flags: dict[str, object], spec: StudySpec,

@@ -164,6 +164,7 @@ def test_hybrid_blocks_on_gpu_by_hand():
     # running sequences: each holds a block of every group (3 states + a first attention block), null block
     # excluded; an explicit KV size is exact
     assert est.max_running_seqs == 4265 // 4 == 1066
+    assert est.running_seqs == est.max_running_seqs  # the central count: the same for an explicit size
     with_prefix = estimate(shape, RTX3090, {**cfg, "enable_prefix_caching": True})
     assert with_prefix.blocks_per_request == 21 + 3 * 2  # 'align' mode keeps two states per group
     # what runs at once does not count the second state a max_model_len request reserves: the device's surface
@@ -172,6 +173,8 @@ def test_hybrid_blocks_on_gpu_by_hand():
     sized = estimate(shape, RTX3090, {k: v for k, v in cfg.items() if k != "kv_cache_memory_bytes"})
     assert sized.uncertainty_bytes > 0  # sized by vLLM: the bound takes the band's optimistic end
     assert sized.max_running_seqs == ((sized.kv_cache_bytes + sized.uncertainty_bytes) // 24_576 - 1) // 4
+    # what the start's pick and the screen before boot rank on: the central pool's, the blocks a boot is given
+    assert sized.running_seqs == (sized.num_blocks - 1) // 4 < sized.max_running_seqs
 
 
 def test_hybrid_on_cpu_by_hand():

@@ -16,7 +16,7 @@ from autotune.config.study_file import load_study
 from autotune.fit.estimate import Estimate
 from autotune.fit.hardware import PROFILES
 from autotune.measure.ladder import Prior
-from autotune.measure.queueing import cannot_sustain, least_queue_wait
+from autotune.measure.queueing import cannot_sustain, holds_too_few, least_queue_wait
 from autotune.measure.stats import Limits
 from autotune.search import record, tell
 from autotune.search.study import screen_before_boot
@@ -94,6 +94,25 @@ def test_only_a_screened_sampled_configuration_is_screened_before_boot() -> None
     assert "the KV cache" in (screen_before_boot(Prior(incumbent=36, screen=True), roomy, small, card, spec) or "")
     unknown = replace(small, not_modelled=("kv_cache_dtype fp8_e5m2",))
     assert screen_before_boot(Prior(incumbent=36, screen=True), roomy, unknown, card, spec) is None
+
+
+def test_a_configuration_running_under_seven_eighths_of_the_incumbents_level_is_not_booted() -> None:
+    """holds_too_few: 13 of 16 at once is screened out before boot, 14 boots (the recorded surfaces' split,
+    tests/unit/search/test_replay.py), on the central KV cache's count where the optimistic end would hold 16."""
+    spec = load_study(ROOT / "studies" / "qwen3.5-27b-rtx3090.toml")
+    card, roomy, at16 = PROFILES["rtx3090"], {"max_num_seqs": 64}, Prior(incumbent=16, screen=True)
+    thirteen = _estimate(weights_bytes=WEIGHTS, max_running_seqs=16, running_seqs=13)
+    text = screen_before_boot(at16, roomy, thirteen, card, spec)
+    assert text is not None and text.startswith("it runs 13 of the incumbent's 16 concurrent requests at once")
+    assert screen_before_boot(at16, roomy, replace(thirteen, running_seqs=14), card, spec) is None
+    assert screen_before_boot(Prior(incumbent=16, screen=False), roomy, thirteen, card, spec) is None  # a baseline
+    # a KV cache the estimator does not model: max_num_seqs alone
+    unknown = replace(thirteen, not_modelled=("kv_cache_dtype fp8_e5m2",))
+    assert screen_before_boot(at16, roomy, unknown, card, spec) is None
+    assert screen_before_boot(at16, {"max_num_seqs": 13}, unknown, card, spec) is not None
+    # without a TTFT limit a queue misses nothing
+    assert holds_too_few(16, 13, Limits(tpot_p95_ms=100.0)) is None
+    assert holds_too_few(16, 13, CHAT.limits) is not None and holds_too_few(16, None, CHAT.limits) is None
 
 
 def _estimate(**fields: object) -> Estimate:

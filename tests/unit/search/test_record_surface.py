@@ -532,7 +532,10 @@ def test_the_plans_start_picks_are_what_the_replays_first_seeds_boot_first(tmp_p
     surface["provenance"]["how"] = before["how"]
     surface_path.write_text(json.dumps(surface))
     new = surface_plan.append_picks(plan_path, surface_path)
-    assert new == picks  # deterministic: the shipped plan's are these
+    # deterministic: the shipped plan's three, chosen when the pick ranked on the KV cache's optimistic end (stop
+    # 25); on its central one (estimate.running_seqs) the same three win, each now at the count it records
+    assert [c["params"] for c in new] == [c["params"] for c in picks]
+    assert [c["runs_at_once"] for c in new] != [c["runs_at_once"] for c in picks]
     after = json.loads(plan_path.read_text())
     assert after["configs"][:len(before["configs"])] == before["configs"] and after["configs"][-3:] == new
     assert [c["seed"] for c in new] == [0, 1, 2] and all(c["origin"] == "pick" for c in new)

@@ -410,6 +410,30 @@ def test_on_the_gpu_surface_what_runs_at_once_ranks_the_best_among_the_first_fiv
             assert runs[i] / 2 <= level <= 2 * runs[i], (i, runs[i], level)  # type: ignore[operator]
 
 
+@pytest.mark.parametrize("name", ["surface-rtx3090.json", "surface-rtx3090-ballast-marlin.json"])
+def test_a_configuration_screened_for_running_too_few_at_once_failed_where_it_was_measured(name: str) -> None:
+    """measure/queueing.py HELD_SHARE's evidence. On both recorded GPU surfaces every configuration that the
+    estimator's central KV cache has running 14 or more at once sustained 16 requests, and every one it has at 13
+    or fewer that was measured at 16 failed there (the Marlin file's #35 twice, s41 and s42); so the screen
+    before boot (autotune's, as the replay judges it) screens out no rung that passed, at any level recorded."""
+    surface = load_surface(Path(__file__).parents[3] / "benchmarks" / "data" / name)
+    capacity, screen = se.start_capacity(surface), se.before_boot_screen(surface)
+    at16: dict[bool, list[float]] = {True: [], False: []}
+    screened_failed = 0
+    for p in surface.points:
+        for rung in p.rungs:
+            why = screen(p, rung.concurrency)
+            assert why is None or not rung.passed, (p.params, rung.concurrency, why)
+            screened_failed += why is not None
+            if rung.concurrency == 16:
+                at16[rung.passed].append(capacity(dict(p.params)))  # type: ignore[arg-type]
+    assert at16[True] and at16[False] and screened_failed >= 2
+    assert min(at16[True]) >= 14 > max(at16[False]), at16
+    # and what each sustained lies within one ladder step of what the estimator has it run at once (search/start.py)
+    sustained = [(capacity(dict(p.params)), p.best_level()) for p in surface.points if p.best_level()]
+    assert len(sustained) >= 12 and all(runs and runs / 2 <= level <= 2 * runs for runs, level in sustained)
+
+
 def test_the_replay_judges_the_gpu_surface_with_the_devices_vllm_build_not_the_one_installed_here() -> None:
     """The replay refuses before boot what autotune refused on the device: every recorded configuration's verdict
     as the device judged it, but where the estimator has learnt since from a boot that failed (#12: vLLM 0.25's
