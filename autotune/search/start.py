@@ -2,34 +2,25 @@
 
 TPE's first trials are random (samplers.TPE_STARTUP_TRIALS): it has nothing to model yet. But where memory decides
 what a configuration can serve (a 27B hybrid model in 24 GB), the estimator knows before any boot how many requests
-each configuration runs at once (ladder.capacity: max_num_seqs, the KV tokens per request, and what the KV cache
-holds, estimate.max_running_seqs), and throughput under a latency limit comes from requests running at once: on the
-device's surface (benchmarks/data/surface-rtx3090.json, 22 configurations) the level each configuration sustained was
-within one step of that count on the ladder (which doubles), and ordered by it the configurations autotune boots there
-ran 612, 516, 671, 539, 677, 470, 442, 535, 471, 135 output tok/s and, tied, 128, 144 and one that did not boot (the
-third, fourth and fifth are the picks below, recorded after they were chosen). So each of the first
-START_PICKS sampled trials is, of START_CANDIDATES random configurations the estimator does not refuse, the one that
-runs the most (the first drawn on a tie); the rest of the start stays random, which is what TPE learns from. The
-estimator judges a configuration in about 0.2 ms, so drawing many costs nothing (a pick of 64 takes about 30 ms).
+each configuration runs at once (ladder.capacity: max_num_seqs, the KV tokens per request, and what the central KV
+cache's blocks run at once, estimate.running_seqs), and throughput under a latency limit comes from requests running
+at once: on the device's surfaces each configuration sustained a level within one ladder step of that count, and of
+the 22 measured at 16 requests every one it put at 14 or more sustained 16 and none it put at 13 or fewer did
+(tests/unit/search/test_replay.py). So each of the first START_PICKS sampled trials is, of START_CANDIDATES random
+configurations the estimator does not refuse, the one that runs the most (the first drawn on a tie); TPE proposes
+the rest, and a proposal that runs too few for the incumbent's level is screened out before boot
+(measure/queueing.py holds_too_few). The estimator judges a configuration in about 0.2 ms: a pick of 64 takes ~30 ms.
 
-Chosen by benchmarks/search_efficiency.py --tuning (50 seeds; median booted trials to within 5% of the best, without
-baselines / with them) on the first 19 configurations. GPU surface, chat limits: no picks 9.0 / 15.5; 3 of 16: 6.0 /
-5.5; 3 of 64: 3.0 / 4.5; 3 of 256: 2.0 / 3.0; 10 of 64: 3.0 / 4.5; random search 16.5, vLLM's auto_tune grid 15. At a 1
-s TTFT 3 of 16: 5.5 / 5.5; 3 of 64: 3.0 / 4.0. CPU surface at its 500 ms TTFT: 3 of 16: 2.0 / 1.0; 3 of 64: 3.0 / 1.0.
-At 150 ms, where capacity is not what wins on two cores (the best there is a noise peak): 3 of 16: 16.0 / 16.0; 3 of 64:
-14.5 / 20.0; random search 17.0 / 19.0. 64 met the GPU goal there (a fifth of the grid's trials) and keeps the picks
-random: the estimator accepts a third of the 3090 space on the capped H200 and half on the 3090's own profile, so each
-pick is the most of some 20-30. More would take the estimator's argmax, which 19 recorded configurations cannot tell
-apart from luck; the plan's #42-44 (what these picks boot first for seeds 0-2) test it. Recorded after (stop 26), they
-served 677 (the new best), 539 and 671 tok/s where the replay had mapped them to 516 and 471; on the 22 points the
-default needs 3.0 / 4.0, random search 13.5, the grid 11 (3.7x: its order reaches the new best sooner than #9).
-Held down to a 3090's total through Marlin (stop 38) the same three served 602, 793 (that file's best) and 701; on its
-33 points (stop 39) the default needs 7.0 / 6.5 under the chat limits, random search 37.5, the grid 24, and 3 picks of
-64 were the best start-up compared or within half a trial of it (benchmarks/data/search-efficiency-rtx3090-marlin.txt).
-Measured again on one machine, #43 served 718 and the recipe 648 (that machine a tenth slower for both); on those
-figures the default needs 3.0 / 4.0, random search 15.5, the grid 22. On its 43 points (s41) it needs 16.0 under the
-chat limits (random search 63.5, the grid 32) and 2.0 under a 1 s TTFT; there 10 picks of 64 need 9.0 under the chat
-limits, as many as 3 on the H200 surface, and more on the CPU surface at 150 ms (18.0 against 14.5): not yet changed.
+Chosen by benchmarks/search_efficiency.py (50 seeds; median booted trials to within 5% of the best, without
+baselines) with that screen, s42. On the Marlin surface's 45 configurations under the chat limits: no picks 28.0,
+3 of 64 11.5, 10 of 64 5.5, 20 of 64 5.0 (vLLM's auto_tune grid 34: a fifth of it is 6.8); under a 1 s TTFT 4.0,
+then 2.0 for 3, 10 and 20. On the H200's 22 under either limit: 5.0, then 2.5 for 3, 10 and 20 (the grid 11). On the
+CPU surface at its 500 ms TTFT 3.0 for 3 and 10; at 150 ms, where what runs at once is not what wins on two cores
+(the best there is a noise peak): 14.5 for 3, 18.0 for 10, 36.5 for 20 (random search 17.0). 10 is the fewest that
+meets a fifth of the grid on the GPU surface under both limits; 20 gains half a trial there and loses the CPU
+surface. The picks stay random among the best of 64: the estimator accepts a third to a half of the 3090 space, so
+each pick is the most of some 20-30. History (3 picks of 64 from stop 24 to s41, on 19 to 43 configurations):
+benchmarks/data/SURFACE.md.
 """
 
 from __future__ import annotations
@@ -42,7 +33,7 @@ from optuna.trial import TrialState
 from autotune.config.params import Param
 from autotune.search.space import suggest
 
-START_PICKS = 3
+START_PICKS = 10
 START_CANDIDATES = 64
 PICK_ATTR = "start_pick"  # trial user attr: {"runs_at_once": n, "of": candidates} of a picked configuration
 
