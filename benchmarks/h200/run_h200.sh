@@ -101,9 +101,14 @@
 # yet": to_repeat read no --again as all of the plan, fixed in e77c469), then surface-start 1550 .gpu7 with
 # surface-wait 480 in one call (241 s: #30, Triton compiled cold, 237 s), surface-wait 540 x6 and 265: ten of the
 # Marlin file (#30-#39, 19-237 s each); the recorder stopped itself at held 1,704 s (#40 expected 130 s), 95 s left.
-# Next: on an H100, stage 1..6 and triton-cache, then for the Marlin file (#40 and #41 to go)
-# `surface-start <left-40> .gpu7` (the plan's order; --again I,J measures recorded ones once more first). On an
-# H200 (its own surface, #19-#41 to go) the same. A start and its first wait can share one call
+# Seen 2026-12-07 (s42): two refused starts (271 s; a third call during a none_now cost nothing), then an H100 on a
+# call naming no kind, held 399 s at its first answer; stage 1..6 and triton-cache (held 419 s), surface-start 1270
+# .gpu7 with surface-wait 470 in one call (install 28 s, #40), surface-wait 540 (#41: the Marlin file complete at 45),
+# then surface-start ... --again 44,43,1 (only #44: --again subtracts the repeats a file holds), --again 43,43,1,1
+# (#43 and #1 a third time) and --again 42,35, each with its waits: 103-151 s a configuration; --again 36 was refused
+# by the recorder (240 s left, 322 s expected). Given back at held 1,497 s.
+# Next: the Marlin file is complete; on an H100, `--again I,I` measures recorded ones once more (its repeats). On an
+# H200 (its own surface, #19-#41 to go), stage 1..6 and triton-cache, then `surface-start <left-40> .gpu7`. A start and its first wait can share one call
 # (`surface-start N .gpu7 ... && sleep 3 && surface-wait 480`: under 600 s together); each surface-wait now returns
 # once a configuration is recorded, so a machine taken back loses one at most.
 #   1-4: bash benchmarks/h200/run_h200.sh stage 1   ... stage 4         carry [".gpuN"]
