@@ -156,9 +156,9 @@ class Estimate:
     # holds: what may still miss is a boot peak, which the KV cache's size does not move.
     kv_fits: bool = False
     # The same count for the central pool (num_blocks, less vLLM's null block): what the configuration runs at once
-    # as booted (a compiling boot is given num_blocks; a warm one sizes them within a block of it). The start's pick
-    # (search/start.py) ranks on it: on the Marlin surface every configuration it put at 14 or more sustained 16
-    # requests and none it put at 13 or fewer did, where the optimistic end put two that failed at 16 and 15.
+    # as booted (a compiling boot is given num_blocks; a warm one sizes them within a block of it; vLLM's log showed
+    # #35 of the Marlin surface running 13 of 16, where the optimistic end said 15). The start's pick (search/start.py)
+    # and the screen before boot (measure/queueing.py holds_too_few) judge on it.
     running_seqs: int = 0
 
 
