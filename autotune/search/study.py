@@ -524,7 +524,12 @@ def runs_at_once(spec: StudySpec, profile: GpuProfile, model: str | None, params
     verdict = feasibility.judge(path, profile, flags, spec.env, seen)
     if not verdict.fits:
         return None
-    return _holds_at_once(spec, flags, verdict.estimate.kv_tokens, verdict.estimate.running_seqs or None)
+    return _runs_as_booted(spec, flags, verdict.estimate)
+
+
+def _runs_as_booted(spec: StudySpec, flags: dict[str, object], estimate: Estimate) -> float | None:
+    """_holds_at_once with the estimate's central KV cache: what the configuration runs at once as booted."""
+    return _holds_at_once(spec, flags, estimate.kv_tokens, estimate.running_seqs or None)
 
 
 def _holds_at_once(spec: StudySpec, flags: dict[str, object], kv_tokens: int | None,
@@ -547,8 +552,7 @@ def screen_before_boot(prior: Prior, flags: dict[str, object], estimate: Estimat
     if why := cannot_sustain(prior.incumbent, flags, estimate.weights_bytes, profile.bandwidth_gbs, o.workload,
                              o.limits, pool):
         return why
-    runs = (_holds_at_once(spec, flags, None) if estimate.not_modelled
-            else _holds_at_once(spec, flags, estimate.kv_tokens, estimate.running_seqs or None))
+    runs = _holds_at_once(spec, flags, None) if estimate.not_modelled else _runs_as_booted(spec, flags, estimate)
     return holds_too_few(prior.incumbent, runs, o.limits)
 
 
