@@ -265,8 +265,9 @@ def predicted_boot(entry: dict, real: str, env: Mapping[str, str] | None = None)
                     disabled_kernels=disabled_kernels_in({**entry.get("_env", {}), **env}))
 
 
-def surface_boots(name: str) -> list[dict]:
-    """A surface file's configurations, each with its plan index and, for a ballast run, the ballast's line."""
+def surface_boots(name: str, repeats: bool = False) -> list[dict]:
+    """A surface file's configurations (and, with `repeats`, each configuration measured again after them), each
+    with its plan index and, for a ballast run, the ballast's line."""
     from benchmarks.record_surface import params_key, plan_indices, recorded_env
 
     doc = json.loads((SURFACES / name).read_text())
@@ -274,7 +275,26 @@ def surface_boots(name: str) -> list[dict]:
     return [{**c, "plan_index": index[params_key(c["params"])], "_ballast": doc["provenance"].get("ballast"),
              "_env": recorded_env(doc["provenance"]), "_logs": SURFACES / name.replace(".json", "-logs"),
              "_model": doc["provenance"]["model"]}
-            for c in doc["configs"]]
+            for c in doc["configs"] + (doc.get("repeats", []) if repeats else [])]
+
+
+def warm_sized(name: str) -> list[tuple[dict, Estimate]]:
+    """A held-down file's boots that vLLM sized itself on a warm compile cache (no KV blocks given), first
+    measurements and repeats alike, with the estimate for each: the boots a long study makes."""
+    return [(c, predicted_boot(c, "h100-80gb")) for c in surface_boots(name, repeats=True)
+            if c.get("compile_cache") == "warm" and not c.get("kv_blocks_given") and c.get("kv_cache_tokens")]
+
+
+def warm_sized_line(name: str) -> str:
+    """How near the estimate's KV tokens came to what each warm boot of `name` sized (error: predicted / printed)."""
+    seen = warm_sized(name)
+    if not seen:
+        return "warm boots vLLM sized itself: none"
+    errors = [e.kv_tokens / c["kv_cache_tokens"] - 1 for c, e in seen]
+    inside = sum(e.kv_tokens_low <= c["kv_cache_tokens"] <= e.kv_tokens_high for c, e in seen)
+    return (f"warm boots vLLM sized itself (first measurements and repeats): {len(seen)}; median |error| "
+            f"{statistics.median(abs(x) for x in errors):.1%}, max {max(abs(x) for x in errors):.1%}; printed inside "
+            f"the predicted range: {inside}/{len(seen)}")
 
 
 # The held-down runs with autotune's own flags: an H100 with a ballast leaving the capped card's CUDA total free.
@@ -316,6 +336,7 @@ def boot_peaks() -> str:
                      "ballast held; a failed boot's held + asked is CUDA's message (the last log's), the process's "
                      "need where it failed")
         lines.extend(held_down_rows(name))
+        lines.append(warm_sized_line(name))
     return "\n".join(lines)
 
 
