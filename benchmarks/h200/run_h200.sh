@@ -107,6 +107,13 @@
 # then surface-start ... --again 44,43,1 (only #44: --again subtracts the repeats a file holds), --again 43,43,1,1
 # (#43 and #1 a third time) and --again 42,35, each with its waits: 103-151 s a configuration; --again 36 was refused
 # by the recorder (240 s left, 322 s expected). Given back at held 1,497 s.
+# Seen 2026-12-07 (s43): the first call (no kind) got an H100 at once, held 84 s. stage 1..6 and triton-cache (held
+# 105 s), then three `surface-start N .gpu7 --again ... && sleep 3 && surface-wait 470` calls, each followed by
+# surface-wait 540 calls back to back: --again 36,36,9,9 (#36 cold 147 s, then warm 79 s; #9 cold 135 s, warm 97 s),
+# --again 44,44,44,42,42,42 (four: --again subtracts the two each file held; #42's cold boot, given 104 blocks, died
+# for memory at c=32 and was booted again warm, 222 s in all), --again 43 x5 and 1 x5 (#43 three times, then the
+# recipe once; the recorder stopped itself with 90 s of --stop-after left): twelve repeats, 79-222 s each. Given
+# back at held 1,637 s (163 s left).
 # Next: the Marlin file is complete; on an H100, `--again I,I` measures recorded ones once more (its repeats). On an
 # H200 (its own surface, #19-#41 to go), stage 1..6 and triton-cache, then `surface-start <left-40> .gpu7`. A start and its first wait can share one call
 # (`surface-start N .gpu7 ... && sleep 3 && surface-wait 480`: under 600 s together); each surface-wait now returns
