@@ -83,6 +83,24 @@ def test_a_configuration_measured_again_replays_with_its_latest_figure_and_its_s
     assert sd == pytest.approx(statistics.pstdev(devs) * math.sqrt(2))
 
 
+def test_the_redraws_spread_is_taken_at_one_rung_so_a_verdict_that_flipped_is_not_counted_as_noise(
+        tmp_path: Path) -> None:
+    """s43's #36: c=8 passed each time; c=16 passed once in three. Its figure at the highest passing level jumps with
+    the verdict, which the redrawn surface keeps as recorded; the redraw scales throughput at one rung."""
+    doc = json.loads(_surface(tmp_path).read_text())
+    first, again = _measured(4, 128, 400.0), _measured(4, 128, 380.0)
+    first["levels"].append({**first["levels"][0], "concurrency": 8, "passed": False, "output_tok_s": 500.0})
+    again["levels"].append({**again["levels"][0], "concurrency": 8, "passed": True, "output_tok_s": 600.0})
+    doc["configs"][5], doc["repeats"] = first, [again]
+    rows, at_best = se.spread(doc)
+    assert "400, 600" in rows
+    assert at_best == pytest.approx(math.sqrt(((400 / 500 - 1) ** 2 + (600 / 500 - 1) ** 2) / 1))
+    assert se.rung_spread(doc) == pytest.approx(math.sqrt(((400 / 390 - 1) ** 2 + (380 / 390 - 1) ** 2) / 1))
+    # a configuration that met no limit the first time has no rung to compare
+    doc["configs"][5]["levels"][0]["passed"] = False
+    assert se.rung_spread(doc) == 0.0
+
+
 def test_a_configuration_that_does_not_fit_costs_its_boot_unless_the_estimator_refuses_it(tmp_path: Path) -> None:
     surface = load_surface(_surface(tmp_path))
     oom = surface.nearest({"max_num_seqs": 8, "max_num_batched_tokens": 64})
