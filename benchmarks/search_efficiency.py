@@ -73,7 +73,7 @@ from benchmarks.record_surface import (
     recorded_env,
     recorded_flags,
 )
-from benchmarks.surface import Point, Surface, _records, config_key, entry_params, load_surface, rejudge
+from benchmarks.surface import Point, Surface, _records, config_key, entry_params, judged, load_surface
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -656,16 +656,13 @@ def rung_spread(doc: dict, limits: Limits | None = None) -> float:
     passed or not. spread's figure at the highest passing level also counts a rung whose verdict flipped between
     records (s43: #36 passed c=16 once in three, 717 tok/s against 542 and 545 at c=8), which the redraw keeps as
     recorded; so it would count a flip twice, and under a tighter limit it measures the wrong rung."""
-    def passes(lv: dict) -> bool:
-        return lv["passed"] if limits is None else rejudge(lv, limits)[0]
-
     groups = []
     for cs in _measured_again(doc).values():
-        first = [lv["concurrency"] for lv in cs[0].get("levels", []) if passes(lv)]
+        first = [lv["concurrency"] for lv in cs[0].get("levels", []) if judged(lv, limits)[0]]
         if cs[0]["status"] != "measured" or not first:
             continue
-        at = [lv["output_tok_s"] for c in cs for lv in c.get("levels", []) if lv["concurrency"] == max(first)]
-        groups.append(at)
+        rung = max(first)
+        groups.append([lv["output_tok_s"] for c in cs for lv in c.get("levels", []) if lv["concurrency"] == rung])
     return _pooled_sd(groups)
 
 

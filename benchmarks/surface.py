@@ -222,6 +222,11 @@ def rejudge(level: dict, limits: Limits) -> tuple[bool, dict[str, float]]:
     return verdict.passed, verdict.misses
 
 
+def judged(level: dict, limits: Limits | None) -> tuple[bool, dict[str, float]]:
+    """A recorded rung's verdict and misses: as recorded (limits None), or judged again under `limits` (rejudge)."""
+    return (level["passed"], level.get("misses", {})) if limits is None else rejudge(level, limits)
+
+
 def _rungs(levels: list[dict], limits: Limits | None, start: int | None = None) -> tuple[Rung, ...]:
     """The rungs a load search from `start` (default: the lowest recorded) measures, in its order, judged as
     recorded or under `limits`: up the recorded levels while they pass, or down while they fail."""
@@ -233,7 +238,7 @@ def _rungs(levels: list[dict], limits: Limits | None, start: int | None = None) 
 
     def rung(c: int) -> Rung:
         lv = by_level[c]
-        passed, misses = (lv["passed"], lv.get("misses", {})) if limits is None else rejudge(lv, limits)
+        passed, misses = judged(lv, limits)
         return Rung(c, passed, lv["output_tok_s"], misses, lv["duration_s"])
 
     out = [rung(order[i])]
