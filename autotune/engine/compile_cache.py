@@ -3,7 +3,7 @@ keep its key still while the search varies max_num_seqs.
 
 Why one cache: vLLM keys its torch.compile, Inductor and Triton artifacts by a hash of the configuration and keeps
 them under `$VLLM_CACHE_ROOT/torch_compile_cache/<hash>`. A boot that finds its hash there loads the compiled
-graphs (66-84 s to ready on the device, tests/data/gpu-boots); one that does not compiles them inside vLLM's
+graphs (66-84 s to ready on an H200, tests/data/gpu-boots); one that does not compiles them inside vLLM's
 memory-profiling window (224-275 s, and 1-2 GiB less KV cache, enough to fail for memory where the same flags fit
 warm). A per-trial or temporary cache would make every boot cold, so every server of this machine gets the one
 autotune-owned cache below (a user's own VLLM_CACHE_ROOT / TRITON_CACHE_DIR in the shell or [engine.env] wins).
@@ -99,7 +99,7 @@ def compile_cache_state(lines: list[str]) -> CompileCache | None:
 
 # The most KV cache memory a warm boot has had over the cold boot of the same flags: 2.07 GiB (64 sequences at 32k,
 # 1.42 cold against 3.49 warm, benchmarks/data/h200-chat-as-3090); the five cold failures of the GPU surface's first
-# session gained 0.06-1.74 GiB warm (benchmarks/data/surface-rtx3090-logs/s22, "Available KV cache memory").
+# recorded boots gained 0.06-1.74 GiB warm (benchmarks/data/surface-rtx3090-logs/s22, "Available KV cache memory").
 WARM_GAIN_GIB = 2.1
 
 
@@ -213,9 +213,10 @@ def pin_keeps_compile_key() -> bool:
 
 def pin_costs_boot_memory() -> bool:
     """Whether the installed vLLM's CUDA-graph profiling allocates a KV block per capture size, not per sequence
-    (0.25.x: engine/defaults.py profiling_kv_per_sequence): there a pin of 512 makes every boot of a hybrid model
-    hold 512 of its large blocks beside the weights (Qwen3.5-27B: 24.5 GiB; seen failing on a 24 GiB card, s27),
-    where vLLM's own size for max_num_seqs 15 holds 30. A warm cache is not worth a boot that cannot fit."""
+    (0.25.x: engine/defaults.py profiling_kv_per_sequence): there a pin of 512 makes every boot of a hybrid model hold
+    512 of its large blocks beside the weights (Qwen3.5-27B: 24.5 GiB; seen failing on an H100 held to 24 GiB,
+    surface-rtx3090-ballast), where vLLM's own size for max_num_seqs 15 holds 30. A warm cache is not worth a boot that
+    cannot fit."""
     try:
         return not profiling_kv_per_sequence(installed_vllm()[1])
     except EngineError:

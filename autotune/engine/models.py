@@ -20,7 +20,7 @@ HUB_TIMEOUT_S = 10  # one request for a hub model's config.json, no retries
 KNOWN_MODELS = Path(__file__).parent / "known_models"
 
 
-KNOWN = {  # hub id -> shipped config.json: estimates for the mission's models work offline
+KNOWN = {  # hub id -> shipped config.json: estimates for the reference models work offline
     "Qwen/Qwen3.5-27B": "qwen3.5-27b.json",
     "Qwen/Qwen3.5-27B-FP8": "qwen3.5-27b-fp8.json",
     "Qwen/Qwen3.5-27B-GPTQ-Int4": "qwen3.5-27b-gptq-int4.json",
@@ -180,7 +180,7 @@ def resolve_model(name: str) -> tuple[str, dict[str, object]]:
 
 def model_config(model: str) -> dict:
     """A resolved model's config.json, the one place it is read: a directory's, the shipped copy for a known hub
-    id (so estimates for the mission's models work offline), else the hub's (the user's cache when it can)."""
+    id (so estimates for the reference models work offline), else the hub's (the user's cache when it can)."""
     path = Path(model)
     if path.is_dir():
         file = path / "config.json"

@@ -27,15 +27,15 @@ leaves and peaks at, less the CUDA-graph estimate; how the first part is measure
   one pool, so the total is the largest first capture plus every mode's per-graph terms. It is subtracted while
   VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS is on (default "1": 0.25 envs.py 280, 0.32 envs.py 328).
 - The boot's transient peak (profiling_blocks below): to capture its graphs, profile_cudagraph_memory first
-  allocates a minimal KV cache (_init_minimal_kv_cache_for_profiling, 0.25 gpu_model_runner.py 6365) beside the
-  weights and what the profile run left in the allocator, outside gpu_memory_utilization's budget: 0.25 takes
-  max_cudagraph_capture_size blocks, 0.26+ min(max_num_seqs, that) (engine/defaults.py profiling_kv_per_sequence).
-  Seen (s27, an H100 held down to a 3090's 23.62 GiB CUDA total): four warm boots of the Qwen3.5-27B shape with
-  --max-cudagraph-capture-size 512 failed there asking for the fourth of 16 tensors of 1.53 GiB; on the capped
-  H200 the same boots peaked at 43.5-43.8 GiB (NVML) and served.
-- MTP's drafter at boot (drafter_peak below): it builds its own embedding and lm_head beside the loaded target
-  before it shares the target's, and its first compile takes one more such tensor; outside the budget too, and
-  before the profile run, so an explicit KV size does not avoid it (s29, the same held-down card: five boots).
+  allocates a minimal KV cache (_init_minimal_kv_cache_for_profiling, 0.25 gpu_model_runner.py 6365) beside the weights
+  and what the profile run left in the allocator, outside gpu_memory_utilization's budget: 0.25 takes
+  max_cudagraph_capture_size blocks, 0.26+ min(max_num_seqs, that) (engine/defaults.py profiling_kv_per_sequence). Seen
+  (surface-rtx3090-ballast, an H100 held down to a 3090's 23.62 GiB CUDA total): four warm boots of the Qwen3.5-27B
+  shape with --max-cudagraph-capture-size 512 failed there asking for the fourth of 16 tensors of 1.53 GiB; on the
+  capped H200 the same boots peaked at 43.5-43.8 GiB (NVML) and served.
+- MTP's drafter at boot (drafter_peak below): it builds its own embedding and lm_head beside the loaded target before it
+  shares the target's, and its first compile takes one more such tensor; outside the budget too, and before the profile
+  run, so an explicit KV size does not avoid it (surface-rtx3090-ballast-own, the same held-down card: five boots).
 - Capture sizes (capture_sizes below): VllmConfig._set_cudagraph_sizes is identical in 0.25 and 0.27 (max 512,
   max_num_batched_tokens appended within the cap); 0.28 adds the 1024 default on data-centre Blackwell, 0.29 the
   speculative decode sizes, 0.31 max_num_seqs. Speculative decoding rounds sizes to multiples of the query length
@@ -81,26 +81,26 @@ SAMPLER_BYTES_PER_LOGIT = 20
 # PIECEWISE first capture 88 MiB at 96 tokens, 104 at 128 (124 once, b-s128) = 40 MiB + 8 KiB x layers x tokens.
 # The estimate itself matched the printed "Estimated CUDA graph memory" within 20 MiB; per layer for other models is
 # a guess: 25 %.
-# Out of sample (second gpu-boots session, fitted before it): 64 tokens printed 70 MiB first capture (the line gives
-# 72), but 192 tokens (MTP) 114 MiB where the line gives 136; and with MTP's query length 2 the FULL per-graph cost
-# was 8-10 MiB, not 4 (cause not found in the source; not modelled). The two
-# nearly cancel: the MTP boots' total estimate 0.45-0.48 GiB against 0.46-0.53 printed, inside the 25 %.
+# Out of sample (the second batch of gpu-boots, fitted before it): 64 tokens printed 70 MiB first capture (the line
+# gives 72), but 192 tokens (MTP) 114 MiB where the line gives 136; and with MTP's query length 2 the FULL per-graph
+# cost was 8-10 MiB, not 4 (cause not found in the source; not modelled). The two nearly cancel: the MTP boots' total
+# estimate 0.45-0.48 GiB against 0.46-0.53 printed, inside the 25 %.
 PIECEWISE_GRAPH_BYTES_PER_LAYER = 12 * MiB // 64
 FULL_GRAPH_BYTES_PER_LAYER = 4 * MiB // 64
 FIRST_CAPTURE_BASE_BYTES = 40 * MiB
 FIRST_CAPTURE_BYTES_PER_LAYER_TOKEN = 8 * 1024
 CUDAGRAPH_UNCERTAINTY = 0.25
 
-# The MTP drafter's boot, outside the budget (s29: the H100 held down to the 3090's 23.625 GiB CUDA total, vLLM 0.25;
-# the same __init__ in the installed 0.32): Qwen3_5MTP.__init__ (models/qwen3_5_mtp.py) builds its own embed_tokens
-# and, untied, lm_head (vocab x hidden in the model dtype: 2.37 GiB each for Qwen3.5-27B) beside the loaded target
-# before the proposer shares the target's (spec_decode/llm_base_proposer.py: "Sharing target model embedding|lm_head
-# weights") and frees its own. Five boots failed asking for one such 2.37 GiB tensor, whatever
-# gpu_memory_utilization: three loading the lm_head (the process held 21.28 GiB at 4,096 batched tokens, 21.60 and
-# 21.63 at 16,384: peaks of 23.65-24.00), two compiling the drafter on its first boot (inductor's example input of
-# that shape, one freed copy still cached: 21.26 + 2.37 = 23.63 at both 1,024 and 2,048 tokens). Beside the two
-# copies the load holds the runner's per-token buffers (4,096 -> 16,384 tokens added 0.32 GiB: 3 model-dtype rows of
-# hidden a token give 0.35), the compile a constant (fitted: 23.63 less weights, copies, context and non-torch).
+# The MTP drafter's boot, outside the budget (surface-rtx3090-ballast-own: the H100 held down to the 3090's 23.625 GiB
+# CUDA total, vLLM 0.25; the same __init__ in the installed 0.32): Qwen3_5MTP.__init__ (models/qwen3_5_mtp.py) builds
+# its own embed_tokens and, untied, lm_head (vocab x hidden in the model dtype: 2.37 GiB each for Qwen3.5-27B) beside
+# the loaded target before the proposer shares the target's (spec_decode/llm_base_proposer.py: "Sharing target model
+# embedding|lm_head weights") and frees its own. Five boots failed asking for one such 2.37 GiB tensor, whatever
+# gpu_memory_utilization: three loading the lm_head (the process held 21.28 GiB at 4,096 batched tokens, 21.60 and 21.63
+# at 16,384: peaks of 23.65-24.00), two compiling the drafter on its first boot (inductor's example input of that shape,
+# one freed copy still cached: 21.26 + 2.37 = 23.63 at both 1,024 and 2,048 tokens). Beside the two copies the load
+# holds the runner's per-token buffers (4,096 -> 16,384 tokens added 0.32 GiB: 3 model-dtype rows of hidden a token give
+# 0.35), the compile a constant (fitted: 23.63 less weights, copies, context and non-torch).
 DRAFTER_ROWS_PER_BATCHED_TOKEN = 3
 DRAFTER_COMPILE_BYTES = 108 * MiB
 

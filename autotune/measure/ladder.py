@@ -25,7 +25,7 @@ How long a level runs (`StopRule`). Two rules, whichever ends it first:
     A TTFT or end-to-end limit is judged on every request that started at least the limit ago, finished or still
     in flight (one still waiting for its first token past the TTFT limit is over it, whatever comes): in a closed
     loop the requests after the first round finish only after that whole round, and a queueing server's level
-    took 126 s on the device where these show the verdict in a few. A level that clearly fails is abandoned
+    took 126 s on a GPU where these show the verdict in a few. A level that clearly fails is abandoned
     (client.Abandon): its requests in flight are cancelled, not waited for;
   - the exact rule (the former one): after `min_requests`, at min x 1.25^k requests, each limited p95's
     order-statistics interval at `p95_confidence` is within +-`p95_margin` or clear of its limit.
@@ -33,7 +33,7 @@ How long a level runs (`StopRule`). Two rules, whichever ends it first:
   only passed by the sequential test, so that the figure a trial reports is an exact p95 and a throughput over
   the full count of requests; if it fails there, the search goes below it again. Bisection levels are judged
   sequentially like the others: a mid clearly over its limit stops after a dozen requests, where an exact
-  level ran ~200 on the device (55 at a p95 TTFT far over its limit). The error rates above hold for each of
+  level ran ~200 on a GPU (55 at a p95 TTFT far over its limit). The error rates above hold for each of
   them (requests at a level do not depend on how it was chosen), but mids lie near the limit by construction,
   where the test may go either way (computed exactly, with no cap on requests: a level with p = 3% or 4% fails
   with probability 7% or 15%, one with p = 7% or 10% passes with 50% or 22%). A false pass costs one exact

@@ -71,7 +71,7 @@ class Budget:
 
     def left_text(self) -> str:
         """'17m04s left, 3m45s of it for re-measuring': what the progress lines print. The budget's own clock,
-        which only runs down; the search's share alone jumped as the reserve was sized anew (seen on the device:
+        which only runs down; the search's share alone jumped as the reserve was sized anew (seen on a GPU:
         13m19s, 12m54s, then 6m18s after a 112 s trial)."""
         left = self.time_left()
         if left == float("inf"):
@@ -81,7 +81,7 @@ class Budget:
 
     def expected_trial_s(self) -> float | None:
         """What the next trial is likely to take: the median of the search's trials so far (a sampled one is
-        screened at the incumbent's level, 157-159 s on the device where a baseline's full search took 256-379 s
+        screened at the incumbent's level, 157-159 s on a GPU where a baseline's full search took 256-379 s
         and a re-measurement 265 s), else of every trial."""
         seen = self.searched_durations or self.durations
         return statistics.median(seen) if seen else None

@@ -4,7 +4,7 @@ TPE's first trials are random (samplers.TPE_STARTUP_TRIALS): it has nothing to m
 what a configuration can serve (a 27B hybrid model in 24 GB), the estimator knows before any boot how many requests
 each configuration runs at once (ladder.capacity: max_num_seqs, the KV tokens per request, and what the central KV
 cache's blocks run at once, estimate.running_seqs), and throughput under a latency limit comes from requests running
-at once: on the device's surfaces each configuration sustained a level within one ladder step of that count, and of
+at once: on the recorded GPU surfaces each configuration sustained a level within one ladder step of that count, and of
 the 22 measured at 16 requests every one it put at 14 or more sustained 16 and none it put at 13 or fewer did
 (tests/unit/search/test_replay.py). So each of the first START_PICKS sampled trials is, of START_CANDIDATES random
 configurations the estimator does not refuse, the one that runs the most (the first drawn on a tie); TPE proposes
@@ -12,15 +12,14 @@ the rest, and a proposal that runs too few for the incumbent's level is screened
 (measure/queueing.py holds_too_few). The estimator judges a configuration in about 0.2 ms: a pick of 64 takes ~30 ms.
 
 Chosen by benchmarks/search_efficiency.py (50 seeds; median booted trials to within 5% of the best, without
-baselines) with that screen, s42. On the Marlin surface's 45 configurations under the chat limits: no picks 28.0,
+baselines) with that screen. On the Marlin surface's 45 configurations under the chat limits: no picks 28.0,
 3 of 64 11.5, 10 of 64 5.5, 20 of 64 5.0 (vLLM's auto_tune grid 34: a fifth of it is 6.8); under a 1 s TTFT 4.0,
 then 2.0 for 3, 10 and 20. On the H200's 22 under either limit: 5.0, then 2.5 for 3, 10 and 20 (the grid 11). On the
 CPU surface at its 500 ms TTFT 3.0 for 3 and 10; at 150 ms, where what runs at once is not what wins on two cores
 (the best there is a noise peak): 14.5 for 3, 18.0 for 10, 36.5 for 20 (random search 17.0). 10 is the fewest that
 meets a fifth of the grid on the GPU surface under both limits; 20 gains half a trial there and loses the CPU
 surface. The picks stay random among the best of 64: the estimator accepts a third to a half of the 3090 space, so
-each pick is the most of some 20-30. History (3 picks of 64 from stop 24 to s41, on 19 to 43 configurations):
-benchmarks/data/SURFACE.md.
+each pick is the most of some 20-30. The start-up settings compared: benchmarks/data/SURFACE.md.
 """
 
 from __future__ import annotations

@@ -187,7 +187,7 @@ def _queue_unmeasured_baselines(study: optuna.Study, spec: StudySpec) -> None:
     interrupted, killed or otherwise failed through no fault of its own is measured when the study resumes."""
     settled = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.WAITING, TrialState.RUNNING)
     # One refused before boot on a memory estimate is not settled: calibration may have moved since, and it is judged
-    # again under today's corrections (issue 13).
+    # again under today's corrections.
     have = {(t.user_attrs.get(BASELINE_ATTR) or {}).get("name")
             for t in study.get_trials(deepcopy=False, states=settled)
             if not str(t.user_attrs.get("reason", "")).startswith(PREDICTED_NOT_TO_FIT)}
