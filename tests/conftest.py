@@ -51,7 +51,7 @@ def cpu_study_db(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
     study_file = _study_copy(work)
     # The shipped objective's limits, four times wider: what these tests read is the run's outputs, not this
     # machine's speed, and on a busy 2-core machine both baselines missed the 500 ms TTFT at concurrency 1 (528 and
-    # 547 ms, s38, beside a CPU-bound benchmark), leaving no best to export or report.
+    # 547 ms, beside a CPU-bound benchmark), leaving no best to export or report.
     objective = (ROOT / "objectives" / "tiny-cpu.toml").read_text()
     for key, shipped in (("ttft_p95_ms", 500), ("tpot_p95_ms", 50)):
         assert objective.count(f"{key} = {shipped}\n") == 1, key

@@ -43,7 +43,7 @@ def test_real_failure_logs_are_classified(log: str, kind: FailureKind, fragment:
 
 
 def test_a_startup_rule_vllm_asserts_after_loading_the_model_is_an_invalid_configuration() -> None:
-    """A real CUDA log (vLLM 0.25.0, the held-down H100, s34, #12 of the Marlin plan): prefix caching on a hybrid
+    """A real CUDA log (vLLM 0.25.0, the held-down H100, #12 of the Marlin plan): prefix caching on a hybrid
     model with 1,024 batched tokens, under the 1,600-token block fp8 gives it. The engine loads the model, then
     asserts and dies; the wrapper's "Engine core initialization failed" is not the cause."""
     log = Path(__file__).parents[3] / "benchmarks/data/surface-rtx3090-ballast-marlin-logs/s34/12.log"
@@ -76,7 +76,8 @@ def test_a_boot_given_its_blocks_says_what_vllm_would_have_sized() -> None:
 
 
 def test_gpu_wordings_from_vllm_sources_are_classified() -> None:
-    # Message fragments as vLLM's CUDA build prints them (FACTS.md); the captured CUDA logs test them in full.
+    # Message fragments as vLLM's CUDA build prints them (read in its sources); the captured CUDA logs test them
+    # in full.
     oom = FailureKind.OUT_OF_MEMORY
     assert classify_line("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB") is oom
     assert classify_line("ValueError: No available memory for the cache blocks. Try increasing") is oom

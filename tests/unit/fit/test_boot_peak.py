@@ -1,7 +1,7 @@
 """The boot's peak outside gpu_memory_utilization's budget (fit/vllm_memory.py profiling_blocks), against what the
 device saw: the GPU surface's boots on the H200 capped as a 3090 (NVML's peak while booting, before the server was
-ready; benchmarks/data/surface-rtx3090.json) and the ballast run (s27: an H100 held down to the 3090's 23.62 GiB
-CUDA total, where the same pinned boots failed in the CUDA-graph profiling's KV cache)."""
+ready; benchmarks/data/surface-rtx3090.json) and the ballast run (surface-rtx3090-ballast: an H100 held down to the
+3090's 23.62 GiB CUDA total, where the same pinned boots failed in the CUDA-graph profiling's KV cache)."""
 
 from __future__ import annotations
 
@@ -74,14 +74,14 @@ def largest_capture_size(seqs: int, spec_tokens: int, batched: int) -> int:
 @pytest.mark.parametrize("entry", OWN + MARLIN, ids=[f"plan{c['plan_index']}" for c in OWN]
                          + [f"marlin-plan{c['plan_index']}" for c in MARLIN])
 def test_on_a_card_of_the_caps_total_autotunes_own_flags_do_what_the_estimator_says(entry: dict) -> None:
-    """s28: the same held-down H100, the flags autotune gives today (no capture-size pin on vLLM 0.25); from s32 the
-    same with Machete disabled, so that AWQ runs through Marlin as on a 3090. Each
-    configuration the estimator accepts booted and served, and the warm boot sized the KV cache it predicts; each it
-    refuses for the boot's peak failed in the profiling KV cache, asking for one of its attention layers' tensors
-    of exactly the blocks it names (vLLM's own largest capture size; 16 layers share a block, 17 with MTP's drafter
-    layer: s39's #28, 144 blocks, asked 450 MiB, 144 x 55,705,600 / 17 bytes), unless it failed before that,
-    loading MTP's drafter, which the estimator then names too. Inside the estimator's band (neither verdict) either
-    may happen."""
+    """surface-rtx3090-ballast-own: the same held-down H100, the flags autotune gives today (no capture-size pin on vLLM
+    0.25); in surface-rtx3090-ballast-marlin the same with Machete disabled, so that AWQ runs through Marlin as on a
+    3090. Each configuration the estimator accepts booted and served, and the warm boot sized the KV cache it predicts;
+    each it refuses for the boot's peak failed in the profiling KV cache, asking for one of its attention layers'
+    tensors of exactly the blocks it names (vLLM's own largest capture size; 16 layers share a block, 17 with MTP's
+    drafter layer: the Marlin surface's #28, 144 blocks, asked 450 MiB, 144 x 55,705,600 / 17 bytes), unless it failed
+    before that, loading MTP's drafter, which the estimator then names too. Inside the estimator's band (neither
+    verdict) either may happen."""
     e = acc.predicted_boot(entry, "h100-80gb")
     if e.fits:
         assert entry["status"] == "measured"
@@ -128,7 +128,7 @@ def test_a_warm_boot_sized_by_vllm_lands_where_the_estimator_says_each_time_it_b
                                                                                     e: Estimate) -> None:
     """The boots a long study makes: warm, vLLM sizing the KV cache itself. The AWQ files' first measurements
     sized exactly what the estimator predicts (the test above; GPTQ's #2 2.0% less); booted again on another day
-    (s43: #9, #36, #42, #43, #44) they sized within two blocks of it (#9: 113,517 tokens where 115,858 are
+    (#9, #36, #42, #43, #44) they sized within two blocks of it (#9: 113,517 tokens where 115,858 are
     predicted, 2.0% less; #44 1.2% more). Every one
     lies inside the predicted range, and one the estimator says fits within 2.5% of its centre: the given blocks a
     compiling boot gets (trial.warm_kv_blocks) are what a warm boot sizes, give or take that."""
@@ -180,9 +180,9 @@ BAND = [c for c in MARLIN if acc.verdict(acc.predicted_boot(c, "h100-80gb")) == 
 
 @pytest.mark.parametrize("entry", BAND, ids=[f"marlin-plan{c['plan_index']}" for c in BAND])
 def test_inside_the_band_a_held_down_boot_took_no_more_than_the_predicted_peak(entry: dict) -> None:
-    """Through Marlin the estimator left four configurations without MTP to a boot (neither verdict). s32-s33: #1,
+    """Through Marlin the estimator left four configurations without MTP to a boot (neither verdict). First: #1,
     the recipe, for its boot peak, and #5 for one max-length request's KV cache; each failed cold, sized by vLLM
-    while compiling, and served warm, booted again as autotune boots them. s41: #36, given the 53 blocks
+    while compiling, and served warm, booted again as autotune boots them. Later: #36, given the 53 blocks
     predicted, served at its first boot; #33 failed both boots for memory. Each that served sized the KV cache
     predicted, within one block, and peaked below the predicted boot peak, by 0.54, 0.57 and 2.19 GiB (the model is
     pessimistic at 4,096-16,384 batched tokens, not refitted); the one that failed reached the card's total, which
@@ -201,7 +201,7 @@ def test_inside_the_band_a_held_down_boot_took_no_more_than_the_predicted_peak(e
 
 
 def test_where_only_the_boot_peak_is_in_doubt_a_first_boot_is_given_the_predicted_blocks() -> None:
-    """s32, the recipe held down through Marlin: inside the band for its boot peak only. Sized by vLLM while
+    """The recipe held down through Marlin: inside the band for its boot peak only. Sized by vLLM while
     compiling, its cold boot was left 36 Mamba blocks for 48 sequences and failed; booted again warm it sized 59,
     one more than the 58 predicted. A first boot that compiles is now given those 58 (trial.warm_kv_blocks), the
     size the warm boot found room for, so one boot measures it; the peak is the same whatever the KV cache's size.
@@ -217,11 +217,11 @@ def test_where_only_the_boot_peak_is_in_doubt_a_first_boot_is_given_the_predicte
 
 
 def test_vllm_025_boots_a_pool_of_exactly_one_max_length_request_which_the_estimator_counts_one_block_short() -> None:
-    """s33, #5 (32,768 context, 43 sequences): the warm boot was given exactly one max-length request's 45 blocks
-    ("Maximum concurrency for 32,768 tokens per request: 1.00x") and booted. vLLM 0.25's startup check compares one
-    request's blocks with the whole pool; the pool holds one block back as its null block, which 0.32's check
-    reserves (kv_cache_utils.py check_enough_kv_cache_memory; PR #47272 says such a request is never scheduled). The
-    estimator counts that block: the one request does not fit, the pool is 45 blocks, and it left the configuration
+    """#5 of the Marlin surface (32,768 context, 43 sequences): the warm boot was given exactly one max-length request's
+    45 blocks ("Maximum concurrency for 32,768 tokens per request: 1.00x") and booted. vLLM 0.25's startup check
+    compares one request's blocks with the whole pool; the pool holds one block back as its null block, which 0.32's
+    check reserves (kv_cache_utils.py check_enough_kv_cache_memory; PR #47272 says such a request is never scheduled).
+    The estimator counts that block: the one request does not fit, the pool is 45 blocks, and it left the configuration
     to a boot rather than refusing it. The cold boot before it, compiling, had 0.44 GiB for KV and failed."""
     [entry] = [c for c in MARLIN if c["plan_index"] == 5]
     warm = (entry["_logs"] / "s33" / "05.log").read_text()
@@ -235,7 +235,7 @@ def test_vllm_025_boots_a_pool_of_exactly_one_max_length_request_which_the_estim
 
 
 def test_a_boot_went_through_a_profiling_peak_whose_sum_was_over_the_card() -> None:
-    """s34, #18 through Marlin (fp8, 45 sequences, 16,384 batched tokens, prefix caching): vLLM 0.25 profiled its
+    """#18 through Marlin (fp8, 45 sequences, 16,384 batched tokens, prefix caching): vLLM 0.25 profiled its
     CUDA graphs with 88 KV blocks (4.2 GiB) after a profile run of ~3 GiB of activations, a sum of 25.1 GiB on the
     card's 23.6, and went through: it sized a KV cache, then stopped for 17 Mamba blocks, against the 18 predicted.
     PyTorch's cache had reused the freed activations for the 270 MiB tensors, so the sum is a peak the card may
@@ -260,11 +260,12 @@ MTP += [c for c in MARLIN if "Failed to load model" in (c.get("reason") or "")]
 @pytest.mark.parametrize("entry", MTP, ids=[f"{'marlin-' if 'marlin' in str(c['_logs']) else ''}plan{c['plan_index']}"
                                             for c in MTP])
 def test_mtp_boots_peak_where_the_drafter_holds_its_own_embedding_and_lm_head(entry: dict) -> None:
-    """s29, the same held-down H100: every MTP configuration failed, whatever its gpu_memory_utilization, each boot
-    asking for one vocab x hidden tensor in bfloat16 (2.37 GiB), as the drafter loaded its own lm_head or compiled
-    on its first boot; through Marlin (s33-s34) two failed so while loading the drafter, #14 by 0.01 GiB (inside
-    the band: 23.65 GiB predicted). The peak the estimator names for the drafter is what the process held plus
-    that tensor, within 0.05 GiB, and it is over the card's total, so none is predicted to fit."""
+    """The same held-down H100 (surface-rtx3090-ballast-own): every MTP configuration failed, whatever its
+    gpu_memory_utilization, each boot asking for one vocab x hidden tensor in bfloat16 (2.37 GiB), as the drafter loaded
+    its own lm_head or compiled on its first boot; through Marlin (surface-rtx3090-ballast-marlin) two failed so while
+    loading the drafter, #14 by 0.01 GiB (inside the band: 23.65 GiB predicted). The peak the estimator names for the
+    drafter is what the process held plus that tensor, within 0.05 GiB, and it is over the card's total, so none is
+    predicted to fit."""
     e = acc.predicted_boot(entry, "h100-80gb")
     assert entry["status"] == "boot_failed" and not e.fits
     [named] = [float(m.group(1)) for r in e.reasons
@@ -291,7 +292,7 @@ def served_through_marlin(entry: dict, session: str) -> tuple[str, str]:
 
 
 def test_with_machete_disabled_the_held_down_h100_loads_the_3090s_weights_and_mtp_boots() -> None:
-    """s29's last minutes: the same held-down card with VLLM_DISABLED_KERNELS=MacheteLinearKernel, so that AWQ ran
+    """The same held-down card with VLLM_DISABLED_KERNELS=MacheteLinearKernel, so that AWQ ran
     through Marlin as it does on a 3090. #11 (MTP, 2 tokens), which failed above with Machete, printed 17.69 GiB of
     weights, booted warm with 14,199 KV tokens and served. Told the same environment, the estimator predicts those
     weights (fitted on this boot: MARLIN_EXTRA_BYTES_PER_GROUP) and, out of that fit, exactly that KV, with the
@@ -314,9 +315,9 @@ def test_with_machete_disabled_the_held_down_h100_loads_the_3090s_weights_and_mt
 
 
 def test_through_marlin_the_recipe_loads_the_3090s_weights_and_its_warm_boot_sizes_the_predicted_kv() -> None:
-    """s32, the held-down H100 with Machete disabled: the recipe (48 sequences, no MTP), which failed with Machete's
+    """The held-down H100 with Machete disabled: the recipe (48 sequences, no MTP), which failed with Machete's
     larger weights in the profiling KV cache, printed 16.9 GiB of weights, what the estimator predicts for a 3090
-    out of MARLIN_EXTRA_BYTES_PER_GROUP (fitted in s29 on a boot with MTP's layer, 17.69: this one is out of
+    out of MARLIN_EXTRA_BYTES_PER_GROUP (fitted on a boot with MTP's layer, 17.69: this one is out of
     sample), and its warm boot, sized by vLLM, printed one KV block more than predicted. Its cold boot, sized by
     vLLM while compiling, was left 1.07 GiB less KV memory and too few Mamba blocks for 48 sequences: it failed
     where the warm boot served."""

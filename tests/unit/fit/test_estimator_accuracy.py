@@ -32,7 +32,7 @@ def test_every_boot_of_boots_json_is_read() -> None:
     boots = json.loads((acc.DATA / "gpu-boots" / "boots.json").read_text())["boots"]
     names = {b["name"] for b in boots}
     assert names and names <= {r.boot.name for r in ROWS}
-    assert len(boots) >= 20  # both device sessions (tests/data/gpu-boots/README.md)
+    assert len(boots) >= 20  # both recorded batches (tests/data/gpu-boots/README.md)
     warm_gpu_boots = {b["name"] for b in boots if b["cache"]["state"] == "warm"}
     assert warm_gpu_boots <= {r.boot.name for r in WARM} and len(warm_gpu_boots) >= 15
 

@@ -1,5 +1,5 @@
 """Which layers vLLM quantizes for a GPTQ checkpoint: those its safetensors headers store packed, unless the config
-lists them (auto_gptq.py maybe_update_config, vLLM 0.25 and 0.32). s34 served the Qwen3.5-27B GPTQ-Int4 config
+lists them (auto_gptq.py maybe_update_config, vLLM 0.25 and 0.32). An H100 served the Qwen3.5-27B GPTQ-Int4 config
 from a folder with random weights and no safetensors: vLLM built every layer in bfloat16, and all four boots
 failed loading the model (benchmarks/data/surface-rtx3090-ballast-marlin-gptq-config-only.json)."""
 
@@ -19,12 +19,12 @@ from benchmarks.h200.run_h200 import model_folder
 
 GPTQ = "Qwen/Qwen3.5-27B-GPTQ-Int4"
 CONFIG_ONLY = acc.surface_boots("surface-rtx3090-ballast-marlin-gptq-config-only.json")
-SERVED = acc.surface_boots("surface-rtx3090-ballast-marlin-gptq.json")  # s35: the folder lists the quantized layers
+SERVED = acc.surface_boots("surface-rtx3090-ballast-marlin-gptq.json")  # the folder lists the quantized layers
 
 
 @pytest.fixture(scope="module")
 def config_only(tmp_path_factory: pytest.TempPathFactory) -> str:
-    """A folder as the device served it in s34: the checkpoint's config.json and nothing else."""
+    """A folder as the H100 served it in that recording: the checkpoint's config.json and nothing else."""
     folder = tmp_path_factory.mktemp("gptq-config-only")
     (folder / "config.json").write_bytes((KNOWN_MODELS / KNOWN[GPTQ]).read_bytes())
     return str(folder)
@@ -74,9 +74,9 @@ def printed_weights(entry: dict) -> list[float]:
 
 @pytest.mark.parametrize("entry", SERVED, ids=[f"plan{c['plan_index']}" for c in SERVED])
 def test_gptq_through_marlin_loads_what_the_kernel_model_fitted_on_awq_predicts(entry: dict) -> None:
-    """s35, the held-down H100 with Machete disabled: GPTQ-Int4's weights through Marlin printed 16.83-16.86 GiB
+    """The held-down H100 with Machete disabled: GPTQ-Int4's weights through Marlin printed 16.83-16.86 GiB
     (17.65 with MTP's layer). Marlin drops symmetric GPTQ's zero points and holds the extra it holds for AWQ
-    (MARLIN_EXTRA_BYTES_PER_GROUP, fitted on AWQ in s29): predicted 16.81 (17.60), 0.02-0.05 GiB under. The
+    (MARLIN_EXTRA_BYTES_PER_GROUP, fitted on AWQ): predicted 16.81 (17.60), 0.02-0.05 GiB under. The
     checkpoint's own layout, as the estimator counted GPTQ before, was 0.27-0.30 GiB under."""
     seen = printed_weights(entry)
     assert seen, entry["plan_index"]

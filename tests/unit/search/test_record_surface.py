@@ -123,7 +123,7 @@ def test_again_measures_recorded_configurations_once_more_each_and_a_resumed_run
     with pytest.raises(SystemExit, match=r"--again: #2 is not recorded yet"):
         rs.to_repeat(configs, [1, 2], doc)
     assert [c.index for c in rs.to_record(rs.chosen(configs, [5, 1, 5]), doc)] == [5]  # recorded or listed twice
-    assert rs.to_repeat(configs, [], doc) == []  # no --again: nothing repeated (s41: it read as all of the plan)
+    assert rs.to_repeat(configs, [], doc) == []  # no --again: nothing repeated (it once read as all of the plan)
 
 
 def test_a_surface_of_another_plan_is_not_resumed(planned, tmp_path: Path) -> None:
@@ -162,7 +162,7 @@ def test_a_surface_recorded_with_a_ballast_is_resumed_only_with_one_and_says_so(
 
 def test_flags_as_planned_and_autotunes_own_never_mix_in_one_file(planned, tmp_path: Path) -> None:
     """The surface's flags as planned (the capture size pinned) against autotune's own since the ballast run: the
-    ballast file of s27 holds the planned ones, so a ballast run of autotune's own flags needs another file."""
+    first ballast file holds the planned ones, so a ballast run of autotune's own flags needs another file."""
     plan, spec, _ = planned
     out = tmp_path / "surface.json"
     rs.save(rs.surface_doc(out, PLAN, plan, spec, H200, flags_kind=rs.AUTOTUNES_OWN), out)
@@ -170,19 +170,19 @@ def test_flags_as_planned_and_autotunes_own_never_mix_in_one_file(planned, tmp_p
         rs.AUTOTUNES_OWN
     with pytest.raises(SystemExit, match="recorded with the flags autotune's own .*, not as planned"):
         rs.surface_doc(out, PLAN, plan, spec, H200)
-    s27 = REPO / "benchmarks" / "data" / "surface-rtx3090-ballast.json"
-    held = json.loads(s27.read_text())["provenance"]["ballast"]
+    first_ballast = REPO / "benchmarks" / "data" / "surface-rtx3090-ballast.json"
+    held = json.loads(first_ballast.read_text())["provenance"]["ballast"]
     copy = tmp_path / "ballast.json"
-    copy.write_text(s27.read_text())
+    copy.write_text(first_ballast.read_text())
     with pytest.raises(SystemExit, match="recorded with the flags as planned"):
         rs.surface_doc(copy, PLAN, plan, spec, get_profile("h100-80gb"), held, rs.AUTOTUNES_OWN)
 
 
 def test_a_surface_records_the_kernels_vllm_may_not_pick_and_is_judged_and_resumed_with_them(
         planned, tmp_path: Path, monkeypatch) -> None:
-    """Held down with Machete disabled, an H100 holds 4-bit AWQ as a 3090 does (s29): that recording never mixes
-    with one that had Machete, and its estimates, here or in the replay, are made with Marlin's weights whatever
-    this shell exports."""
+    """Held down with Machete disabled, an H100 holds 4-bit AWQ as a 3090 does (surface-rtx3090-ballast-own): that
+    recording never mixes with one that had Machete, and its estimates, here or in the replay, are made with Marlin's
+    weights whatever this shell exports."""
     plan, spec, _ = planned
     h100 = get_profile("h100-80gb")
     marlin, machete = tmp_path / "marlin.json", tmp_path / "machete.json"
@@ -456,7 +456,7 @@ def test_judged_as_on_the_device_the_plan_gets_the_devices_own_verdicts_flags_an
         c = configs[json.dumps(entry["params"], sort_keys=True)]
         assert c.flags == entry["flags"]
         if c.now.refused and not entry["refused"]:
-            # learnt since from a boot that failed (#12, s34: vLLM 0.25's hybrid block against the batched tokens)
+            # learnt since from a boot that failed (#12: vLLM 0.25's hybrid block against the batched tokens)
             assert entry["status"] == "boot_failed" and "mamba cache mode 'align'" in c.now.reason
             continue
         assert dataclasses.asdict(c.now) == entry["estimate_now"]
@@ -558,9 +558,9 @@ def _estimate(out: Path, capsys: pytest.CaptureFixture[str], ballast: bool = Fal
 
 
 def test_the_estimate_judges_with_the_flags_the_surface_file_records(tmp_path: Path, capsys) -> None:
-    """--estimate on a held-down card's file (autotune's own flags) judges the recipe as on that card: inside the
-    band since s34 (its boot's profiling peak; it failed through Machete and served through Marlin), so given the
-    blocks its KV cache fits; on the H200 surface (as planned) it expects it to boot. A new file is judged by
+    """--estimate on a held-down card's file (autotune's own flags) judges the recipe as on that card: inside the band
+    since a boot through Marlin (its boot's profiling peak; it failed through Machete and served through Marlin), so
+    given the blocks its KV cache fits; on the H200 surface (as planned) it expects it to boot. A new file is judged by
     --ballast."""
     data = REPO / "benchmarks" / "data"
     recipe = [line for line in _estimate(data / "surface-rtx3090-ballast-own.json", capsys).splitlines()
@@ -602,7 +602,7 @@ def test_a_plan_for_another_checkpoint_boots_the_same_flags_from_its_folder_with
                                                                                             tmp_path: Path) -> None:
     """surface_plan.py --checkpoint: four of the plan (the recipe, an MTP one, 52 sequences, a 32,768 context)
     served from the GPTQ-Int4 checkpoint the 3090 study starts from (run_h200.sh with
-    PLAN=surface-plan-rtx3090-gptq.json; recorded in s35). The shipped file is what the function writes. The
+    PLAN=surface-plan-rtx3090-gptq.json). The shipped file is what the function writes. The
     recorder serves them from that checkpoint's folder (its shipped config as config.json) with the flags the
     plan's own configurations boot, and judges them with its weights: lighter than AWQ's, so each is expected to
     leave more KV cache."""

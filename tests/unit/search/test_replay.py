@@ -85,8 +85,9 @@ def test_a_configuration_measured_again_replays_with_its_latest_figure_and_its_s
 
 def test_the_redraws_spread_is_taken_at_one_rung_so_a_verdict_that_flipped_is_not_counted_as_noise(
         tmp_path: Path) -> None:
-    """s43's #36: c=8 passed each time; c=16 passed once in three. Its figure at the highest passing level jumps with
-    the verdict, which the redrawn surface keeps as recorded; the redraw scales throughput at one rung."""
+    """The Marlin file's #36, measured three times: c=8 passed each time; c=16 passed once in three. Its figure at the
+    highest passing level jumps with the verdict, which the redrawn surface keeps as recorded; the redraw scales
+    throughput at one rung."""
     doc = json.loads(_surface(tmp_path).read_text())
     first, again = _measured(4, 128, 400.0), _measured(4, 128, 380.0)
     first["levels"].append({**first["levels"][0], "concurrency": 8, "passed": False, "output_tok_s": 500.0})
@@ -162,11 +163,11 @@ GPU_SURFACES = ["surface-rtx3090.json", "surface-rtx3090-ballast-marlin.json"]
 
 @pytest.mark.parametrize("name", GPU_SURFACES)
 def test_a_baseline_that_leaves_a_flag_to_vllm_is_the_configuration_naming_vllms_choice(name: str) -> None:
-    """The baselines leave prefix caching and async scheduling unset; vLLM 0.25.0 (the device's) turned prefix
-    caching off for the hybrid model and async scheduling on (its log, s32). Counted as a parameter only one side
-    has, each was a whole category away from every sampled configuration, and the recipe (the Marlin file's best)
-    took 0.1% of a uniform sample (start.candidates) where the 22-24 recorded configurations averaged 4-5%. Now it
-    takes at least half an average configuration's share (on 43 points, s41: 1.45% against 2.3%)."""
+    """The baselines leave prefix caching and async scheduling unset; vLLM 0.25.0 (the H100's) turned prefix caching off
+    for the hybrid model and async scheduling on (its log, surface-rtx3090-ballast-marlin-logs). Counted as a parameter
+    only one side has, each was a whole category away from every sampled configuration, and the recipe (the Marlin
+    file's best) took 0.1% of a uniform sample (start.candidates) where the 22-24 recorded configurations averaged 4-5%.
+    Now it takes at least half an average configuration's share (on 43 points: 1.45% against 2.3%)."""
     surface = load_surface(Path(__file__).parents[3] / "benchmarks" / "data" / name)
     assert surface.unset == {"enable_prefix_caching": False, "async_scheduling": True}
     recipe = next(b for b in surface.baselines if b.baseline == "recipe")
@@ -432,7 +433,7 @@ def test_on_the_gpu_surface_what_runs_at_once_ranks_the_best_among_the_first_fiv
 def test_a_configuration_screened_for_running_too_few_at_once_failed_where_it_was_measured(name: str) -> None:
     """measure/queueing.py HELD_SHARE's evidence. On both recorded GPU surfaces every configuration that the
     estimator's central KV cache has running 14 or more at once sustained 16 requests, and every one it has at 13
-    or fewer that was measured at 16 failed there (the Marlin file's #35 twice, s41 and s42); so the screen
+    or fewer that was measured at 16 failed there (the Marlin file's #35, twice); so the screen
     before boot (autotune's, as the replay judges it) screens out no rung that passed, at any level recorded."""
     surface = load_surface(Path(__file__).parents[3] / "benchmarks" / "data" / name)
     capacity, screen = se.start_capacity(surface), se.before_boot_screen(surface)
@@ -455,7 +456,7 @@ def test_a_configuration_screened_for_running_too_few_at_once_failed_where_it_wa
 def test_the_replay_judges_the_gpu_surface_with_the_devices_vllm_build_not_the_one_installed_here() -> None:
     """The replay refuses before boot what autotune refused on the device: every recorded configuration's verdict
     as the device judged it, but where the estimator has learnt since from a boot that failed (#12: vLLM 0.25's
-    rule on the hybrid block against the batched tokens, s34). Judged with the vLLM installed here (the CPU build)
+    rule on the hybrid block against the batched tokens). Judged with the vLLM installed here (the CPU build)
     it accepted one the device refused (#14: no CUDA graph capture-size pin, so no CUDA graph memory) and gave
     others other capacities."""
     surface = load_surface(Path(__file__).parents[3] / "benchmarks" / "data" / "surface-rtx3090.json")
@@ -472,11 +473,11 @@ def test_the_replay_judges_the_gpu_surface_with_the_devices_vllm_build_not_the_o
 
 
 def test_a_surface_recorded_with_autotunes_own_flags_is_judged_as_autotune_judges_today() -> None:
-    """The held-down card's surface (s28, --ballast) booted the flags autotune gives today: the replay refuses
-    what the device refused there and accepts the rest, but for the recipe. Its boot's profiling peak was refused
-    then; since s34 (a boot through Marlin went through a peak whose sum was 1.5 GiB over the card) only the larger
-    of its two terms refuses, and the recipe is left to a boot: it failed there, by 0.1 GiB, through Machete, and
-    served through Marlin (s32). And #12 is refused for vLLM 0.25's rule on the hybrid block, as on the H200's."""
+    """The held-down card's surface (surface-rtx3090-ballast-own, --ballast) booted the flags autotune gives today: the
+    replay refuses what the device refused there and accepts the rest, but for the recipe. Its boot's profiling peak was
+    refused then; since a boot through Marlin went through a peak whose sum was 1.5 GiB over the card, only the larger
+    of its two terms refuses, and the recipe is left to a boot: it failed there, by 0.1 GiB, through Machete, and served
+    through Marlin. And #12 is refused for vLLM 0.25's rule on the hybrid block, as on the H200's."""
     surface = load_surface(Path(__file__).parents[3] / "benchmarks" / "data" / "surface-rtx3090-ballast-own.json")
     refusal = se.refusal_now(surface)
     assert refusal is not None

@@ -383,7 +383,7 @@ def test_a_remeasurement_starts_exactly_at_its_originals_best_level(spec) -> Non
 
 def test_a_baseline_refused_on_the_memory_estimate_is_judged_again_when_the_study_resumes(spec) -> None:
     """A baseline told "predicted not to fit" was refused under the corrections of that moment; calibration may have
-    moved since (issue 13), so the next `autotune run` queues it again. One refused for another reason (vLLM would
+    moved since, so the next `autotune run` queues it again. One refused for another reason (vLLM would
     refuse the flags) stays settled, and so does a baseline that was measured."""
     study = open_study(spec)
     refused = study.ask()

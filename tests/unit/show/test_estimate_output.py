@@ -1,5 +1,5 @@
 """`autotune estimate --format json`: one JSON document carrying the predicted range, the verdict and whether the
-estimate is calibrated (issue 13)."""
+estimate is calibrated."""
 
 from __future__ import annotations
 
