@@ -33,7 +33,7 @@ from autotune.fit.memcap import MemoryCap
 from autotune.measure.ladder import Prior, capacity
 from autotune.measure.queueing import cannot_sustain, holds_too_few
 from autotune.measure.trial import LevelOutcome, TrialResult, configured, plan_trial, run_trial, warm_kv_blocks
-from autotune.search import record, remeasure, start, tell
+from autotune.search import paired, record, remeasure, start, tell
 from autotune.search.budget import Budget
 from autotune.search.record import (
     BASELINE_ATTR,
@@ -96,12 +96,15 @@ class RunSummary:
     stopped_because: str  # why the run ended ("" when the search and the re-measuring ran their course)
     best: remeasure.Best | None
     export_command: str = ""  # what gives the winner's flags, for a person to run next
+    comparison: paired.Comparison | None = None  # the winner against the best baseline (paired.answer)
 
     def lines(self) -> list[str]:
         """The summary a person reads at the end of the run (without the best configuration's command)."""
         out = [f"this run: {self.booted} booted, {self.refused} refused before boot, {self.remeasured} re-measured; "
                f"stopped: {self.stopped_because or 'done'}"]
         out.append(f"best: {self.best.text}" if self.best is not None else "no feasible configuration yet")
+        if self.comparison is not None:
+            out.append(f"answer: {self.comparison.sentence}")
         if self.best is not None and self.export_command:
             out.append(f"export it: {self.export_command}")
         return out
@@ -317,8 +320,13 @@ def run_study(
 
         def target() -> None:
             try:
-                ran.append(remeasure.remeasure_top(study, budget, reserved, stop=run.stop,
-                                                   run_one=lambda: _one_trial(run, slots[0])))
+                one = functools.partial(_one_trial, run, slots[0])
+                again = remeasure.remeasure_top(study, budget, reserved, stop=run.stop, run_one=one)
+                # the winner settled, what is left of the reserve boots it against the best baseline in pairs
+                pairs = paired.measure_pairs(study, budget, one, run.stop) if reserved.top > 0 else None
+                ran.append(again if pairs is None else remeasure.RemeasureRun(
+                    again.done + pairs.done, again.booted + pairs.booted,
+                    pairs.stopped_because or again.stopped_because))
             except BaseException as e:
                 errors.append(e)
 
@@ -331,7 +339,7 @@ def run_study(
         again = remeasure.search_and_remeasure(search, remeasure_in, reserved, run.stop)
     why = "interrupted" if interrupted.is_set() else again.stopped_because
     return RunSummary(counts["booted"], counts["refused"] + len(again.done) - again.booted, again.booted, why,
-                      best_trial(study), export_command(spec, storage_url))
+                      best_trial(study), export_command(spec, storage_url), paired.answer(study))
 
 
 @contextlib.contextmanager

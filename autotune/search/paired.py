@@ -1,0 +1,291 @@
+"""The final paired comparison: does the winner beat what the user runs today, beyond this machine's noise?
+
+The winner (remeasure.best) and the best baseline are booted again on fresh boots, interleaved so that a drift
+of the machine (heat, a neighbour's load) hits both: pair 0 boots the winner then the baseline, pair 1 the
+baseline then the winner, and so on (A B B A: a steady drift cancels over two pairs, where A B A B would always
+favour the one booted first). Each pair gives the log of the ratio of their throughputs; the mean of those logs
+and its 90% t interval, turned back into percentages, say how much better the winner is and how sure that is.
+
+Why a t interval on paired log-ratios, not a bootstrap: a pair shares the machine's state, so its ratio carries
+much less of the drift than two unpaired figures; throughput noise is multiplicative, so logs make it additive
+and symmetric; and there are only 2-8 pairs, where a bootstrap's percentile interval is too narrow (it never
+reaches past the sample's own extremes, and 3 pairs have 10 distinct resamples) while the t interval is exact
+for normal log-ratios and honestly wide for few of them. The stopping rule looks after each pair, which makes
+a 90% interval somewhat optimistic; MIN_PAIRS before the first look and MAX_PAIRS at most bound that.
+
+The outcome is one record in the study (COMPARISON_ATTR) with its sentence: every output (the run's summary,
+`status`, the report, `export`, `autotune compare`) prints that sentence and nothing of its own.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import optuna
+from optuna.trial import FrozenTrial, TrialState
+from scipy import stats
+
+from autotune.search import remeasure
+from autotune.search.budget import Budget
+from autotune.search.record import BASELINE_ATTR, REMEASURE_ATTR, feasible, view
+
+CONFIDENCE = 0.90  # two-sided: the winner is "better" when the interval's low end is above 0
+
+
+MIN_PAIRS = 2  # a t interval needs two; the first look is after the second pair
+
+
+MAX_PAIRS = 8  # beyond this the difference is too small for this machine to resolve in any sensible time
+
+
+PAIR_ATTR = "pair"  # trial user attr of a paired measurement: {"winner": n, "baseline": n, "index": i}
+
+
+COMPARISON_ATTR = "comparison"  # study user attr: the Comparison, as asdict
+
+
+@dataclass(frozen=True)
+class Pair:
+    """One pair of fresh boots; a throughput is None where that measurement missed the limits."""
+
+    index: int
+    winner_tok_s: float | None
+    baseline_tok_s: float | None
+
+
+@dataclass(frozen=True)
+class Interval:
+    """The winner's gain over the baseline as fractions (0.14 = +14%): the central estimate and its interval."""
+
+    mid: float
+    low: float
+    high: float
+
+    @property
+    def resolved(self) -> bool:
+        """The interval excludes no difference: the winner is better (low > 0) or worse (high < 0)."""
+        return self.low > 0 or self.high < 0
+
+
+def gain_interval(pairs: Sequence[Pair], confidence: float = CONFIDENCE) -> Interval | None:
+    """The t interval of the mean paired log-ratio (winner over baseline), as gains; None with fewer than two
+    pairs in which both met the limits."""
+    logs = [math.log(p.winner_tok_s / p.baseline_tok_s) for p in pairs
+            if p.winner_tok_s and p.baseline_tok_s]
+    if len(logs) < 2:
+        return None
+    mean, sd = statistics.fmean(logs), statistics.stdev(logs)
+    half = float(stats.t.ppf(0.5 + confidence / 2, len(logs) - 1)) * sd / math.sqrt(len(logs))
+    return Interval(math.expm1(mean), math.expm1(mean - half), math.expm1(mean + half))
+
+
+def needs_another_pair(pairs: Sequence[Pair]) -> bool:
+    """The stopping rule: measure another pair until the interval is resolved, or MAX_PAIRS were measured, or
+    the winner missed the limits on a fresh boot (then it is not shown better, whatever the others say)."""
+    if len(pairs) >= MAX_PAIRS or any(p.winner_tok_s is None for p in pairs):
+        return False
+    if len(pairs) < MIN_PAIRS:
+        return True
+    interval = gain_interval(pairs)
+    return interval is None or not interval.resolved
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """The answer: the winner against the best baseline, and the one sentence every output prints."""
+
+    winner: int  # the winner's original trial
+    baseline: str  # the best baseline's name ("" when no baseline met the limits)
+    baseline_trial: int | None
+    pairs: tuple[Pair, ...]
+    interval: Interval | None
+    proven: bool  # the winner beat the best baseline beyond the noise (or no baseline met the limits)
+    sentence: str
+
+    def to_attr(self) -> dict[str, object]:
+        return asdict(self)
+
+    @staticmethod
+    def from_attr(doc: Mapping[str, Any]) -> Comparison:
+        interval = Interval(**doc["interval"]) if doc.get("interval") else None
+        return Comparison(int(doc["winner"]), str(doc["baseline"]), doc["baseline_trial"],
+                          tuple(Pair(**p) for p in doc["pairs"]), interval, bool(doc["proven"]), str(doc["sentence"]))
+
+
+def limits_text(limits: Mapping[str, float]) -> str:
+    """{"ttft_p95_ms": 2000, "tpot_p95_ms": 100} -> "p95 TTFT 2 s and TPOT 100 ms"."""
+    parts = []
+    for key, value in limits.items():
+        metric, _, rest = key.partition("_")
+        pct = rest.split("_")[0]
+        amount = f"{value / 1000:g} s" if value >= 1000 else f"{value:g} ms"
+        parts.append((pct, f"{metric.upper()} {amount}"))
+    if not parts:
+        return "no limits"
+    pct = parts[0][0] if len({p for p, _ in parts}) == 1 else ""
+    words = [text if pct else f"{p} {text}" for p, text in parts]
+    return (f"{pct} " if pct else "") + " and ".join(words)
+
+
+def _pct(x: float) -> str:
+    return f"{x * 100:+.0f}%"
+
+
+def sentence(winner: int, baseline: str, interval: Interval | None, pairs: Sequence[Pair], proven: bool,
+             limits: Mapping[str, float]) -> str:
+    """"trial 12: +14% output tok/s over the recipe (90% interval +9% to +19%) within p95 TTFT 2 s and TPOT
+    100 ms", or why no configuration was shown better and what to keep."""
+    within = limits_text(limits)
+    if not baseline:
+        return f"trial {winner}: no baseline met the limits ({within}), so there is nothing to beat: use it"
+    if proven and interval is not None:
+        return (f"trial {winner}: {_pct(interval.mid)} output tok/s over the {baseline} ({CONFIDENCE:.0%} interval "
+                f"{_pct(interval.low)} to {_pct(interval.high)}) within {within}")
+    if any(p.winner_tok_s is None for p in pairs):
+        return (f"no configuration beat the {baseline}: trial {winner} missed the limits ({within}) on a fresh "
+                "boot: keep it")
+    if interval is None:
+        n = len([p for p in pairs if p.winner_tok_s and p.baseline_tok_s])
+        return (f"no configuration was shown to beat the {baseline}: {n} paired measurement(s) of trial {winner} "
+                f"against it, too few for an interval: keep it")
+    if interval.high < 0:
+        return (f"no configuration beat the {baseline}: trial {winner} measured {_pct(interval.mid)} against it on "
+                f"fresh boots (interval {_pct(interval.low)} to {_pct(interval.high)}): keep it")
+    return (f"no configuration beat the {baseline} beyond the noise of this machine ({_pct(interval.mid)}, interval "
+            f"{_pct(interval.low)} to {_pct(interval.high)}): keep it")
+
+
+def pairs_of(trials: Sequence[FrozenTrial], winner: int, baseline: int) -> list[Pair]:
+    """The finished pairs of fresh boots of `winner` against `baseline` (original trial numbers), in order. A
+    pair with a measurement that failed for reasons not the configuration's own (FAIL) is left out."""
+    sides: dict[int, dict[int, float | None]] = {}
+    failed: set[int] = set()
+    for t in trials:
+        mark = t.user_attrs.get(PAIR_ATTR)
+        if not isinstance(mark, dict) or (mark.get("winner"), mark.get("baseline")) != (winner, baseline):
+            continue
+        index = int(mark["index"])
+        if t.state != TrialState.COMPLETE:
+            failed.add(index)
+            continue
+        sides.setdefault(index, {})[int(t.user_attrs[REMEASURE_ATTR])] = (
+            float(t.value or 0.0) if feasible(t) else None)
+    return [Pair(i, s[winner], s[baseline]) for i, s in sorted(sides.items())
+            if i not in failed and winner in s and baseline in s]
+
+
+def next_index(trials: Sequence[FrozenTrial]) -> int:
+    """The index of the next pair: one past every pair recorded (finished or not)."""
+    marks = [t.user_attrs.get(PAIR_ATTR) for t in trials]
+    return 1 + max((int(m["index"]) for m in marks if isinstance(m, dict)), default=-1)
+
+
+def compare(winner: int, baseline: str, baseline_trial: int | None, pairs: Sequence[Pair],
+            limits: Mapping[str, float]) -> Comparison:
+    """The comparison from its pairs: proven when the interval's low end is above 0 and the winner met the limits
+    on every fresh boot; with no baseline that met the limits, the winner stands unopposed."""
+    interval = gain_interval(pairs)
+    if not baseline:
+        proven = True
+    else:
+        proven = (interval is not None and interval.low > 0 and winner != baseline_trial
+                  and all(p.winner_tok_s is not None for p in pairs))
+    if baseline and winner == baseline_trial:
+        text = f"no configuration beat the {baseline}: it measured best itself (trial {winner}): keep it"
+    else:
+        text = sentence(winner, baseline, interval, pairs, proven, limits)
+    return Comparison(winner, baseline, baseline_trial, tuple(pairs), interval, proven, text)
+
+
+def baseline_name(t: FrozenTrial) -> str:
+    mark = t.user_attrs.get(BASELINE_ATTR)
+    return str(mark.get("name")) if isinstance(mark, dict) else (view(t).baseline or "")
+
+
+def best_baseline(trials: Sequence[FrozenTrial]) -> remeasure.Best | None:
+    """The baseline to beat: among the baselines that hold their limits, the one with the best figure."""
+    return remeasure.best(trials, keep=lambda t: BASELINE_ATTR in t.user_attrs)
+
+
+def current(trials: Sequence[FrozenTrial], limits: Mapping[str, float]) -> Comparison | None:
+    """The comparison as the trials stand: the winner (remeasure.best) against the best baseline, on their pairs
+    so far. None when nothing met the limits."""
+    winner = remeasure.best(trials)
+    if winner is None:
+        return None
+    base = best_baseline(trials)
+    if base is None:
+        return compare(winner.trial.number, "", None, (), limits)
+    return compare(winner.trial.number, baseline_name(base.trial), base.trial.number,
+                   pairs_of(trials, winner.trial.number, base.trial.number), limits)
+
+
+def answer(study: optuna.Study) -> Comparison | None:
+    """What every output prints: the comparison stored when the run ended, while it still concerns the study's
+    winner; else (a study still running, or recorded before comparisons) the comparison as the trials stand."""
+    trials = study.get_trials(deepcopy=False)
+    now = current(trials, study.user_attrs.get("limits") or {})
+    stored = study.user_attrs.get(COMPARISON_ATTR)
+    if isinstance(stored, dict) and now is not None and stored.get("winner") == now.winner:
+        return Comparison.from_attr(stored)
+    return now
+
+
+@dataclass(frozen=True)
+class PairsRun:
+    """What `measure_pairs` did: the comparison it ended with, the original trials it booted again (in order),
+    how many of those booted, and why it stopped for want of time."""
+
+    comparison: Comparison | None
+    done: tuple[int, ...] = ()
+    booted: int = 0
+    stopped_because: str = ""
+
+
+def measure_pairs(study: optuna.Study, budget: Budget, run_one: Callable[[], object | None],
+                  stop: threading.Event | None = None) -> PairsRun:
+    """Boot pairs of the winner and the best baseline (A B, then B A) while the stopping rule asks for another
+    and a whole pair fits in the budget; store the comparison (COMPARISON_ATTR) and return it. `run_one` runs
+    the next queued trial (the study loop's own) and returns its result, or None when it was refused before boot."""
+    limits = study.user_attrs.get("limits") or {}
+    booted, why, done = 0, "", []
+    while stop is None or not stop.is_set():
+        trials = study.get_trials(deepcopy=False)
+        now = current(trials, limits)
+        if now is None or now.baseline_trial is None or now.winner == now.baseline_trial:
+            break
+        if not needs_another_pair(now.pairs):
+            break
+        by_number = {t.number: t for t in trials}
+        a, b = by_number[now.winner], by_number[now.baseline_trial]
+        la, lb = remeasure.length_s(a), remeasure.length_s(b)
+        needed = la + lb if la is not None and lb is not None else None
+        fits, why = budget.claim(needed)
+        if not fits:
+            if needed is not None and "left" in why:
+                why = (f"{budget.remaining():.0f} s left, less than one more pair of trial {a.number} and the "
+                       f"{now.baseline} (~{needed:.0f} s)")
+            break
+        index = next_index(trials)
+        for t in (a, b) if index % 2 == 0 else (b, a):
+            attrs: dict[str, object] = {REMEASURE_ATTR: t.number,
+                                        PAIR_ATTR: {"winner": a.number, "baseline": b.number, "index": index}}
+            if BASELINE_ATTR in t.user_attrs:  # boot exactly what the baseline booted
+                attrs[BASELINE_ATTR] = t.user_attrs[BASELINE_ATTR]
+            study.enqueue_trial(t.params, user_attrs=attrs)
+            result = run_one()
+            done.append(t.number)
+            if result is not None:
+                booted += 1
+                budget.record(float(getattr(result, "duration_s", 0.0)), searched=False)
+            if stop is not None and stop.is_set():
+                break
+    ended = current(study.get_trials(deepcopy=False), limits)
+    if ended is not None:
+        study.set_user_attr(COMPARISON_ATTR, ended.to_attr())
+    return PairsRun(ended, tuple(done), booted, why)

@@ -1,0 +1,157 @@
+"""The final paired comparison: its interval and stopping rule on known inputs, its sentence, and the loop that
+boots the winner and the best baseline in pairs (A B, then B A) on a real Optuna study."""
+
+from __future__ import annotations
+
+import math
+
+import optuna
+import pytest
+
+from autotune.search import tell
+from autotune.search.budget import Budget
+from autotune.search.paired import (
+    COMPARISON_ATTR,
+    MAX_PAIRS,
+    PAIR_ATTR,
+    Comparison,
+    Interval,
+    Pair,
+    answer,
+    compare,
+    gain_interval,
+    limits_text,
+    measure_pairs,
+    needs_another_pair,
+)
+from autotune.search.record import BASELINE_ATTR, REMEASURE_ATTR
+
+LIMITS = {"ttft_p95_ms": 2000, "tpot_p95_ms": 100}
+
+
+def ratios(*logs: float, base: float = 100.0) -> list[Pair]:
+    return [Pair(i, base * math.exp(x), base) for i, x in enumerate(logs)]
+
+
+def test_the_interval_is_the_t_interval_of_the_mean_paired_log_ratio():
+    # logs 0.10, 0.12, 0.08: mean 0.10, sd 0.02; t(0.95, 2 df) = 2.919986 from the table; half 0.0337166
+    got = gain_interval(ratios(0.10, 0.12, 0.08))
+    assert got is not None
+    assert got.mid == pytest.approx(math.expm1(0.10))
+    assert got.low == pytest.approx(math.expm1(0.10 - 2.919986 * 0.02 / math.sqrt(3)), abs=1e-6)
+    assert got.high == pytest.approx(math.expm1(0.10 + 2.919986 * 0.02 / math.sqrt(3)), abs=1e-6)
+    assert got.resolved
+
+
+def test_two_pairs_that_disagree_leave_the_difference_unresolved():
+    got = gain_interval(ratios(0.10, -0.02))  # t(0.95, 1 df) = 6.31: -34%..+47%
+    assert got is not None and got.low < 0 < got.high and not got.resolved
+    assert gain_interval(ratios(0.10)) is None  # one pair says nothing of its own spread
+
+
+def test_a_pair_in_which_a_measurement_missed_the_limits_has_no_ratio():
+    pairs = [*ratios(0.10, 0.12), Pair(2, None, 100.0)]
+    assert gain_interval(pairs) == gain_interval(ratios(0.10, 0.12))
+
+
+def test_the_stopping_rule():
+    assert needs_another_pair([])
+    assert needs_another_pair(ratios(0.10))  # no interval before the second pair
+    assert not needs_another_pair(ratios(0.10, 0.12, 0.08))  # resolved: better
+    assert not needs_another_pair(ratios(-0.10, -0.12, -0.08))  # resolved: worse
+    assert needs_another_pair(ratios(0.10, -0.02))  # inside the noise: measure again
+    assert not needs_another_pair(ratios(*[0.05, -0.05] * (MAX_PAIRS // 2)))  # unresolved, but enough pairs
+    assert not needs_another_pair([Pair(0, None, 100.0)])  # the winner missed its limits on a fresh boot
+
+
+def test_the_sentence_of_a_proven_winner():
+    c = compare(12, "recipe", 1, ratios(0.12, 0.14, 0.13), LIMITS)
+    assert c.proven
+    assert c.sentence == ("trial 12: +14% output tok/s over the recipe (90% interval +12% to +16%) "
+                          "within p95 TTFT 2 s and TPOT 100 ms")
+
+
+def test_the_sentence_when_no_configuration_beat_the_baseline_beyond_the_noise():
+    c = compare(12, "recipe", 1, ratios(0.08, -0.04), LIMITS)
+    assert not c.proven
+    assert c.sentence.startswith("no configuration beat the recipe beyond the noise of this machine (+2%, interval ")
+    assert c.sentence.endswith(": keep it")
+    assert not compare(12, "recipe", 1, ratios(0.10), LIMITS).proven  # too few pairs: not shown better
+    assert "too few for an interval" in compare(12, "recipe", 1, ratios(0.10), LIMITS).sentence
+    worse = compare(12, "recipe", 1, ratios(-0.10, -0.12, -0.08), LIMITS)
+    assert not worse.proven and "-10% against it on fresh boots" in worse.sentence
+
+
+def test_a_baseline_that_won_and_a_study_without_a_feasible_baseline():
+    itself = compare(1, "recipe", 1, (), LIMITS)
+    assert not itself.proven and itself.sentence == ("no configuration beat the recipe: it measured best itself "
+                                                     "(trial 1): keep it")
+    alone = compare(5, "", None, (), LIMITS)
+    assert alone.proven and "no baseline met the limits" in alone.sentence
+
+
+def test_limits_in_words_and_the_record_round_trips():
+    assert limits_text({"ttft_p95_ms": 500, "tpot_p95_ms": 50}) == "p95 TTFT 500 ms and TPOT 50 ms"
+    assert limits_text({"ttft_p99_ms": 1500, "tpot_p95_ms": 50}) == "p99 TTFT 1.5 s and p95 TPOT 50 ms"
+    c = compare(12, "recipe", 1, ratios(0.12, 0.14, 0.13), LIMITS)
+    assert Comparison.from_attr(c.to_attr()) == c
+    assert Interval(0.0, -0.01, 0.01).resolved is False
+
+
+class Machine:
+    """A study whose configurations measure the next figure of their list each time they are booted."""
+
+    def __init__(self, figures: dict[str, list[float]]):
+        self.figures = {k: list(v) for k, v in figures.items()}
+        self.study = optuna.create_study(direction="maximize")
+        self.study.set_user_attr("limits", LIMITS)
+        self.booted: list[str] = []
+        self.t = 0.0  # the clock: each boot takes 100 s
+
+    def clock(self) -> float:
+        return self.t
+
+    def run_one(self) -> object:
+        trial = self.study.ask()
+        c = trial.suggest_categorical("c", list(self.figures))
+        self.booted.append(c)
+        trial.set_user_attr("duration_s", 100.0)
+        self.t += 100.0
+        tell.set_constraints(trial)
+        figures = self.figures[c]
+        self.study.tell(trial, figures.pop(0) if len(figures) > 1 else figures[0])
+        return trial
+
+    def first(self, c: str, baseline: bool = False) -> None:
+        attrs = {BASELINE_ATTR: {"name": c, "flags": {}}} if baseline else {}
+        self.study.enqueue_trial({"c": c}, user_attrs=attrs)
+        self.run_one()
+
+
+def test_the_winner_and_the_recipe_are_booted_in_pairs_until_the_gain_is_resolved():
+    lab = Machine({"recipe": [100, 100, 101, 99, 100], "w": [130, 112, 110, 113, 111]})
+    lab.first("recipe", baseline=True)
+    lab.first("w")
+    lab.booted.clear()
+    ran = measure_pairs(lab.study, Budget(seconds=10_000), lab.run_one)
+    assert lab.booted == ["w", "recipe", "recipe", "w"]  # A B, then B A: a drift hits both alike
+    c = ran.comparison
+    assert c is not None and c.proven and c.winner == 1 and c.baseline_trial == 0 and len(c.pairs) == 2
+    assert c.sentence.startswith("trial 1: +10% output tok/s over the recipe (90% interval ")
+    marks = [t.user_attrs for t in lab.study.trials[2:]]
+    assert [m[REMEASURE_ATTR] for m in marks] == [1, 0, 0, 1]
+    assert [m[PAIR_ATTR]["index"] for m in marks] == [0, 0, 1, 1]
+    assert lab.study.user_attrs[COMPARISON_ATTR]["sentence"] == c.sentence == answer(lab.study).sentence
+
+
+def test_pairs_stop_when_the_budget_has_no_room_for_a_whole_pair():
+    lab = Machine({"recipe": [100, 104, 96], "w": [130, 101, 99]})
+    lab.first("recipe", baseline=True)
+    lab.first("w")
+    lab.t = 0.0
+    budget = Budget(seconds=600, clock=lab.clock)
+    lab.t = 200.0  # the first two trials took 200 s; a pair takes 2 x 125 s (a quarter to spare)
+    ran = measure_pairs(lab.study, budget, lab.run_one)
+    assert ran.booted == 2 and not ran.comparison.proven  # type: ignore[union-attr]
+    assert "less than one more pair of trial 1 and the recipe" in ran.stopped_because
+    assert "too few for an interval: keep it" in answer(lab.study).sentence  # type: ignore[union-attr]
