@@ -1,0 +1,359 @@
+"""The study and objective file reference (docs/study-file.md, docs/objective-file.md), written from the parsers.
+
+Which keys a file takes is read from the parsers themselves: while probe files (and the shipped ones) are loaded, every
+key a table asks for is recorded, with the default the parser gives it. A key a parser starts to read shows up here; it
+needs a line in STUDY_KEYS or OBJECTIVE_KEYS before the reference can be written, and
+tests/unit/config/test_reference.py fails until it has one, so the reference cannot fall behind the code. Regenerate
+with
+
+    python -m autotune.config.reference docs
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import sys
+import tempfile
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, get_args, get_type_hints
+
+from autotune.config import toml
+from autotune.config.objective import load_objective
+from autotune.config.params import PARAM_TYPES
+from autotune.config.study_file import SAMPLERS, load_study
+from autotune.fit.hardware import PROFILES
+from autotune.measure.ladder import LoadSearch
+from autotune.measure.stats import Limits
+from autotune.measure.workload import LengthDist, Workload
+
+REPO = Path(__file__).resolve().parents[2]
+REQUIRED = "required"
+
+# Tables filled from a dataclass: their defaults are the dataclass's.
+DATACLASS_TABLES: dict[str, type] = {"workload": Workload, "workload.input_len": LengthDist,
+                                     "workload.output_len": LengthDist, "limits": Limits, "load": LoadSearch}
+
+PROBE_OBJECTIVE = """
+name = "probe"
+[workload]
+input_len = { kind = "normal", mean = 64, std = 8, min = 8, max = 128 }
+output_len = { kind = "uniform", mean = 32, std = 4, min = 8, max = 64 }
+[limits]
+ttft_p95_ms = 500
+[load]
+mode = "concurrency"
+"""
+
+PROBE_STUDY = """
+objective = "probe-objective.toml"
+memory_cap_gib = 24
+[model]
+path = "tiny:dense"
+[engine]
+enforce_eager = true
+[engine.env]
+VLLM_CPU_KVCACHE_SPACE = "1"
+[space.max_num_seqs]
+type = "int"
+low = 1
+high = 64
+[space.gpu_memory_utilization]
+type = "float"
+low = 0.8
+high = 0.95
+[space.kv_cache_dtype]
+type = "categorical"
+choices = ["auto", "fp8"]
+[space.enable_prefix_caching]
+type = "bool"
+when = { kv_cache_dtype = "auto" }
+[[baselines]]
+name = "defaults"
+flags = {}
+"""
+
+
+@dataclasses.dataclass(frozen=True)
+class Key:
+    """One key a file takes: the table it sits in ("" for the top level), its name, and its default."""
+
+    table: str
+    name: str
+    default: object
+
+    @property
+    def dotted(self) -> str:
+        return f"{self.table}.{self.name}" if self.table else self.name
+
+
+def _table_name(prefix: str) -> str:
+    """A table's name in the reference: every searched parameter is space.NAME, every baseline baselines[]."""
+    prefix = re.sub(r"^space\.[^.]+", "space.NAME", prefix)
+    return re.sub(r"\[\d+\]", "[]", prefix)
+
+
+def _default(table: str, name: str, asked: object) -> object:
+    """A key's default: its dataclass field's where a dataclass fills the table, else what the parser asked with."""
+    cls = DATACLASS_TABLES.get(table)
+    field = {f.name: f for f in dataclasses.fields(cls)}.get(name) if cls else None
+    if field is None:
+        return asked
+    if field.default is not dataclasses.MISSING:
+        return field.default
+    return field.default_factory() if field.default_factory is not dataclasses.MISSING else REQUIRED
+
+
+@contextmanager
+def _recording() -> Iterator[dict[str, Key]]:
+    """Every key a _Table is asked for (get) or knows when it is done, while the block runs, in the order asked."""
+    keys: dict[str, Key] = {}
+    get, done = toml._Table.get, toml._Table.done
+
+    def note(table: toml._Table, name: str, default: object) -> None:
+        prefix = _table_name(table.prefix)
+        key = Key(prefix, name, _default(prefix, name, default))
+        keys.setdefault(key.dotted, key)
+
+    def recording_get(self: toml._Table, name: str, default: Any = toml._MISSING) -> Any:
+        note(self, name, REQUIRED if default is toml._MISSING else default)
+        return get(self, name, default)
+
+    def recording_done(self: toml._Table) -> None:
+        for name in sorted(self.known):
+            note(self, name, REQUIRED)
+        done(self)
+
+    toml._Table.get, toml._Table.done = recording_get, recording_done  # type: ignore[method-assign]
+    try:
+        yield keys
+    finally:
+        toml._Table.get, toml._Table.done = get, done  # type: ignore[method-assign]
+
+
+def asked_keys(load: Callable[[Path], object], paths: list[Path]) -> list[Key]:
+    """The keys `load` asks for while it reads each of `paths`, in the order asked; a dataclass's in its fields'."""
+    with _recording() as recorded:
+        for path in paths:
+            load(path)
+    keys = list(recorded.values())
+    for table, cls in DATACLASS_TABLES.items():
+        at = [i for i, k in enumerate(keys) if k.table == table]
+        order = [f.name for f in dataclasses.fields(cls)]
+        ranked = sorted((keys[i] for i in at), key=lambda k: order.index(k.name) if k.name in order else len(order))
+        for i, key in zip(at, ranked, strict=True):
+            keys[i] = key
+    return keys
+
+
+def _shipped(folder: str) -> list[Path]:
+    return sorted((REPO / folder).glob("*.toml"))
+
+
+def study_keys() -> list[Key]:
+    """The study file's keys: of a probe that reaches every branch, and of the shipped studies."""
+    with tempfile.TemporaryDirectory() as tmp:
+        (Path(tmp) / "probe-objective.toml").write_text(PROBE_OBJECTIVE)
+        probe = Path(tmp) / "probe.toml"
+        probe.write_text(PROBE_STUDY)
+        keys = asked_keys(load_study, [probe, *_shipped("studies")])
+    objective_tables = {"workload", "limits", "load"}
+    return [k for k in keys if k.table.split(".")[0] not in objective_tables
+            and not (k.table == "" and k.name in objective_tables)]
+
+
+def objective_keys() -> list[Key]:
+    """The objective file's keys: of a probe that reaches every branch, and of the shipped objectives."""
+    with tempfile.TemporaryDirectory() as tmp:
+        probe = Path(tmp) / "probe.toml"
+        probe.write_text(PROBE_OBJECTIVE)
+        return asked_keys(load_objective, [probe, *_shipped("objectives")])
+
+
+def _choices(cls: type, name: str) -> str:
+    """A Literal field's values, as the reference lists them."""
+    return ", ".join(f'"{v}"' for v in get_args(get_type_hints(cls)[name]))
+
+
+FACTS = {
+    "profiles": ", ".join(f'"{p}"' for p in PROFILES),
+    "samplers": ", ".join(f'"{s}"' for s in SAMPLERS),
+    "param_types": ", ".join(f'"{t}"' for t in PARAM_TYPES),
+    "length_kinds": _choices(LengthDist, "kind"),
+    "load_modes": _choices(LoadSearch, "mode"),
+    "prompt_kinds": _choices(Workload, "prompt"),
+}
+
+# What each key means, with its unit and the values it takes ({profiles} and the like: FACTS, read from the code).
+STUDY_KEYS: dict[str, str] = {
+    "name": "The study's name: it names its files (NAME.db beside the study file, reports/NAME.html). Letters, "
+            "digits, `.`, `_`, `-`; at most 100.",
+    "description": "Free text shown in the report.",
+    "objective": "The objective file (workload and latency limits), relative to the study file.",
+    "hardware": "The GPU profile the memory estimator plans for: \"auto\" (the first GPU NVML finds; the CPU "
+                "profile on vLLM's CPU build) or one of {profiles}.",
+    "storage": "Where trials are kept: an SQLAlchemy URL (`sqlite:///path.db`, `postgresql://...`). None: "
+               "`sqlite:///NAME.db` beside the study file.",
+    "memory_cap_gib": "Plan and boot as on a smaller card: a size in GiB (24, \"24GiB\") or a profile name "
+                      "(\"rtx3090\"). vLLM is given a gpu_memory_utilization that leaves it what the smaller card "
+                      "would.",
+    "model": "The checkpoint every trial serves.",
+    "model.path": "\"tiny:dense\" or \"tiny:hybrid\" (a tiny model with random weights, written by autotune), a "
+                  "directory with a config.json (relative to the study file), or a Hugging Face hub id.",
+    "model.load_format": "vLLM's --load-format (\"dummy\": random weights, nothing downloaded).",
+    "model.quantization": "vLLM's --quantization (awq, gptq, fp8, ...). None: what the checkpoint says.",
+    "model.revision": "The hub revision (branch, tag or commit) to serve.",
+    "model.extra": "A table for whoever resolves the model (the tiny models' sizes), not passed to vLLM.",
+    "engine": "Fixed vLLM flags for every trial, by vLLM's dest name (`max_model_len = 8192`, "
+              "`enforce_eager = true`). `model`, `host` and `port` are autotune's; the [model] keys go in [model].",
+    "engine.env": "Environment variables for the server (`VLLM_CPU_KVCACHE_SPACE = \"1\"`); numbers become "
+                  "strings.",
+    "space": "The searched flags: one table [space.NAME] per vLLM flag (dest name), or the pseudo-parameters "
+             "`model`, `speculative_method` and `num_speculative_tokens`.",
+    "space.NAME.type": "One of {param_types}.",
+    "space.NAME.low": "int and float: the lowest value searched (inclusive).",
+    "space.NAME.high": "int and float: the highest value searched (inclusive).",
+    "space.NAME.log": "int and float: draw on a log scale (needs low > 0; no step).",
+    "space.NAME.step": "int and float: the grid spacing (> 0). None: any int, any float.",
+    "space.NAME.choices": "categorical: a non-empty list of strings, numbers or booleans, each once.",
+    "space.NAME.when": "Search this flag only where other parameters have these values: "
+                       "`when = { enable_chunked_prefill = true }` or a list of allowed values.",
+    "space.NAME.default": "The value vLLM uses when the flag is absent; baselines that leave it unset are recorded "
+                          "at it. May lie outside [low, high].",
+    "baselines": "An array of tables ([[baselines]]): configurations booted exactly as written, before the search.",
+    "baselines[].name": "The baseline's name, unique in the file.",
+    "baselines[].flags": "Its vLLM flags by dest name (`{ max_num_seqs = 48 }`; `{}` is vLLM's defaults), on top "
+                         "of [engine]. Checked against the rules vLLM enforces at startup.",
+    "sampler": "How configurations are proposed.",
+    "sampler.name": "One of {samplers} (Optuna's TPE, Gaussian-process and random samplers).",
+    "sampler.seed": "An integer seed, so a study proposes the same configurations again.",
+    "budget": "How long the search runs.",
+    "budget.boot_timeout": "A duration (\"45s\", \"3m\", \"1h30m\"): a server not ready by then fails its trial.",
+    "budget.time": "A duration: the default for `autotune run --budget`.",
+    "budget.trials": "The default number of trials (>= 1): `autotune run --trials`.",
+    "budget.remeasure": "How many of the best configurations are measured again before the budget ends "
+                        "(0: none).",
+}
+
+OBJECTIVE_KEYS: dict[str, str] = {
+    "name": "The objective's name, shown in reports.",
+    "description": "Free text shown in reports.",
+    "workload": "What each load level sends.",
+    "workload.input_len": "Prompt length in tokens: an integer (fixed), or a table "
+                          "`{ kind, mean, std, min, max }` (below).",
+    "workload.output_len": "Answer length in tokens, exact (`ignore_eos`): an integer or a table as for input_len.",
+    "workload.input_len.kind": "One of {length_kinds}: `fixed` sends `mean`; the others draw with that mean and "
+                               "std, clipped to [min, max].",
+    "workload.input_len.mean": "Tokens (>= 1, within [min, max]).",
+    "workload.input_len.std": "Tokens (>= 0).",
+    "workload.input_len.min": "Tokens (>= 1).",
+    "workload.input_len.max": "Tokens (>= min).",
+    "workload.shared_prefix_len": "Tokens every prompt starts with (>= 0): exercises prefix caching.",
+    "workload.dataset": "A JSONL file of prompts, relative to the objective file; each line "
+                        "`{\"prompt_token_ids\": [...]}` or `{\"prompt\": \"text\"}`, with an optional "
+                        "`\"output_len\"`. It replaces input_len (and output_len where a line gives one).",
+    "workload.seed": "Seed of the drawn prompts and lengths: every trial is sent the same requests.",
+    "workload.prompt": "One of {prompt_kinds}: send token ids (exact lengths, no tokenizer), or the same ids "
+                       "decoded to text with the model's tokenizer.json (the server then tokenizes).",
+    "limits": "The p95 latency limits a load level must meet, in milliseconds; at least one.",
+    "limits.ttft_p95_ms": "Time to first token, p95, ms (> 0).",
+    "limits.tpot_p95_ms": "Time per output token after the first, p95, ms (> 0).",
+    "limits.itl_p95_ms": "Inter-token latency, p95, ms (> 0).",
+    "limits.e2e_p95_ms": "Whole-request latency, p95, ms (> 0).",
+    "load": "How load levels are searched in each trial.",
+    "load.mode": "One of {load_modes}: requests in flight at once (closed loop), or requests per second "
+                 "(Poisson arrivals).",
+    "load.start": "The lowest level measured (> 0).",
+    "load.max": "The highest level measured (>= start).",
+    "load.factor": "Each step up or down multiplies the level by this (> 1) before bisecting.",
+    "load.tolerance": "Bisection stops when fail - pass <= tolerance x pass (> 0; at least 1 in concurrency mode).",
+    "load.min_requests": "Requests per exact level at least (>= 1; in concurrency mode at least 3 x the level).",
+    "load.warmup_requests": "Requests per level sent first and not counted (>= 0).",
+    "load.p95_margin": "An exact level runs until each limited p95 is known to +- this (relative), or is clearly "
+                       "on one side of its limit (>= 0; 0: exactly min_requests).",
+    "load.p95_confidence": "The confidence of that margin (between 0 and 1).",
+    "load.max_requests": "Requests per level at most (>= 1; raised to the level's minimum where that is more).",
+    "load.verdict_error": "Each error rate of the early verdict on a level clearly inside or outside its limits "
+                          "(in [0, 0.5); 0: every level measured in full).",
+}
+OBJECTIVE_KEYS |= {k.replace("input_len.", "output_len."): v for k, v in OBJECTIVE_KEYS.items()
+                   if k.startswith("workload.input_len.")}  # output_len's table takes input_len's keys
+
+
+def _shown(value: object) -> str:
+    """A default as the reference prints it."""
+    if value == REQUIRED:
+        return "required"
+    if value is None or value == {} or value == []:
+        return "none" if value is None else "empty"
+    if isinstance(value, LengthDist):
+        return f"{value.mean}" if value.kind == "fixed" else f"{value.kind} {value.mean}"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return f'"{value}"' if isinstance(value, str) else f"{value}"
+
+
+def _filled(text: str) -> str:
+    """A description with its {name}s replaced by what the code says (FACTS)."""
+    for name, value in FACTS.items():
+        text = text.replace("{" + name + "}", value)
+    return text
+
+
+def undescribed(keys: list[Key], descriptions: dict[str, str]) -> list[str]:
+    """The keys no line of `descriptions` describes."""
+    return [k.dotted for k in keys if k.dotted not in descriptions]
+
+
+SHOWN_DEFAULTS = {"name": "the file's name", "space.NAME.default": "none", "baselines": "none",
+                  "workload.input_len": "256", "workload.output_len": "128"}
+
+
+def _page(title: str, intro: str, keys: list[Key], descriptions: dict[str, str]) -> str:
+    missing = undescribed(keys, descriptions)
+    if missing:
+        raise ValueError(f"no description for {', '.join(missing)}: add one in {__name__}")
+    lines = [f"# {title}", "", intro, "", "| Key | Default | Meaning |", "|---|---|---|"]
+    for k in keys:
+        default = SHOWN_DEFAULTS.get(k.dotted, _shown(k.default))
+        text = _filled(descriptions[k.dotted]).replace("|", "\\|")
+        lines.append(f"| `{k.dotted}` | {default} | {text} |")
+    return "\n".join(lines) + "\n"
+
+
+GENERATED = "<!-- Written by `python -m autotune.config.reference docs` from the parsers; do not edit. -->"
+
+
+def study_page() -> str:
+    intro = (f"{GENERATED}\n\nA study file (TOML) says what to tune: the model, the fixed and the searched vLLM "
+             "flags, the baselines, the sampler and the budget; it names an objective file "
+             "([objective-file.md](objective-file.md)). Keys are dotted: `model.path` is `path` in the `[model]` "
+             "table, `space.NAME.low` is `low` in `[space.max_num_seqs]`. An unknown key is refused with the "
+             "nearest known one. Examples: `studies/`.")
+    return _page("Study file reference", intro, study_keys(), STUDY_KEYS)
+
+
+def objective_page() -> str:
+    intro = (f"{GENERATED}\n\nAn objective file (TOML) says what a good configuration is: the requests sent "
+             "(`[workload]`), the p95 latency limits every measured load level must meet (`[limits]`), and how "
+             "load levels are searched (`[load]`). A trial's figure is the highest load that meets every limit. "
+             "Examples: `objectives/`.")
+    return _page("Objective file reference", intro, objective_keys(), OBJECTIVE_KEYS)
+
+
+PAGES: dict[str, Callable[[], str]] = {"study-file.md": study_page, "objective-file.md": objective_page}
+
+
+def main(argv: list[str]) -> int:
+    folder = Path(argv[0] if argv else "docs")
+    folder.mkdir(exist_ok=True)
+    for name, page in PAGES.items():
+        (folder / name).write_text(page())
+        print(folder / name)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
