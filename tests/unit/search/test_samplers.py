@@ -241,7 +241,7 @@ def test_replay_runs_until_the_target_and_the_grid_boots_everything(surface):
 
 
 def test_run_from_study_queues_the_earlier_best_after_the_baselines(tmp_path):
-    from autotune.cli import _warm_start
+    from autotune.cli.search import warm_start_from
     from autotune.search.record import BASELINE_ATTR
 
     study_file = tmp_path / "tiny-cpu.toml"
@@ -258,7 +258,7 @@ def test_run_from_study_queues_the_earlier_best_after_the_baselines(tmp_path):
         t.set_user_attr("flags", json.dumps({"max_num_seqs": seqs, "max_num_batched_tokens": tokens}))
         tell.set_constraints(t)
         earlier.tell(t, value)
-    _warm_start(spec, url, "earlier", None)
+    warm_start_from(spec, url, "earlier", None)
     study = optuna.load_study(study_name=spec.name, storage=url)
     waiting = study.get_trials(states=(TrialState.WAITING,))
     assert [t.user_attrs.get(BASELINE_ATTR, {}).get("name") for t in waiting[:2]] == ["vllm-defaults", "recipe"]
@@ -269,7 +269,7 @@ def test_run_from_study_queues_the_earlier_best_after_the_baselines(tmp_path):
                                                        "max_model_len": 8192}
     from autotune.errors import SpecError
     with pytest.raises(SpecError):
-        _warm_start(spec, url, spec.name, None)
+        warm_start_from(spec, url, spec.name, None)
 
 
 def test_every_sampler_name_a_study_file_accepts_builds_a_sampler():

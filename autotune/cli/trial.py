@@ -1,0 +1,66 @@
+"""`autotune trial`: one server, one configuration, measured as a study's trial would be."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import click
+
+from autotune.cli.console import console
+from autotune.cli.options import configured_model_option, parse_env, warn_slow_dtype
+
+
+@click.command("trial")
+@click.option("--model", required=True, help="Model directory, hub id, or tiny:dense / tiny:hybrid (random weights).")
+@click.option("--objective", "objective_path", required=True, type=click.Path(path_type=Path),
+              help="Objective file (workload and p95 limits), e.g. objectives/tiny-cpu.toml.")
+@click.option("--set", "sets", multiple=True, metavar="KEY=VALUE", help="A vLLM flag by its dest name; repeatable.")
+@click.option("--env", "envs", multiple=True, metavar="NAME=VALUE", help="Environment for the server; repeatable.")
+@click.option("--log", "log_path", type=click.Path(path_type=Path), default=None,
+              help="Where the server log goes (default runs/trial-<time>.log).")
+@click.option("--boot-timeout", default="15m", show_default=True, help="Give up on a boot after this long.")
+@click.option("--gpu", "gpus", default="", help="GPU indices to use and sample, e.g. 0 (CUDA build only).")
+@click.option("--memory-cap", default=None, metavar="GIB|PROFILE",
+              help="Behave as a card with this much memory, e.g. 24 or rtx3090 (flags translated for the GPU present).")
+def trial_command(model: str, objective_path: Path, sets: tuple[str, ...], envs: tuple[str, ...],
+                  log_path: Path | None, boot_timeout: str, gpus: str, memory_cap: str | None) -> None:
+    """Boot one vLLM server with the given flags and find the highest load it sustains within the limits.
+
+    \b
+      autotune trial --model tiny:dense --objective objectives/tiny-cpu.toml \\
+          --set max_num_seqs=16 --set max_num_batched_tokens=2048
+    """
+    import time
+
+    from autotune.config.objective import load_objective
+    from autotune.config.study_file import check_prompt_tokenizer
+    from autotune.config.toml import parse_duration
+    from autotune.engine import defaults as engine_defaults
+    from autotune.engine import flags as engine_flags
+    from autotune.engine.weights import fetch_named
+    from autotune.fit import memcap
+    from autotune.measure.trial import plan_trial, run_trial
+    from autotune.show.tables import print_trial
+
+    objective = load_objective(objective_path)
+    path, flags = configured_model_option(model, sets)
+    check_prompt_tokenizer(objective, [path])
+    engine_flags.check(("--set", k) for k in flags)
+    engine_flags.check_values(("--set", k, k, v) for k, v in flags.items())
+    warn_slow_dtype(path, flags)
+    gpu_indices = tuple(int(g) for g in gpus.split(",") if g.strip())
+    cap, real = None, None
+    if memory_cap is not None:  # the estimator's card is the capped one; the flags are translated for the real one
+        cap, real = memcap.parse_cap(memory_cap), memcap.present_gpu(gpu_indices[0] if gpu_indices else 0)
+        util = float(flags.get("gpu_memory_utilization") or engine_defaults.DEFAULT_UTILIZATION)  # type: ignore[arg-type]
+        console.print(memcap.describe(real, cap, util))
+    plan = plan_trial(path, flags, objective,
+                      log_path or Path("runs") / f"trial-{time.strftime('%Y%m%d-%H%M%S')}.log",
+                      env=parse_env(envs), boot_timeout_s=parse_duration(boot_timeout, "--boot-timeout"),
+                      gpu_indices=gpu_indices, memory_cap=cap, real_gpu=real)
+    fetch_named(path, flags, lambda line: console.print(line, markup=False), "--model", None)
+    with console.status("booting") as status:
+        result = run_trial(plan, on_stage=lambda s: status.update(s))
+    print_trial(console, result, objective, None if cap is None else cap.cuda_total_gib)
+    sys.exit(0 if result.status == "ok" else 1)
