@@ -232,7 +232,7 @@ STUDY_KEYS: dict[str, str] = {
     "budget": "How long the search runs.",
     "budget.boot_timeout": "A duration (\"45s\", \"3m\", \"1h30m\"): a server not ready by then fails its trial.",
     "budget.time": "A duration: the default for `autotune run --budget`.",
-    "budget.trials": "The default number of trials (>= 1): `autotune run --trials`.",
+    "budget.trials": "The default number of trials (>= 1): `autotune run --n-trials`.",
     "budget.remeasure": "How many of the best configurations are measured again before the budget ends "
                         "(0: none).",
 }
