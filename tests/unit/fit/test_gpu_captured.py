@@ -1,4 +1,4 @@
-"""GPU-only code paths, exercised on CPU machines with real output captured on the lent H200 (vLLM 0.25.0 CUDA,
+"""GPU-only code paths, exercised on CPU machines with real output captured on an H200 (vLLM 0.25.0 CUDA,
 Qwen3.5-27B-shaped AWQ model with random weights, capped to behave as a 24 GiB card; the runbook is
 benchmarks/h200/).
 

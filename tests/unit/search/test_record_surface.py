@@ -135,7 +135,7 @@ def test_a_surface_of_another_plan_is_not_resumed(planned, tmp_path: Path) -> No
 
 
 def test_a_surface_is_resumed_only_on_the_card_it_was_recorded_on(planned, tmp_path: Path) -> None:
-    """The same capped study on a lent H100 serves at another speed: its figures never join the H200's file."""
+    """The same capped study on an H100 serves at another speed: its figures never join the H200's file."""
     plan, spec, _ = planned
     out = tmp_path / "surface.json"
     rs.save(rs.surface_doc(out, PLAN, plan, spec, H200), out)
