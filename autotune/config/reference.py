@@ -311,15 +311,28 @@ SHOWN_DEFAULTS = {"name": "the file's name", "space.NAME.default": "none", "base
                   "workload.input_len": "256", "workload.output_len": "128"}
 
 
+def _section(key: Key, tables: set[str]) -> str:
+    """The section a key is listed under: its top-level table, or "Top level"."""
+    top = key.dotted.split(".")[0].removesuffix("[]")
+    return top if top in tables else "Top level"
+
+
 def _page(title: str, intro: str, keys: list[Key], descriptions: dict[str, str]) -> str:
     missing = undescribed(keys, descriptions)
     if missing:
         raise ValueError(f"no description for {', '.join(missing)}: add one in {__name__}")
-    lines = [f"# {title}", "", intro, "", "| Key | Default | Meaning |", "|---|---|---|"]
+    tables = {k.table.split(".")[0].removesuffix("[]") for k in keys if k.table}
+    sections: dict[str, list[Key]] = {}
     for k in keys:
-        default = SHOWN_DEFAULTS.get(k.dotted, _shown(k.default))
-        text = _filled(descriptions[k.dotted]).replace("|", "\\|")
-        lines.append(f"| `{k.dotted}` | {default} | {text} |")
+        sections.setdefault(_section(k, tables), []).append(k)
+    lines = [f"# {title}", "", intro]
+    for name, members in sections.items():
+        heading = name if name == "Top level" else f"[[{name}]]" if name == "baselines" else f"[{name}]"
+        lines += ["", f"## {heading}", "", "| Key | Default | Meaning |", "|---|---|---|"]
+        for k in members:
+            default = SHOWN_DEFAULTS.get(k.dotted, _shown(k.default))
+            text = _filled(descriptions[k.dotted]).replace("|", "\\|")
+            lines.append(f"| `{k.dotted}` | {default} | {text} |")
     return "\n".join(lines) + "\n"
 
 
