@@ -37,9 +37,8 @@ def load_objective(path: str | Path) -> Objective:
     source = str(path)
     path = Path(path)
     top = _Table(_read(path, source), source)
-    name = top.text("name", path.stem)
-    description = top.get("description", "")
-    top.expect("description", isinstance(description, str), "a string", description)
+    name = top.label("name", path.stem)
+    description = top.label("description", "", lines=True)
 
     wt = top.table("workload", required=True)
 

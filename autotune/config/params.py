@@ -29,7 +29,8 @@ class Param:
         """Can this parameter take value v? The one rule for a file's `when`/`default`, a baseline's
         values and a warm start's: a bool by type, a categorical by membership (True apart from 1), a
         number when it is one (an int parameter's must be integral) and, with in_range, in [low, high].
-        in_range=False is for values Optuna records out of range with a warning (vLLM's own defaults)."""
+        in_range=False is for values Optuna records out of range with a warning (vLLM's own defaults); a log-scale
+        parameter's must be > 0 even then."""
         if self.type == "bool":
             return isinstance(v, bool)
         if self.type == "categorical":
@@ -37,6 +38,8 @@ class Param:
         if not isinstance(v, int | float) or isinstance(v, bool):
             return False
         if self.type == "int" and not float(v).is_integer():
+            return False
+        if self.log and v <= 0:  # not even out of range: a log scale has no place for it (Optuna raises)
             return False
         return not in_range or self.low <= v <= self.high  # type: ignore[operator]
 
@@ -81,6 +84,8 @@ def read_param(t: _Table, name: str) -> Param:
             raise t.error("step", f"must be > 0, got {step}")
         if log and step not in (None, 1):
             raise t.error("step", "step cannot be combined with log = true")
+        if step is not None and step > high - low and low != high:
+            raise t.error("step", f"{step} is wider than the range [{low}, {high}]: {name} could only be {low}")
         fields |= {"low": low, "high": high, "log": log, "step": step}
     elif kind == "categorical":
         choices = t.get("choices")

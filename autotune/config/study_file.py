@@ -16,6 +16,7 @@ from pathlib import Path
 from autotune.config.objective import load_objective
 from autotune.config.params import Baseline, Param, in_dependency_order, is_scalar, read_param
 from autotune.config.toml import _read, _show, _suggest, _Table, parse_duration
+from autotune.engine.env import check_env
 from autotune.engine.flags import (
     MODEL,
     PSEUDO_PARAMS,
@@ -228,6 +229,7 @@ def _engine(top: _Table, base: Path) -> tuple[dict[str, object], dict[str, str]]
     for k, v in env_table.data.items():
         env_table.expect(k, is_scalar(v) and not isinstance(v, bool), "a string or a number", v)
         env[k] = str(v)
+    check_env(env, et.source, env_table.prefix, allowed=None)  # whether this host lets them through: check_inputs
     engine = _flags_table(_Table({k: v for k, v in et.data.items() if k != "env"}, et.source, "engine"), base,
                           allow_model=False)
     for k in MODEL_FLAGS:
@@ -245,7 +247,7 @@ def _baselines(top: _Table, base: Path, fixed: dict[str, object]) -> tuple[Basel
         if not isinstance(item, dict):
             raise SpecError(top.source, f"baselines[{i}]", "must be a table with a name and flags")
         t = _Table(item, top.source, f"baselines[{i}]")
-        name = t.text("name")
+        name = t.label("name")
         if any(b.name == name for b in baselines):
             raise t.error("name", f"baseline '{name}' is defined twice")
         flags = _flags_table(t.table("flags"), base, allow_model=True)
@@ -265,7 +267,8 @@ def _sampler(top: _Table) -> SamplerSpec:
     name = st.text("name", "tpe")
     if name not in SAMPLERS:
         raise st.error("name", f"unknown sampler '{name}'{_suggest(name, SAMPLERS)} (one of {', '.join(SAMPLERS)})")
-    sampler = SamplerSpec(name=name, seed=st.integer("seed", None))
+    # numpy's generators (TPE, random) take seeds in [0, 2**32)
+    sampler = SamplerSpec(name=name, seed=st.integer("seed", None, minimum=0, maximum=2**32 - 1))
     st.done()
     return sampler
 
@@ -289,8 +292,7 @@ def load_study(path: str | Path) -> StudySpec:
     base = path.parent
     top = _Table(_read(path, source), source)
     name = check_study_name(top.text("name", path.stem), source, "name")
-    description = top.get("description", "")
-    top.expect("description", isinstance(description, str), "a string", description)
+    description = top.label("description", "", lines=True)
     objective_path = base / top.text("objective")
     if not objective_path.is_file():
         raise top.error("objective", f"file not found: {objective_path}")

@@ -2,18 +2,27 @@
 
 from __future__ import annotations
 
+import codecs
 import dataclasses
 import difflib
+import math
+import os
 import re
+import stat
 import tomllib
 import types
 import typing
+import unicodedata
 from pathlib import Path
 from typing import Any, Literal
 
 from autotune.errors import SpecError
 
 _MISSING: Any = object()
+
+MAX_FILE_BYTES = 1 << 20  # a study or objective file is a few KiB: more is not one (or is /dev/zero)
+
+LONGEST_S = 366 * 86400.0  # a duration beyond a year is a slip (and overflows the clocks that wait on it)
 
 
 def _show(value: object) -> str:
@@ -58,18 +67,33 @@ class _Table:
         self.expect(name, v is default or (isinstance(v, str) and v != ""), "a non-empty string", v)
         return v
 
-    def integer(self, name: str, default: Any = _MISSING, minimum: int | None = None) -> Any:
+    def label(self, name: str, default: Any = _MISSING, lines: bool = False) -> Any:
+        """A name or description people read on a terminal: no control characters (an escape sequence would
+        retitle or redraw their terminal); a description (`lines`) may hold line breaks and tabs."""
+        v = self.get(name, default)
+        self.expect(name, v is default or isinstance(v, str) and (v != "" or lines), "a string" if lines
+                    else "a non-empty string", v)
+        if v is not default and (bad := next((c for c in v if is_control(c) and not (lines and c in "\n\t")), None)):
+            raise self.error(name, f"contains the control character {bad!r}; names are printed on terminals")
+        return v
+
+    def integer(self, name: str, default: Any = _MISSING, minimum: int | None = None,
+                maximum: int | None = None) -> Any:
         v = self.get(name, default)
         if v is default:
             return v
         self.expect(name, isinstance(v, int) and not isinstance(v, bool), "an integer", v)
         if minimum is not None and v < minimum:
             raise self.error(name, f"must be >= {minimum}, got {v}")
+        if maximum is not None and v > maximum:
+            raise self.error(name, f"must be <= {maximum}, got {v}")
         return v
 
     def number(self, name: str, default: Any = _MISSING) -> Any:
+        """A finite number: TOML's nan and inf are numbers no limit, range or length can mean."""
         v = self.get(name, default)
         self.expect(name, v is default or (isinstance(v, int | float) and not isinstance(v, bool)), "a number", v)
+        self.expect(name, v is default or math.isfinite(v), "a finite number", v)
         return v
 
     def boolean(self, name: str, default: Any = _MISSING) -> Any:
@@ -89,19 +113,38 @@ class _Table:
                 raise self.error(k, f"unknown key{_suggest(k, self.known)}")
 
 
+def is_control(c: str) -> bool:
+    """A character a terminal acts on instead of showing (C0, DEL, C1: ESC begins every escape sequence)."""
+    return unicodedata.category(c) == "Cc"
+
+
 def _read(path: Path, source: str) -> dict[str, Any]:
+    data = _read_bytes(path, source)
+    if data.startswith(codecs.BOM_UTF8):  # TOML has no place for one: tomllib says only "Invalid statement"
+        raise SpecError(source, None, "begins with a byte-order mark (BOM); save it as UTF-8 without BOM")
     try:
-        with open(path, "rb") as f:
-            return tomllib.load(f)
-    except FileNotFoundError:
-        raise SpecError(source, None, "file not found") from None
-    except OSError as e:
-        raise SpecError(source, None, f"cannot read: {e.strerror}") from None
+        return tomllib.loads(data.decode())
     except tomllib.TOMLDecodeError as e:
         raise SpecError(source, None, f"invalid TOML: {e}") from None
     except UnicodeDecodeError as e:  # TOML is UTF-8 by definition
         raise SpecError(source, None, f"not UTF-8 text (byte {e.start}: {e.object[e.start:e.start + 1]!r}); "
                                       "save it as UTF-8") from None
+
+
+def _read_bytes(path: Path, source: str) -> bytes:
+    """A regular file's bytes, at most MAX_FILE_BYTES: a FIFO would block, /dev/zero never end."""
+    try:
+        if not stat.S_ISREG(os.stat(path).st_mode):
+            raise SpecError(source, None, "not a regular file")
+        with open(path, "rb") as f:
+            data = f.read(MAX_FILE_BYTES + 1)
+    except FileNotFoundError:
+        raise SpecError(source, None, "file not found") from None
+    except OSError as e:
+        raise SpecError(source, None, f"cannot read: {e.strerror}") from None
+    if len(data) > MAX_FILE_BYTES:
+        raise SpecError(source, None, f"larger than {MAX_FILE_BYTES >> 20} MiB: not a study or objective file")
+    return data
 
 
 def parse_duration(text: object, key: str = "duration", source: str = "command line") -> float:
@@ -114,8 +157,10 @@ def parse_duration(text: object, key: str = "duration", source: str = "command l
         if not m or not any(m.groups()):
             raise SpecError(source, key, f"must be a duration like '4h', '90m', '1h30m' or '45s', got {text!r}")
         seconds = sum(float(g) * u for g, u in zip(m.groups(), (86400, 3600, 60, 1), strict=True) if g)
-    if seconds <= 0:
+    if not seconds > 0:  # also nan
         raise SpecError(source, key, f"must be a positive duration, got {text!r}")
+    if seconds > LONGEST_S:  # also inf
+        raise SpecError(source, key, f"must be at most a year, got {text!r}")
     return seconds
 
 

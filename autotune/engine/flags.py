@@ -12,6 +12,7 @@ import functools
 import importlib
 import importlib.metadata
 import json
+import math
 import re
 import shlex
 from collections.abc import Iterable, Mapping, Sequence
@@ -224,6 +225,9 @@ def _int(flags: Mapping[str, object], key: str) -> int | None:
     return v if isinstance(v, int) and not isinstance(v, bool) else None
 
 
+LEAST = {"max_num_seqs": 1, "max_num_batched_tokens": 1, "max_model_len": -1}
+
+
 def invalid_reason(flags: Mapping[str, object], *, model_max_len: int | None = None) -> str | None:
     """Why vLLM would refuse these flags before loading anything (vllm/config/scheduler.py,
     SchedulerConfig.verify_max_model_len; cache.py), or None. Only explicit values are judged:
@@ -231,6 +235,9 @@ def invalid_reason(flags: Mapping[str, object], *, model_max_len: int | None = N
     `model_max_len` (the model's context) stands in for an absent max_model_len, as in vLLM."""
     seqs, batched = _int(flags, "max_num_seqs"), _int(flags, "max_num_batched_tokens")
     model_len, active = _int(flags, "max_model_len") or model_max_len, _int(flags, "max_num_active_seqs")
+    for key, least in LEAST.items():  # vLLM's own bounds on these (SchedulerConfig, ModelConfig: Field(ge=...))
+        if (v := _int(flags, key)) is not None and v < least:
+            return f"{key} ({v}) must be >= {least}"
     if batched is not None and model_len is not None and flags.get("enable_chunked_prefill") is False:
         if batched < model_len:
             return (
@@ -328,6 +335,8 @@ def value_problem(flag: FlagType, value: object) -> str | None:
         return None if isinstance(value, bool) else "must be true or false"
     if isinstance(value, bool):
         return "takes a value, not true or false"
+    if isinstance(value, float) and not math.isfinite(value):
+        return "must be a finite number"
     if flag.many and isinstance(value, list):
         return next((p for v in value if (p := value_problem(FlagType(flag.kind, flag.choices), v))), None)
     text = str(value)
@@ -354,6 +363,55 @@ def check_values(values: Iterable[tuple[str, str, str, object]], types: Mapping[
         if dest in types and (problem := value_problem(types[dest], value)):
             raise SpecError(source, key, f"{problem} (--{dest.replace('_', '-')} of {vllm_version()}), "
                                          f"got {value!r}")
+
+
+_TLS = "the server would speak TLS, which the tuner's client does not"
+
+# Flags with which the tuner's own client could not measure the server: refused, whoever asks.
+UNMEASURABLE = {"api_key": "the server would refuse the tuner's own requests (and a key is never stored)",
+                "uds": "the server would listen on a Unix socket, where the tuner's client does not connect",
+                "ssl_keyfile": _TLS, "ssl_certfile": _TLS, "ssl_ca_certs": _TLS, "ssl_cert_reqs": _TLS,
+                "ssl_ciphers": _TLS, "enable_ssl_refresh": _TLS,
+                "headless": "the server would serve no API, so nothing could be measured",
+                "grpc": "the server would speak gRPC, not the HTTP API the tuner's client measures",
+                "root_path": "the server would serve under a path the tuner's client does not ask"}
+
+_CODE = "it imports Python code into the server"
+_CORS = "it widens who may call the server from a browser (CORS)"
+
+# Flags that run code or read files of this host, or widen who may call the server: a study file (perhaps from a
+# shared database) may not set them; the local user may let one through (--allow-flag NAME).
+HOST_EXPOSING = {"trust_remote_code": "it runs the model repository's own Python code on this host",
+                 "middleware": _CODE, "worker_cls": _CODE, "worker_extension_cls": _CODE, "scheduler_cls": _CODE,
+                 "tool_parser_plugin": _CODE, "reasoning_parser_plugin": _CODE, "io_processor_plugin": _CODE,
+                 "trust_request_chat_template": "requests could bring templates the server runs",
+                 "chat_template": "a template file is read from this host (a template given inline is fine)",
+                 "log_config_file": "a file of this host configures the server's logging (handlers are code)",
+                 "allowed_local_media_path": "requests could read this host's files",
+                 "allowed_origins": _CORS, "allowed_methods": _CORS, "allowed_headers": _CORS,
+                 "allow_credentials": _CORS}
+
+
+def exposure_problem(dest: str, value: object, allowed: Iterable[str] = ()) -> str | None:
+    """Why a study may not give this flag this value on this host (None: it may). A flag left at nothing (false,
+    empty) is harmless; an inline chat template (one with "{") reads no file."""
+    if value in (None, False, "", [], {}):
+        return None
+    if dest in UNMEASURABLE:
+        return f"cannot be set: {UNMEASURABLE[dest]}"
+    if dest == "chat_template" and "{" in str(value):
+        return None
+    if dest in HOST_EXPOSING and dest not in set(allowed):
+        return f"cannot be set from a study: {HOST_EXPOSING[dest]} (pass --allow-flag {dest} to let it through)"
+    return None
+
+
+def check_exposure(values: Iterable[tuple[str, str, str, object]], allowed: Iterable[str] = ()) -> None:
+    """values: (source, key, flag dest name, value). Raises a SpecError naming the first flag that would break the
+    tuner's client or expose this host, before anything is written (a secret is then never stored)."""
+    for source, key, dest, value in values:
+        if problem := exposure_problem(dest, value, allowed):
+            raise SpecError(source, key, problem)
 
 
 def check(names: Iterable[tuple[str, str]], known: frozenset[str] | None = None) -> None:

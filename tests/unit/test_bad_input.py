@@ -60,7 +60,72 @@ BAD_STUDIES: dict[str, tuple[str | bytes, str]] = {
     # Our own messages name TOML tables in brackets: printed as text, not read as markup.
     "fixed and searched": (QUICK_HEAD + "[engine]\nmax_num_seqs = 4\n[space.max_num_seqs]\ntype = 'int'\n"
                                         "low = 1\nhigh = 8\n", "both fixed in [engine] and searched in [space]"),
+    # Values that passed validation and failed after the database was written: each read as its reader reads it.
+    "env value vLLM cannot read as an integer": (QUICK_HEAD + "[engine.env]\nVLLM_CPU_KVCACHE_SPACE = 'abc'\n",
+                                                 "engine.env.VLLM_CPU_KVCACHE_SPACE: vLLM reads it as an integer"),
+    "env value nan": (QUICK_HEAD + "[engine.env]\nVLLM_CPU_KVCACHE_SPACE = 'nan'\n",
+                      "engine.env.VLLM_CPU_KVCACHE_SPACE"),
+    "env value negative": (QUICK_HEAD + "[engine.env]\nVLLM_CPU_KVCACHE_SPACE = '-1'\n",
+                           "engine.env.VLLM_CPU_KVCACHE_SPACE: must be a whole number of GiB, at least 1"),
+    "env name with '='": (QUICK_HEAD + "[engine.env]\n'VLLM_A=B' = '1'\n",
+                          "engine.env.VLLM_A=B: is not an environment"),
+    "env name empty": (QUICK_HEAD + "[engine.env]\n'' = '1'\n", "is not an environment variable name"),
+    "env value with a NUL byte": (QUICK_HEAD + "[engine.env]\nVLLM_LOGGING_LEVEL = \"INFO\\u0000x\"\n",
+                                  "engine.env.VLLM_LOGGING_LEVEL: contains a NUL byte"),
+    "negative seed": (QUICK_HEAD + "[sampler]\nseed = -1\n", "sampler.seed: must be >= 0"),
+    "seed beyond numpy's": (QUICK_HEAD + f"[sampler]\nseed = {2**63 - 1}\n", "sampler.seed: must be <="),
+    "baseline 0 on a log-scale parameter": (QUICK_HEAD + "[space.max_num_seqs]\ntype = 'int'\nlow = 2\nhigh = 16\n"
+                                            "log = true\n[[baselines]]\nname = 'b'\nflags = { max_num_seqs = 0 }\n",
+                                            "baselines[0].flags: vLLM would refuse this baseline: max_num_seqs (0)"),
+    "baseline -1 max_num_seqs": (QUICK_HEAD + "[[baselines]]\nname = 'b'\nflags = { max_num_seqs = -1 }\n",
+                                 "max_num_seqs (-1) must be >= 1"),
+    "log-scale default 0": (QUICK_HEAD + "[space.max_num_seqs]\ntype = 'int'\nlow = 2\nhigh = 16\nlog = true\n"
+                            "default = 0\n", "space.max_num_seqs.default: 0 is not a value"),
+    "float range low = nan": (QUICK_HEAD + "[space.gpu_memory_utilization]\ntype = 'float'\nlow = nan\nhigh = 0.9\n",
+                              "space.gpu_memory_utilization.low: must be a finite number"),
+    "float range high = inf": (QUICK_HEAD + "[space.gpu_memory_utilization]\ntype = 'float'\nlow = 0.5\n"
+                               "high = inf\n", "space.gpu_memory_utilization.high: must be a finite number"),
+    "nan in a fixed float flag": (QUICK_HEAD + "[engine]\ngpu_memory_utilization = nan\n",
+                                  "engine.gpu_memory_utilization: must be a finite number"),
+    "budget time nan": (QUICK_HEAD + "[budget]\ntime = nan\n", "budget.time: must be a positive duration"),
+    "boot_timeout nan": (QUICK_HEAD + "[budget]\nboot_timeout = nan\n", "budget.boot_timeout"),
+    "boot_timeout inf": (QUICK_HEAD + "[budget]\nboot_timeout = inf\n", "budget.boot_timeout: must be at most"),
+    "step wider than the range": (QUICK_HEAD + "[space.max_num_seqs]\ntype = 'int'\nlow = 2\nhigh = 16\n"
+                                  "step = 32\n", "space.max_num_seqs.step: 32 is wider than the range [2, 16]"),
+    # Names are printed on terminals: an escape sequence in one would retitle or redraw the user's.
+    "escape sequence in a baseline name": (QUICK_HEAD + "[[baselines]]\nname = \"b\\u001b]0;owned\\u0007\"\n"
+                                           "flags = {}\n", "baselines[0].name: contains the control character"),
+    "escape sequence in the description": (QUICK_HEAD.replace("[model]", "description = \"x\\u001b[2J\"\n[model]"),
+                                           "description: contains the control character '\\x1b'"),
+    "byte-order mark": (b"\xef\xbb\xbf" + QUICK_HEAD.encode(), "quick.toml: begins with a byte-order mark"),
 }
+
+
+BAD_OBJECTIVES: dict[str, tuple[tuple[str, str], str]] = {  # (text replaced, replacement), what the line names
+    "limit nan": (("ttft_p95_ms = 2000", "ttft_p95_ms = nan"), "limits.ttft_p95_ms: must be a finite number"),
+    "limit inf": (("tpot_p95_ms = 200", "tpot_p95_ms = inf"), "limits.tpot_p95_ms: must be a finite number"),
+    "std nan": (("input_len = 128", "input_len = { kind = 'normal', mean = 128, std = nan, min = 1, max = 256 }"),
+                "workload.input_len.std: must be a finite number"),
+    "load max inf": (("max = 4", "max = inf"), "load.max: must be a finite number"),
+    "escape sequence in the objective's name": (('name = "quick"', 'name = "q\\u001b[31m"'),
+                                                "quick-objective.toml: name: contains the control character"),
+}
+
+
+@pytest.mark.parametrize("fault", sorted(BAD_OBJECTIVES))
+def test_bad_objective_files_fail_in_one_line_with_exit_2_and_nothing_written(quick: Path, fault: str) -> None:
+    (old, new), named = BAD_OBJECTIVES[fault]
+    objective = quick.parent / "quick-objective.toml"
+    text = objective.read_text()
+    assert old in text
+    objective.write_text(text.replace(old, new))
+    before = sorted(quick.parent.iterdir())
+    out = CliRunner().invoke(main, ["run", str(quick), "--n-trials", "1"])
+    lines = [line for line in out.output.splitlines() if line.strip()]
+    survived = (out.exit_code == 2 and len(lines) == 1 and named in lines[0]
+                and sorted(quick.parent.iterdir()) == before)
+    LEDGER.append((f"bad input: objective {fault}", survived, 0))
+    assert survived, out.output
 
 
 @pytest.mark.parametrize("fault", sorted(BAD_STUDIES))
