@@ -1,11 +1,18 @@
 """autotune's load client against vLLM's own (`vllm bench serve`) on one real vLLM CPU server.
 
-Both clients drive the same server with the same shape of work (256-token prompts, 128 output tokens, 16 in
-flight, 128 requests), alternately, 3 runs each. The table shows whether the two clients measure the same
-throughput and TTFT, and what each costs in client CPU per request: on a small machine the client shares cores
-with the engine, so a costly client lowers the throughput it reports.
+Both clients drive the same server with the same shape of work, in pairs (autotune, then vllm bench, each pair on
+its own seed), so that a machine busy with other work slows both members of a pair alike: the table gives each
+client's median over the pairs and the median and spread (min-max) of the per-pair ratios. Workloads:
 
-    .venv/bin/python -m benchmarks.client_vs_vllm_bench [--runs 3]
+- `short`: 256-token prompts, 128 out, 16 in flight (throughput and client CPU per request);
+- `long`: 1,536-token prompts, 64 out, 8 in flight (TTFT is mostly prefill and the queue behind it);
+- `variable`: 64-512-token prompts (uniform), 64 out, 8 in flight.
+
+autotune sends text prompts (what the shipped objectives send; `--ids` adds its token-id prompts as a third
+client, to see what text costs the server). The request count is vllm bench's `--num-prompts`; autotune sends the
+same count with one warm-up request before it, as vllm bench sends its single-prompt test run first.
+
+    .venv/bin/python -m benchmarks.client_vs_vllm_bench [--workloads long variable] [--pairs 5] [--ids]
 
 Takes /tmp/autotune-engine.lock for the whole run, so only one vLLM server runs on this machine at a time.
 """
@@ -15,22 +22,48 @@ from __future__ import annotations
 import argparse
 import contextlib
 import io
+import json
 import os
 import statistics
 import tempfile
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 from autotune.measure.client import LoadLevel, measure_level
 from autotune.measure.stats import Limits, level_stats
-from autotune.measure.workload import LengthDist, Workload
+from autotune.measure.workload import LengthDist, Workload, prompt_decoder
 from benchmarks.engine_lock import engine_lock
 
 REPO = Path(__file__).resolve().parents[1]
 
-INPUT_LEN, OUTPUT_LEN, CONCURRENCY, PROMPTS = 256, 128, 16, 128
 SERVED_NAME = "tiny"
+
+
+@dataclass(frozen=True)
+class Shape:
+    """One workload, as both clients are told it: vllm bench's random dataset draws input lengths uniformly from
+    input_len * [1 - range_ratio, 1 + range_ratio] (output lengths fixed); autotune's LengthDist spans the same."""
+
+    input_len: int
+    range_ratio: float
+    output_len: int
+    concurrency: int
+    prompts: int
+
+    def input_dist(self) -> LengthDist:
+        if self.range_ratio == 0:
+            return LengthDist(mean=self.input_len)
+        low, high = round(self.input_len * (1 - self.range_ratio)), round(self.input_len * (1 + self.range_ratio))
+        return LengthDist("uniform", self.input_len, (high - low) / 12**0.5, low, high)
+
+
+SHAPES = {
+    "short": Shape(256, 0.0, 128, 16, 128),
+    "long": Shape(1536, 0.0, 64, 8, 64),
+    "variable": Shape(288, 0.778, 64, 8, 96),  # 64-512 tokens
+}
 
 
 def tiny_model(path: Path) -> tuple[Path, int]:
@@ -38,8 +71,6 @@ def tiny_model(path: Path) -> tuple[Path, int]:
     from autotune.engine.models import VOCAB_SIZE, write_tiny_model
 
     return write_tiny_model("dense", path), VOCAB_SIZE
-
-
 
 
 @contextlib.contextmanager
@@ -50,37 +81,39 @@ def vllm_server(model: Path, log: Path) -> Iterator[str]:
     spec = EngineSpec(
         str(model),
         # No per-request access log: the engine's log reader is a thread of this process, and its CPU would be
-        # counted as client CPU.
-        flags={"load_format": "dummy", "enforce_eager": True, "disable_uvicorn_access_log": True},
+        # counted as client CPU. float32: bfloat16 is many times slower on a CPU without AVX512-BF16.
+        flags={"load_format": "dummy", "enforce_eager": True, "disable_uvicorn_access_log": True, "dtype": "float32"},
         env={"VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1")},
         served_model_name=SERVED_NAME,
+        boot_timeout_s=900,
     )
     with launch(spec, log) as (server, info):
         print(f"vLLM ready in {info.boot_s:.0f} s at {server.base_url} (log: {log})", flush=True)
         yield server.base_url
 
 
-def run_ours(url: str, vocab: int, seed: int, n: int = PROMPTS) -> dict[str, float]:
-    wl = Workload(LengthDist(mean=INPUT_LEN), LengthDist(mean=OUTPUT_LEN), seed=seed)
+def run_ours(url: str, model: Path, vocab: int, shape: Shape, seed: int, prompt: str = "text") -> dict[str, float]:
+    wl = Workload(shape.input_dist(), LengthDist(mean=shape.output_len), seed=seed, prompt=prompt)  # type: ignore[arg-type]
     cpu0 = time.process_time()
-    reqs = wl.requests(n + 1, vocab)
+    reqs = wl.requests(shape.prompts + 1, vocab, decode=prompt_decoder(str(model)))
     cpu1 = time.process_time()
-    run = measure_level(url, SERVED_NAME, reqs[1:], LoadLevel("concurrency", CONCURRENCY), warmup=reqs[:1])
+    run = measure_level(url, SERVED_NAME, reqs[1:], LoadLevel("concurrency", shape.concurrency), warmup=reqs[:1])
     cpu2 = time.process_time()
     s = level_stats(run, Limits())
     return {
-        "output_tok_s": s.output_tok_s,
+        "output_tok_s": s.span_output_tok_s,
+        "ttft_p50_ms": s.ttft.p50_ms,
         "ttft_p95_ms": s.ttft.p95_ms,
         "tpot_p95_ms": s.tpot.p95_ms,
-        "cpu_ms_per_req": (cpu2 - cpu0) * 1000 / n,
-        "send_cpu_ms_per_req": (cpu2 - cpu1) * 1000 / n,
+        "cpu_ms_per_req": (cpu2 - cpu0) * 1000 / shape.prompts,
+        "send_cpu_ms_per_req": (cpu2 - cpu1) * 1000 / shape.prompts,
         "failed": s.failed,
         "input_tokens": s.input_tokens,
         "output_tokens": s.output_tokens,
     }
 
 
-def run_vllm(url: str, model: Path, seed: int, n: int = PROMPTS) -> dict[str, float]:
+def run_vllm(url: str, model: Path, shape: Shape, seed: int) -> dict[str, float]:
     """`vllm bench serve` in this process (the CPU build has no `vllm` script)."""
     from vllm.benchmarks import serve
     from vllm.utils.argparse_utils import FlexibleArgumentParser
@@ -89,8 +122,9 @@ def run_vllm(url: str, model: Path, seed: int, n: int = PROMPTS) -> dict[str, fl
     serve.add_cli_args(parser)
     args = parser.parse_args([
         "--backend", "vllm", "--base-url", url, "--model", SERVED_NAME, "--tokenizer", str(model),
-        "--dataset-name", "random", "--random-input-len", str(INPUT_LEN), "--random-output-len", str(OUTPUT_LEN),
-        "--num-prompts", str(n), "--max-concurrency", str(CONCURRENCY), "--ignore-eos",
+        "--dataset-name", "random", "--random-input-len", str(shape.input_len),
+        "--random-range-ratio", json.dumps({"input": shape.range_ratio, "output": 0.0}), "--random-output-len", str(shape.output_len),
+        "--num-prompts", str(shape.prompts), "--max-concurrency", str(shape.concurrency), "--ignore-eos",
         "--temperature", "0", "--seed", str(seed), "--disable-tqdm",
         "--percentile-metrics", "ttft,tpot,itl,e2el", "--metric-percentiles", "50,95,99",
     ])  # fmt: skip
@@ -116,10 +150,11 @@ def run_vllm(url: str, model: Path, seed: int, n: int = PROMPTS) -> dict[str, fl
         serve.benchmark = original
     return {
         "output_tok_s": result["output_throughput"],
+        "ttft_p50_ms": result["median_ttft_ms"],
         "ttft_p95_ms": result["p95_ttft_ms"],
         "tpot_p95_ms": result["p95_tpot_ms"],
-        "cpu_ms_per_req": cpu * 1000 / n,
-        "send_cpu_ms_per_req": phase[0] * 1000 / n,
+        "cpu_ms_per_req": cpu * 1000 / shape.prompts,
+        "send_cpu_ms_per_req": phase[0] * 1000 / shape.prompts,
         "failed": result["failed"],
         "input_tokens": result["total_input_tokens"],
         "output_tokens": result["total_output_tokens"],
@@ -127,7 +162,8 @@ def run_vllm(url: str, model: Path, seed: int, n: int = PROMPTS) -> dict[str, fl
 
 
 ROWS = [
-    ("output tok/s", "output_tok_s", "{:,.0f}"),
+    ("output tok/s (whole span)", "output_tok_s", "{:,.0f}"),
+    ("p50 TTFT (ms)", "ttft_p50_ms", "{:,.1f}"),
     ("p95 TTFT (ms)", "ttft_p95_ms", "{:,.1f}"),
     ("p95 TPOT (ms)", "tpot_p95_ms", "{:,.2f}"),
     ("client CPU / request, whole run (ms)", "cpu_ms_per_req", "{:,.2f}"),
@@ -138,35 +174,62 @@ ROWS = [
 ]
 
 
-def table(ours: list[dict[str, float]], theirs: list[dict[str, float]]) -> str:
-    lines = [f"{'median of ' + str(len(ours)) + ' runs':<42}{'autotune':>12}{'vllm bench':>12}{'ratio':>8}"]
-    for label, key, fmt in ROWS:
+def table(ours: list[dict[str, float]], theirs: list[dict[str, float]], label: str = "autotune") -> str:
+    """Each client's median, and the median and min-max of the per-pair ratios (ours / theirs)."""
+    lines = [f"{'median of ' + str(len(ours)) + ' pairs':<42}{label:>14}{'vllm bench':>12}{'ratio':>8}"
+             f"{'ratio min-max':>16}"]
+    for name, key, fmt in ROWS:
         a = statistics.median(r[key] for r in ours)
         b = statistics.median(r[key] for r in theirs)
-        ratio = f"{a / b:.2f}" if b else "-"
-        lines.append(f"{label:<42}{fmt.format(a):>12}{fmt.format(b):>12}{ratio:>8}")
+        ratios = [x[key] / y[key] for x, y in zip(ours, theirs, strict=True) if y[key]]
+        spread = f"{min(ratios):.2f}-{max(ratios):.2f}" if ratios else "-"
+        ratio = f"{statistics.median(ratios):.2f}" if ratios else "-"
+        lines.append(f"{name:<42}{fmt.format(a):>14}{fmt.format(b):>12}{ratio:>8}{spread:>16}")
     return "\n".join(lines)
 
 
+def describe(shape: Shape) -> str:
+    d = shape.input_dist()
+    prompts = f"{d.mean:,}" if d.kind == "fixed" else f"{d.min}-{d.max} (uniform)"
+    return (f"{shape.prompts} requests, {prompts} tokens in / {shape.output_len} out, concurrency {shape.concurrency},"
+            " tiny dense model")
+
+
+def compare(url: str, model: Path, vocab: int, shape: Shape, pairs: int, ids: bool) -> str:
+    ours, theirs, as_ids = [], [], []
+    for i in range(pairs):
+        ours.append(run_ours(url, model, vocab, shape, seed=i))
+        print(f"  autotune (text) {i + 1}: " + ", ".join(f"{k}={v:.4g}" for k, v in ours[-1].items()), flush=True)
+        theirs.append(run_vllm(url, model, shape, seed=i))
+        print(f"  vllm bench {i + 1}: " + ", ".join(f"{k}={v:.4g}" for k, v in theirs[-1].items()), flush=True)
+        if ids:
+            as_ids.append(run_ours(url, model, vocab, shape, seed=i, prompt="token_ids"))
+            print(f"  autotune (ids) {i + 1}: " + ", ".join(f"{k}={v:.4g}" for k, v in as_ids[-1].items()),
+                  flush=True)
+    out = f"\n{describe(shape)}\n{table(ours, theirs, 'autotune text')}"
+    if ids:
+        out += "\n" + table(as_ids, theirs, "autotune ids")
+    return out
+
+
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--runs", type=int, default=3)
+    ap = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    ap.add_argument("--workloads", nargs="+", choices=sorted(SHAPES), default=["long", "variable"])
+    ap.add_argument("--pairs", type=int, default=5)
+    ap.add_argument("--ids", action="store_true", help="also run autotune with token-id prompts")
     opts = ap.parse_args()
     work = Path(tempfile.mkdtemp(prefix="client-bench-"))
     model, vocab = tiny_model(work / "tiny-dense")
+    tables = []
     with engine_lock(), vllm_server(model, work / "vllm.log") as url:
         # Not counted: the server's first requests and each client's lazy imports pay one-off costs.
-        run_ours(url, vocab, seed=99, n=16)
-        run_vllm(url, model, seed=99, n=16)
-        ours, theirs = [], []
-        for i in range(opts.runs):
-            ours.append(run_ours(url, vocab, seed=i))
-            print(f"autotune run {i + 1}: " + ", ".join(f"{k}={v:.4g}" for k, v in ours[-1].items()), flush=True)
-            theirs.append(run_vllm(url, model, seed=i))
-            print(f"vllm bench run {i + 1}: " + ", ".join(f"{k}={v:.4g}" for k, v in theirs[-1].items()), flush=True)
-    print(f"\n{PROMPTS} requests, {INPUT_LEN} in / {OUTPUT_LEN} out tokens, concurrency {CONCURRENCY}, "
-          "tiny dense model")
-    print(table(ours, theirs))
+        warm = Shape(256, 0.0, 16, 4, 8)
+        run_ours(url, model, vocab, warm, seed=99)
+        run_vllm(url, model, warm, seed=99)
+        for name in opts.workloads:
+            print(f"{name}:", flush=True)
+            tables.append(compare(url, model, vocab, SHAPES[name], opts.pairs, opts.ids))
+    print("\n".join(tables))
 
 
 if __name__ == "__main__":

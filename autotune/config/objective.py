@@ -6,6 +6,7 @@ import dataclasses
 from pathlib import Path
 
 from autotune.config.toml import _MISSING, _build, _read, _Table
+from autotune.measure.datasets import read_dataset, read_request_log
 from autotune.measure.ladder import LoadSearch
 from autotune.measure.stats import Limits
 from autotune.measure.trial import Objective
@@ -32,6 +33,23 @@ def _length(t: _Table, name: str) -> LengthDist:
     return dist
 
 
+def _check_workload(workload: Workload, wt: _Table) -> None:
+    """What the workload's values mean together, and its dataset or request log read and checked line by line:
+    a bad line is said now, before a server boots (the token lengths against the model: check_dataset_lengths)."""
+    if workload.shared_prefix_len < 0:
+        raise wt.error("shared_prefix_len", f"must be >= 0, got {workload.shared_prefix_len}")
+    if workload.turns < 1:
+        raise wt.error("turns", f"must be >= 1, got {workload.turns}")
+    if workload.dataset is not None and workload.replay is not None:
+        raise wt.error("replay", "give either 'dataset' (prompts) or 'replay' (a request log), not both")
+    if workload.turns > 1 and (workload.dataset is not None or workload.replay is not None):
+        raise wt.error("turns", "conversations are drawn: 'turns' > 1 goes with neither 'dataset' nor 'replay'")
+    if workload.dataset is not None:
+        read_dataset(workload.dataset)
+    if workload.replay is not None:
+        read_request_log(workload.replay)
+
+
 def load_objective(path: str | Path) -> Objective:
     """Read and validate an objective file."""
     source = str(path)
@@ -42,16 +60,15 @@ def load_objective(path: str | Path) -> Objective:
 
     wt = top.table("workload", required=True)
 
-    def dataset(key: str) -> Path:
+    def data_file(key: str) -> Path:
         p = (path.parent / wt.text(key)).resolve()
         if not p.is_file():
             raise wt.error(key, f"file not found: {p}")
         return p
 
     workload = _build(Workload, wt, {"input_len": lambda k: _length(wt, k), "output_len": lambda k: _length(wt, k),
-                                     "dataset": dataset})
-    if workload.shared_prefix_len < 0:
-        raise wt.error("shared_prefix_len", f"must be >= 0, got {workload.shared_prefix_len}")
+                                     "dataset": data_file, "replay": data_file})
+    _check_workload(workload, wt)
 
     lt = top.table("limits", required=True)
     limits = _build(Limits, lt)
@@ -65,6 +82,9 @@ def load_objective(path: str | Path) -> Objective:
 
     ld = top.table("load")
     load = _build(LoadSearch, ld)
+    if workload.replay is not None and load.mode != "rate":
+        raise ld.error("mode", 'a replayed log needs mode = "rate": its arrival times are scaled to each level\'s '
+                               "rate (the level at the log's own mean rate replays it as recorded)")
     checks = [("start", load.start > 0, "must be > 0"), ("max", load.max >= load.start, "must be >= start"),
               ("factor", load.factor > 1, "must be > 1"), ("tolerance", load.tolerance > 0, "must be > 0"),
               ("min_requests", load.min_requests >= 1, "must be >= 1"),

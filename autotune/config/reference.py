@@ -184,6 +184,7 @@ FACTS = {
     "length_kinds": _choices(LengthDist, "kind"),
     "load_modes": _choices(LoadSearch, "mode"),
     "prompt_kinds": _choices(Workload, "prompt"),
+    "api_kinds": _choices(Workload, "api"),
 }
 
 # What each key means, with its unit and the values it takes ({profiles} and the like: FACTS, read from the code).
@@ -251,12 +252,21 @@ OBJECTIVE_KEYS: dict[str, str] = {
     "workload.input_len.min": "Tokens (>= 1).",
     "workload.input_len.max": "Tokens (>= min).",
     "workload.shared_prefix_len": "Tokens every prompt starts with (>= 0): exercises prefix caching.",
-    "workload.dataset": "A JSONL file of prompts, relative to the objective file; each line "
+    "workload.dataset": "A file of prompts, relative to the objective file: JSONL (each line "
                         "`{\"prompt_token_ids\": [...]}` or `{\"prompt\": \"text\"}`, with an optional "
-                        "`\"output_len\"`. It replaces input_len (and output_len where a line gives one).",
+                        "`\"output_len\"`) or ShareGPT JSON (below). It replaces input_len (and output_len where "
+                        "the file gives one); read and checked when the objective loads.",
+    "workload.replay": "A request log to replay, relative to the objective file (JSONL, below): its lengths, shared "
+                       "prefixes and arrival times, scaled to each level's rate (needs `load.mode = \"rate\"`; the "
+                       "level at the log's own mean rate replays it as recorded).",
+    "workload.api": "One of {api_kinds}: /v1/completions, or /v1/chat/completions (text as chat messages, which the "
+                    "server renders with the model's chat template).",
+    "workload.turns": "Turns per conversation (>= 1): turn k resends the turns before it and their answers, a "
+                      "prefix the server may have cached, and is sent once the answer to turn k-1 came.",
     "workload.seed": "Seed of the drawn prompts and lengths: every trial is sent the same requests.",
-    "workload.prompt": "One of {prompt_kinds}: send token ids (exact lengths, no tokenizer), or the same ids "
-                       "decoded to text with the model's tokenizer.json (the server then tokenizes).",
+    "workload.prompt": "One of {prompt_kinds}: on /v1/completions, send token ids (exact lengths, no tokenizer), "
+                       "or the same ids decoded to text with the model's tokenizer.json (the server then tokenizes, "
+                       "as for real clients; the shipped objectives send text). Chat always sends text.",
     "limits": "The p95 latency limits a load level must meet, in milliseconds; at least one.",
     "limits.ttft_p95_ms": "Time to first token, p95, ms (> 0).",
     "limits.tpot_p95_ms": "Time per output token after the first, p95, ms (> 0).",
@@ -353,7 +363,15 @@ def objective_page() -> str:
              "(`[workload]`), the p95 latency limits every measured load level must meet (`[limits]`), and how "
              "load levels are searched (`[load]`). A trial's figure is the highest load that meets every limit. "
              "Examples: `objectives/`.")
-    return _page("Objective file reference", intro, objective_keys(), OBJECTIVE_KEYS)
+    return _page("Objective file reference", intro, objective_keys(), OBJECTIVE_KEYS) + formats_section()
+
+
+def formats_section() -> str:
+    """The dataset and request-log formats, from the module that reads them."""
+    from autotune.measure import datasets
+
+    text = (datasets.__doc__ or "").split("\n\n", 1)[1].strip()
+    return f"\n## Datasets and request logs\n\n{text}\n"
 
 
 PAGES: dict[str, Callable[[], str]] = {"study-file.md": study_page, "objective-file.md": objective_page}

@@ -107,17 +107,43 @@ def check_study_name(name: str, source: str, key: str | None) -> str:
 
 
 def check_prompt_tokenizer(objective: Objective, models: typing.Iterable[str]) -> None:
-    """`prompt = "text"` decodes the prompts with each model's tokenizer.json: say so before anything boots if
-    one has none (the tiny models always have one; a hub id must be in the local hub cache)."""
-    if objective.workload.prompt != "text":
+    """A workload that sends text (or reads a dataset) needs each model's tokenizer.json: say so before anything
+    boots if one has none (the tiny models always have one; a hub id must be in the local hub cache). Then a
+    dataset's prompts are tokenized as the server will and checked against each model (check_dataset_lengths)."""
+    workload = objective.workload
+    if not workload.sends_text and workload.dataset is None:
         return
+    from autotune.engine.models import resolve_model
     from autotune.measure.workload import tokenizer_file
 
+    key = "workload.dataset" if workload.dataset is not None and not workload.sends_text else "workload.prompt"
     for model in models:
-        if not model.startswith("tiny:") and tokenizer_file(model) is None:
-            raise SpecError(str(objective.path), "workload.prompt",
-                            f'"text" needs the model\'s tokenizer.json, and {model} has none here '
-                            "(a directory without one, or a hub id not in the local hub cache); use \"token_ids\"")
+        served = resolve_model(model)[0]
+        if tokenizer_file(served) is None:
+            raise SpecError(str(objective.path), key,
+                            f"the workload needs the model's tokenizer.json, and {model} has none here (a directory "
+                            "without one, or a hub id not in the local hub cache); send \"token_ids\" prompts")
+        if workload.dataset is not None:
+            check_dataset_lengths(workload.dataset, served, workload.output_len.mean)
+
+
+def check_dataset_lengths(dataset: Path, model: str, default_output_len: int) -> None:
+    """Every prompt of `dataset` tokenized with `model`'s tokenizer, its ids inside the vocabulary, and prompt plus
+    output inside the model's positions (a request the server must refuse would fail every trial alike)."""
+    from autotune.engine.models import model_config
+    from autotune.measure.datasets import read_dataset
+    from autotune.measure.workload import prompt_encoder, prompt_ids
+
+    config = model_config(model)
+    text = config.get("text_config", config)
+    vocab, positions = int(text["vocab_size"]), int(text.get("max_position_embeddings") or 0)
+    tokenize = prompt_encoder(model)
+    for row in read_dataset(dataset):
+        ids, out = prompt_ids(row, str(dataset), vocab, tokenize)
+        out = out or default_output_len
+        if positions and len(ids) + out > positions:
+            raise SpecError(str(dataset), row.where, f"{len(ids):,} prompt tokens + {out:,} output tokens exceed "
+                                                     f"the {positions:,} positions of {model}")
 
 
 def study_models(spec: StudySpec) -> list[str]:

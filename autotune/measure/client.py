@@ -158,23 +158,34 @@ _TOKEN = b'"choices":[{'
 _USAGE = b'"usage":{'
 
 
+_ROLE = b'"delta":{"role":"assistant","content":""}'
+
+
+COMPLETIONS_PATH, CHAT_PATH = "/v1/completions", "/v1/chat/completions"
+
+
+def request_body(model: str, spec: RequestSpec, *, chat: bool) -> bytes:
+    """The JSON body of one streaming request: the prompt (ids or text) for /v1/completions, or the conversation
+    as messages for /v1/chat/completions, which the server renders with the model's chat template."""
+    body: dict[str, object] = {"model": model}
+    if chat:
+        roles = ("user", "assistant")
+        turns = [*spec.history, spec.prompt_text]
+        body["messages"] = [{"role": roles[i % 2], "content": text} for i, text in enumerate(turns)]
+        body["max_completion_tokens"] = spec.max_tokens
+    else:
+        body["prompt"] = spec.prompt_token_ids if spec.prompt_text is None else spec.prompt_text
+        body["max_tokens"] = spec.max_tokens
+    body.update(ignore_eos=True, stream=True, stream_options={"include_usage": True}, temperature=0)
+    return json.dumps(body, separators=(",", ":")).encode()
+
+
 async def _send(
     session: aiohttp.ClientSession, url: str, model: str, spec: RequestSpec, timeout: aiohttp.ClientTimeout,
     finished: _Finished,
 ) -> RequestRecord:
-    """Send one streaming completion and time it; never raises (except cancellation)."""
-    body = json.dumps(
-        {
-            "model": model,
-            "prompt": spec.prompt_token_ids if spec.prompt_text is None else spec.prompt_text,
-            "max_tokens": spec.max_tokens,
-            "ignore_eos": True,
-            "stream": True,
-            "stream_options": {"include_usage": True},
-            "temperature": 0,
-        },
-        separators=(",", ":"),
-    ).encode()
+    """Send one streaming completion (or chat completion) and time it; never raises (except cancellation)."""
+    body = request_body(model, spec, chat=url.endswith(CHAT_PATH))
     rec = RequestRecord(time.perf_counter(), None, [], 0.0, spec.prompt_len, 0, None)
     finished.sent(rec)
     itl = rec.itl
@@ -199,6 +210,8 @@ async def _send(
                         if not raw.startswith(_DATA):
                             continue  # blank separators, comments (": ping"), event/id fields
                         payload = raw[5:].strip()
+                        if _ROLE in payload and _USAGE not in payload:
+                            continue  # a chat stream's first chunk names the speaker and carries no token
                         if _TOKEN in payload and _USAGE not in payload:
                             data = None  # fast path: a token chunk; its content is not needed
                         elif payload == _DONE:
@@ -246,6 +259,18 @@ async def _send(
     return rec
 
 
+def conversations(specs: Sequence[RequestSpec]) -> list[list[int]]:
+    """The indices of `specs` in sending units: the turns of one conversation (consecutive specs with the same
+    `conversation`) go one after another, as a chat user sends the next turn once the answer came; others alone."""
+    units: list[list[int]] = []
+    for i, spec in enumerate(specs):
+        if units and spec.conversation is not None and specs[units[-1][0]].conversation == spec.conversation:
+            units[-1].append(i)
+        else:
+            units.append([i])
+    return units
+
+
 async def _closed_loop(
     session: aiohttp.ClientSession,
     url: str,
@@ -255,17 +280,18 @@ async def _closed_loop(
     timeout: aiohttp.ClientTimeout,
     done: _Finished,
 ) -> list[RequestRecord]:
-    """`concurrency` workers, each sending its next request as soon as its last one ends (until `done`
-    says stop: then the requests not yet sent are left out)."""
+    """`concurrency` workers, each sending its next request (or conversation) as soon as its last one ends (until
+    `done` says stop: then the requests not yet sent are left out)."""
     records: list[RequestRecord | None] = [None] * len(specs)
-    it = iter(range(len(specs)))
+    units = iter(conversations(specs))
 
     async def worker() -> None:
-        for i in it:
-            rec = records[i] = await _send(session, url, model, specs[i], timeout, done)
-            done.add(rec)
-            if done.reason:
-                return
+        for unit in units:
+            for i in unit:
+                rec = records[i] = await _send(session, url, model, specs[i], timeout, done)
+                done.add(rec)
+                if done.reason:
+                    return
 
     await _until_abandoned([asyncio.ensure_future(worker()) for _ in range(min(concurrency, len(specs)))], done)
     return [r for r in records if r is not None]
@@ -281,6 +307,15 @@ def arrival_times(rate: float, n: int, seed: int | Sequence[int]) -> list[float]
     return [0.0, *np.cumsum(gaps).tolist()][:n]
 
 
+def due_times(specs: Sequence[RequestSpec], level: LoadLevel, seed: int | Sequence[int]) -> list[float]:
+    """When each sending unit (conversations()) is due, in seconds after the first: a replayed log's own arrival
+    times scaled to the level's rate, else a Poisson process at that rate."""
+    firsts = [specs[unit[0]] for unit in conversations(specs)]
+    if firsts and firsts[0].at is not None:
+        return [(s.at - firsts[0].at) / level.value for s in firsts if s.at is not None]
+    return arrival_times(level.value, len(firsts), seed)
+
+
 async def _poisson(
     session: aiohttp.ClientSession,
     url: str,
@@ -291,11 +326,13 @@ async def _poisson(
     seed: int | Sequence[int],
     done: _Finished,
 ) -> list[RequestRecord]:
-    """Requests arrive at exponential intervals (mean 1/rate), optionally queued behind an in-flight cap.
+    """Requests (or conversations, whose later turns follow their answers) arrive at exponential intervals (mean
+    1/rate) or a replayed log's, optionally queued behind an in-flight cap.
 
     As in vLLM's client, a request held back by the cap is timed from when it is sent, not from its arrival.
     """
-    due = arrival_times(level.value, len(specs), seed)
+    units = conversations(specs)
+    due = due_times(specs, level, seed)
     cap = asyncio.Semaphore(level.max_in_flight) if level.max_in_flight else None
 
     async def one(spec: RequestSpec) -> RequestRecord | None:
@@ -309,16 +346,26 @@ async def _poisson(
         done.add(rec)
         return rec
 
+    async def turns(unit: list[int]) -> list[RequestRecord]:
+        recs = []
+        for i in unit:
+            if (rec := await one(specs[i])) is None:
+                break
+            recs.append(rec)
+            if done.reason:
+                break
+        return recs
+
     tasks = []
     t0 = time.perf_counter()
-    for spec, at in zip(specs, due, strict=True):  # arrival_times gives one time per spec
+    for unit, at in zip(units, due, strict=True):  # due_times gives one time per unit
         if (delay := t0 + at - time.perf_counter()) > 0:
             await asyncio.sleep(delay)
         if done.reason:
             break
-        tasks.append(asyncio.ensure_future(one(spec)))
+        tasks.append(asyncio.ensure_future(turns(unit)))
     await _until_abandoned(tasks, done)
-    return [r for t in tasks if not t.cancelled() and (r := t.result()) is not None]
+    return [r for t in tasks if not t.cancelled() for r in t.result()]
 
 
 async def _until_abandoned(tasks: Sequence[asyncio.Future], done: _Finished) -> None:
@@ -345,13 +392,15 @@ async def run_level(
     stall_timeout_s: float | None = 60,
     seed: int | Sequence[int] = 0,
     enough: Enough | None = None,
+    chat: bool = False,
 ) -> LevelRun:
     """Send `warmup` (not recorded), then `requests` at `level`; every request sent comes back as a record.
     With `enough`, sending stops once it answers (the rest of `requests` is a reserve, not a quota). `seed`
     draws the rate mode's arrival schedule (arrival_times).
 
-    A request that receives nothing for `stall_timeout_s` fails (a hung server costs a minute, not the total)."""
-    url = base_url.rstrip("/") + "/v1/completions"
+    A request that receives nothing for `stall_timeout_s` fails (a hung server costs a minute, not the total).
+    `chat`: send to /v1/chat/completions (the requests' text as messages), else /v1/completions."""
+    url = base_url.rstrip("/") + (CHAT_PATH if chat else COMPLETIONS_PATH)
     limit = level.in_flight_limit
     connector = aiohttp.TCPConnector(limit=limit or 0, limit_per_host=limit or 0, keepalive_timeout=60)
     timeout = aiohttp.ClientTimeout(total=request_timeout_s, sock_read=stall_timeout_s)
@@ -382,11 +431,12 @@ def measure_level(
     stall_timeout_s: float | None = 60,
     seed: int | Sequence[int] = 0,
     enough: Enough | None = None,
+    chat: bool = False,
 ) -> LevelRun:
     """Synchronous `run_level` (its own event loop) for callers that are not async."""
     return asyncio.run(
         run_level(
             base_url, model, requests, level, warmup=warmup, request_timeout_s=request_timeout_s,
-            stall_timeout_s=stall_timeout_s, seed=seed, enough=enough,
+            stall_timeout_s=stall_timeout_s, seed=seed, enough=enough, chat=chat,
         )
     )

@@ -39,7 +39,7 @@ from autotune.measure.client import STALLED, LoadLevel, measure_level
 from autotune.measure.ladder import NO_PRIOR, LoadSearch, Prior, find_sustainable, first_level
 from autotune.measure.memory import MemoryPeak, MemorySampler, MemoryWatch, memory_watch
 from autotune.measure.stats import LevelStats, Limits, Verdict, judge, level_stats
-from autotune.measure.workload import Workload, prompt_decoder
+from autotune.measure.workload import Workload, tokenizer_of
 
 
 @dataclass(frozen=True)
@@ -432,11 +432,12 @@ def _measure(server: Server, plan: TrialPlan, value: float, seed_offset: int,
     rule = search.stop_rule(value, exact)
     w = search.warmup_requests
     workload = plan.objective.workload
-    decode = prompt_decoder(plan.engine.model) if workload.prompt == "text" else None
-    requests = workload.requests(rule.max_requests + w, plan.vocab_size, seed_offset=seed_offset, decode=decode)
+    tokenize, decode = tokenizer_of(workload, plan.engine.model)
+    requests = workload.requests(rule.max_requests + w, plan.vocab_size, seed_offset=seed_offset,
+                                 tokenize=tokenize, decode=decode)
     cancelled = cancel or threading.Event()  # set: the level ends with the requests in flight (Ctrl-C)
     run = measure_level(server.base_url, server.model, requests[w:], level, warmup=requests[:w],
-                        seed=workload.arrival_seed(seed_offset),
+                        seed=workload.arrival_seed(seed_offset), chat=workload.api == "chat",
                         enough=lambda done, flying, now: CANCELLED if cancelled.is_set() else
                         rule.reason(done, limits, flying, now))
     stats = level_stats(run, limits)

@@ -1,16 +1,19 @@
-"""What requests a load level sends: exact token lengths, shared prefixes, or prompts from a file.
+"""What requests a load level sends: drawn token lengths, shared prefixes, multi-turn conversations, prompts
+from a dataset, or a replayed request log (the file formats: measure/datasets.py).
 
-Prompts are token ids, not text, so the input length is exact and the client needs no tokenizer; with
-`ignore_eos` and `max_tokens` the output length is exact too. Everything is derived from a seed, so two
-trials (or two levels of one trial) can be given the same requests. `prompt = "text"` sends the same ids
-decoded with the model's tokenizer instead, so the server pays the tokenization that text traffic costs
-(its input lengths are then the server's count, from the usage it reports).
+Drawn prompts are token ids, so the input length is exact; with `ignore_eos` and `max_tokens` the output length
+is exact too. Everything is derived from a seed, so two trials (or two levels of one trial) can be given the same
+requests. `prompt = "text"` sends the same ids decoded with the model's tokenizer instead, and `api = "chat"` sends
+them as chat messages, which the server renders with the model's chat template: the server then pays the
+tokenization (and templating) that real traffic costs, and the input lengths are its count, from the usage it
+reports.
 """
 
 from __future__ import annotations
 
-import json
+import dataclasses
 import math
+import zlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
@@ -20,6 +23,7 @@ from typing import Literal
 import numpy as np
 
 from autotune.errors import SpecError
+from autotune.measure.datasets import Prompt, read_dataset, read_request_log
 
 # Random prompt ids start here: low ids are where tokenizers usually keep special and control tokens.
 IDS_LOW = 10
@@ -69,26 +73,53 @@ class LengthDist:
 
 @dataclass(frozen=True)
 class RequestSpec:
-    """One request: prompt token ids (exact input length) and an exact output length; `prompt_text`, when
-    set, is what is sent instead of the ids (those ids decoded: a text-prompt workload)."""
+    """One request: its prompt as token ids (the exact input length; a later turn's ids include the conversation
+    before it) and an exact output length.
+
+    `prompt_text`, when set, is what is sent instead of the ids: the whole prompt on /v1/completions, the last user
+    message on /v1/chat/completions, after `history` (the earlier messages, user and assistant alternately).
+    `turn_lens` splits the ids of a later turn into the earlier messages (chat sends them as `history`). Turns of
+    one `conversation` are sent one after another; `at` (a replayed log) is when the request arrives, in
+    seconds at a mean rate of one request per second (the client scales it to the level's rate)."""
 
     prompt_token_ids: tuple[int, ...]
     max_tokens: int
     prompt_text: str | None = None
+    history: tuple[str, ...] = ()
+    turn_lens: tuple[int, ...] = ()
+    conversation: int | None = None
+    at: float | None = None
 
     @property
     def prompt_len(self) -> int:
         return len(self.prompt_token_ids)
 
 
+Tokenize = Callable[[str], list[int]]
+Decode = Callable[[Sequence[int]], str]
+
+
 @dataclass(frozen=True)
 class Workload:
+    """What a level sends. `api`: "completions" (/v1/completions) or "chat" (/v1/chat/completions, with the
+    model's chat template; always text). `prompt`: on /v1/completions, the ids or the ids decoded to text.
+    `dataset` (prompts from a file) or `replay` (a request log: its lengths, shared prefixes and arrival times)
+    replace the drawn lengths; `turns` > 1 makes conversations whose every turn resends the ones before it."""
+
     input_len: LengthDist = LengthDist()
     output_len: LengthDist = LengthDist(mean=128)
     shared_prefix_len: int = 0  # tokens every prompt starts with (exercises prefix caching)
-    dataset: Path | None = None  # JSONL prompts; overrides input_len (and output_len where a line gives it)
+    dataset: Path | None = None  # JSONL or ShareGPT prompts (measure/datasets.py); overrides input_len
     seed: int = 0
     prompt: Literal["token_ids", "text"] = "token_ids"  # what is sent: the ids, or the ids decoded to text
+    api: Literal["completions", "chat"] = "completions"
+    replay: Path | None = None  # a request log (measure/datasets.py), replayed at each level's rate
+    turns: int = 1  # turns per conversation: turn k resends turns 1..k-1 and their answers (a prefix to reuse)
+
+    @property
+    def sends_text(self) -> bool:
+        """Whether requests carry text (the model's tokenizer is then needed), not token ids."""
+        return self.prompt == "text" or self.api == "chat"
 
     def requests(
         self,
@@ -96,49 +127,80 @@ class Workload:
         vocab_size: int,
         *,
         seed_offset: int = 0,
-        tokenize: Callable[[str], list[int]] | None = None,
-        decode: Callable[[Sequence[int]], str] | None = None,
+        tokenize: Tokenize | None = None,
+        decode: Decode | None = None,
     ) -> list[RequestSpec]:
-        """`n` requests, the same for the same (seed, seed_offset); with `prompt = "text"`, each carries its ids
-        decoded by `decode` (the model's tokenizer: prompt_decoder) as the text to send."""
-        specs = self._ids(n, vocab_size, seed_offset, tokenize)
-        if self.prompt == "token_ids":
-            return specs
-        if decode is None:
-            raise ValueError('prompt = "text" needs the model\'s tokenizer to decode the prompts (decode=None)')
-        return [RequestSpec(s.prompt_token_ids, s.max_tokens, decode(s.prompt_token_ids)) for s in specs]
-
-    def _ids(
-        self, n: int, vocab_size: int, seed_offset: int, tokenize: Callable[[str], list[int]] | None
-    ) -> list[RequestSpec]:
-        """`n` requests as token ids, the same for the same (seed, seed_offset).
-
-        `vocab_size` bounds random ids (exclusive): pass the number of ordinary tokens, so that special
-        tokens kept above it are never sent. The shared prefix depends on `seed` only, so every level and
-        the warm-up share it. `tokenize` turns dataset lines with a text `prompt` into ids.
-        """
+        """`n` requests, the same for the same (seed, seed_offset); when the workload sends text, each carries its
+        text: the dataset's own, else its ids decoded by `decode` (the model's tokenizer: prompt_decoder)."""
         if n < 0:
             raise ValueError(f"n must be >= 0, got {n}")
         rng = np.random.default_rng([self.seed, seed_offset])
         if self.dataset is not None:
-            return self._from_dataset(n, vocab_size, rng, tokenize)
+            specs = self._from_dataset(n, vocab_size, rng, tokenize)
+        elif self.replay is not None:
+            specs = self._from_log(n, vocab_size)
+        elif self.turns > 1:
+            specs = self._conversations(n, vocab_size, rng)
+        else:
+            specs = self._ids(n, vocab_size, rng)
+        if not self.sends_text:
+            return specs
+        if decode is None:
+            raise ValueError("a workload that sends text needs the model's tokenizer to decode the prompts "
+                             "(decode=None)")
+        return [self._with_text(s, decode) for s in specs]
+
+    def _with_text(self, spec: RequestSpec, decode: Decode) -> RequestSpec:
+        if spec.prompt_text is not None:
+            return spec
+        if self.api != "chat" or not spec.turn_lens:
+            return dataclasses.replace(spec, prompt_text=decode(spec.prompt_token_ids))
+        messages, pos = [], 0  # the earlier turns travel as messages, the last user message as the prompt
+        for k in (*spec.turn_lens, len(spec.prompt_token_ids) - sum(spec.turn_lens)):
+            messages.append(decode(spec.prompt_token_ids[pos : pos + k]))
+            pos += k
+        return dataclasses.replace(spec, prompt_text=messages[-1], history=tuple(messages[:-1]))
+
+    def _draw(self, rng: np.random.Generator, n: int, vocab_size: int) -> list[tuple[int, ...]]:
+        """`n` prompts of random ids, each starting with the shared prefix (which depends on `seed` only, so every
+        level and the warm-up share it).
+
+        `vocab_size` bounds random ids (exclusive): pass the number of ordinary tokens, so that special
+        tokens kept above it are never sent."""
         if vocab_size <= IDS_LOW:
             raise ValueError(f"vocab_size must be > {IDS_LOW}, got {vocab_size}")
-        prefix = np.random.default_rng([self.seed, 1 << 31]).integers(
-            IDS_LOW, vocab_size, self.shared_prefix_len
-        )
+        head = _random_ids([self.seed, 1 << 31], self.shared_prefix_len, vocab_size)
         in_lens = np.maximum(self.input_len.sample(rng, n), self.shared_prefix_len)
-        out_lens = self.output_len.sample(rng, n)
-        body = rng.integers(IDS_LOW, vocab_size, int(in_lens.sum() - n * self.shared_prefix_len))
-        out: list[RequestSpec] = []
-        pos = 0
-        head = prefix.tolist()
-        for in_len, out_len in zip(in_lens.tolist(), out_lens.tolist(), strict=True):
+        body = rng.integers(IDS_LOW, vocab_size, int(in_lens.sum() - n * self.shared_prefix_len)).tolist()
+        out, pos = [], 0
+        for in_len in in_lens.tolist():
             k = in_len - self.shared_prefix_len
-            ids = head + body[pos : pos + k].tolist()
+            out.append(head + tuple(body[pos : pos + k]))
             pos += k
-            out.append(RequestSpec(tuple(ids), out_len))
         return out
+
+    def _ids(self, n: int, vocab_size: int, rng: np.random.Generator) -> list[RequestSpec]:
+        prompts = self._draw(rng, n, vocab_size)
+        return [RequestSpec(p, out) for p, out in zip(prompts, self.output_len.sample(rng, n).tolist(), strict=True)]
+
+    def _conversations(self, n: int, vocab_size: int, rng: np.random.Generator) -> list[RequestSpec]:
+        """Conversations of `turns` turns, in order. A turn's prompt is every earlier message (user turns and drawn
+        answers of the drawn output lengths: a real client resends the answer it got, which random weights make
+        meaningless) and a new user message; the earlier prompt is then a prefix the server may have cached."""
+        users = self._draw(rng, n, vocab_size)
+        outs = self.output_len.sample(rng, n).tolist()
+        answers = [tuple(rng.integers(IDS_LOW, vocab_size, k).tolist()) for k in outs]
+        specs: list[RequestSpec] = []
+        history: tuple[tuple[int, ...], ...] = ()
+        for i in range(n):
+            turn = i % self.turns
+            if turn == 0:
+                history = ()
+            ids = tuple(t for h in history for t in h) + users[i]
+            specs.append(RequestSpec(ids, outs[i], turn_lens=tuple(len(h) for h in history),
+                                     conversation=i // self.turns))
+            history = (*history, users[i], answers[i])
+        return specs
 
     def arrival_seed(self, seed_offset: int) -> tuple[int, int, int]:
         """The seed of the rate mode's arrival schedule (load.arrival_times) at the level with `seed_offset`:
@@ -146,81 +208,65 @@ class Workload:
         get the same requests. Its own stream (the trailing 1), so arrivals do not echo the request lengths."""
         return (self.seed, seed_offset, 1)
 
-    def _from_dataset(
-        self,
-        n: int,
-        vocab_size: int,
-        rng: np.random.Generator,
-        tokenize: Callable[[str], list[int]] | None,
-    ) -> list[RequestSpec]:
-        """Lines drawn in a seeded random order, cycling through the file when `n` exceeds it."""
+    def _from_dataset(self, n: int, vocab_size: int, rng: np.random.Generator,
+                      tokenize: Tokenize | None) -> list[RequestSpec]:
+        """Entries drawn in a seeded random order, cycling through the file when `n` exceeds it."""
         assert self.dataset is not None
-        rows = load_dataset(self.dataset, vocab_size, tokenize)
+        rows = read_dataset(self.dataset)
         default_out = self.output_len.sample(rng, n).tolist()
         order: list[int] = []
         while len(order) < n:
             order.extend(rng.permutation(len(rows)).tolist())
-        return [
-            RequestSpec(prompt, out if out is not None else default_out[i])
-            for i, (prompt, out) in enumerate(rows[j] for j in order[:n])
-        ]
+        specs = []
+        for i, j in enumerate(order[:n]):
+            ids, out = prompt_ids(rows[j], str(self.dataset), vocab_size, tokenize)
+            text = rows[j].text if self.sends_text else None
+            specs.append(RequestSpec(ids, out if out is not None else default_out[i], text))
+        return specs
+
+    def _from_log(self, n: int, vocab_size: int) -> list[RequestSpec]:
+        """The log's requests in order (every level replays it from its first line, cycling when `n` exceeds it),
+        with arrival times stretched to a mean rate of one request per second; named prefixes are random ids drawn
+        once per name, so requests that shared a prefix share one here."""
+        assert self.replay is not None
+        log = read_request_log(self.replay)
+        first, span = log[0].timestamp, log[-1].timestamp - log[0].timestamp
+        per_second = (len(log) - 1) / span  # the log's own mean rate
+        specs = []
+        for i in range(n):
+            row, cycle = log[i % len(log)], i // len(log)
+            prefix = _random_ids([self.seed, zlib.crc32(row.prefix.encode())], row.prefix_len, vocab_size) \
+                if row.prefix is not None else ()
+            body = _random_ids([self.seed, i, 2], row.input_len - len(prefix), vocab_size)
+            at = (row.timestamp - first) * per_second + cycle * len(log)  # the next pass follows one mean gap later
+            specs.append(RequestSpec(prefix + body, row.output_len, at=at))
+        return specs
 
 
-def load_dataset(
-    path: Path, vocab_size: int, tokenize: Callable[[str], list[int]] | None = None
-) -> list[tuple[tuple[int, ...], int | None]]:
-    """Parse a JSONL prompt file into (prompt ids, output length or None); SpecError names file and line.
-
-    Each non-blank line is {"prompt_token_ids": [...], "output_len": N} or {"prompt": "text", "output_len": N};
-    `output_len` is optional (the workload's output length distribution then applies).
-    """
-    src = str(path)
-    try:
-        text = Path(path).read_text(encoding="utf-8")
-    except OSError as e:
-        raise SpecError(src, None, f"cannot read dataset: {e.strerror or e}") from e
-    rows: list[tuple[tuple[int, ...], int | None]] = []
-    for lineno, line in enumerate(text.splitlines(), start=1):
-        if line.strip():
-            rows.append(_parse_line(line, src, f"line {lineno}", vocab_size, tokenize))
-    if not rows:
-        raise SpecError(src, None, "dataset has no prompts")
-    return rows
+def _random_ids(seed: list[int], n: int, vocab_size: int) -> tuple[int, ...]:
+    return tuple(np.random.default_rng(seed).integers(IDS_LOW, vocab_size, n).tolist())
 
 
-def _parse_line(
-    line: str, src: str, where: str, vocab_size: int, tokenize: Callable[[str], list[int]] | None
-) -> tuple[tuple[int, ...], int | None]:
-    try:
-        obj = json.loads(line)
-    except json.JSONDecodeError as e:
-        raise SpecError(src, where, f"not valid JSON ({e.msg})") from e
-    if not isinstance(obj, dict):
-        raise SpecError(src, where, "expected a JSON object")
-    unknown = set(obj) - {"prompt_token_ids", "prompt", "output_len"}
-    if unknown:
-        raise SpecError(src, where, f"unknown keys {sorted(unknown)}")
-    if ("prompt_token_ids" in obj) == ("prompt" in obj):
-        raise SpecError(src, where, "give exactly one of 'prompt_token_ids' and 'prompt'")
-    if "prompt" in obj:
-        if not isinstance(obj["prompt"], str) or not obj["prompt"]:
-            raise SpecError(src, where, "'prompt' must be a non-empty string")
-        if tokenize is None:
-            raise SpecError(src, where, "a text 'prompt' needs a tokenizer (none was given)")
-        ids = list(tokenize(obj["prompt"]))
-        if not ids:
-            raise SpecError(src, where, "'prompt' tokenizes to no tokens")
+def prompt_ids(row: Prompt, src: str, vocab_size: int, tokenize: Tokenize | None) -> tuple[tuple[int, ...], int | None]:
+    """A dataset entry's prompt ids and output length (a ShareGPT answer's token count), checked against the
+    vocabulary; SpecError names the file and the entry."""
+    if row.token_ids is not None:
+        ids = row.token_ids
+    elif tokenize is None:
+        raise SpecError(src, row.where, "a text 'prompt' needs the model's tokenizer (none was given)")
     else:
-        ids = obj["prompt_token_ids"]
-        if not isinstance(ids, list) or not ids or not all(type(t) is int for t in ids):
-            raise SpecError(src, where, "'prompt_token_ids' must be a non-empty list of integers")
+        ids = tuple(tokenize(row.text or ""))
+        if not ids:
+            raise SpecError(src, row.where, "the prompt tokenizes to no tokens")
     bad = [t for t in ids if not 0 <= t < vocab_size]
     if bad:
-        raise SpecError(src, where, f"token id {bad[0]} outside the vocabulary [0, {vocab_size})")
-    out_len = obj.get("output_len")
-    if out_len is not None and (type(out_len) is not int or out_len < 1):
-        raise SpecError(src, where, f"'output_len' must be a positive integer, got {out_len!r}")
-    return tuple(ids), out_len
+        raise SpecError(src, row.where, f"token id {bad[0]} outside the vocabulary [0, {vocab_size})")
+    out = row.output_len
+    if out is None and row.answer is not None:
+        if tokenize is None:
+            raise SpecError(src, row.where, "a ShareGPT answer's length needs the model's tokenizer (none was given)")
+        out = max(1, len(tokenize(row.answer)))
+    return ids, out
 
 
 def tokenizer_file(model: str) -> Path | None:
@@ -248,3 +294,22 @@ def prompt_decoder(model: str) -> Callable[[Sequence[int]], str]:
         raise ValueError(f"no tokenizer.json for {model}")
     tokenizer = Tokenizer.from_file(str(path))
     return lambda ids: tokenizer.decode(list(ids), skip_special_tokens=False)
+
+
+@lru_cache(maxsize=8)
+def prompt_encoder(model: str) -> Tokenize:
+    """Text -> ids with the model's own tokenizer, as the server counts a prompt (no special tokens added)."""
+    from tokenizers import Tokenizer
+
+    path = tokenizer_file(model)
+    if path is None:
+        raise ValueError(f"no tokenizer.json for {model}")
+    tokenizer = Tokenizer.from_file(str(path))
+    return lambda text: tokenizer.encode(text, add_special_tokens=False).ids
+
+
+def tokenizer_of(workload: Workload, model: str) -> tuple[Tokenize | None, Decode | None]:
+    """The `tokenize` and `decode` arguments Workload.requests needs for `model`: none for token ids alone."""
+    if workload.sends_text or workload.dataset is not None:
+        return prompt_encoder(model), prompt_decoder(model)
+    return None, None

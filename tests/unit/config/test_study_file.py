@@ -203,7 +203,7 @@ def test_text_prompts_need_the_models_tokenizer_before_anything_boots(tmp_path: 
     objective = _write(tmp_path, "text.toml", '[workload]\ninput_len = 8\noutput_len = 4\nprompt = "text"\n'
                                               '[limits]\nttft_p95_ms = 10\n')
     assert load_objective(objective).workload.prompt == "text"
-    assert load_objective(ROOT / "objectives" / "tiny-cpu.toml").workload.prompt == "token_ids"
+    assert load_objective(ROOT / "tests" / "data" / "quick" / "quick-objective.toml").workload.prompt == "token_ids"
     bare = tmp_path / "models" / "bare"
     write_tiny_model("dense", bare)
     check_prompt_tokenizer(load_objective(objective), [str(bare), "tiny:dense"])  # both have one

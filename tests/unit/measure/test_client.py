@@ -234,6 +234,30 @@ def test_rate_mode_poisson_arrivals_with_an_in_flight_cap():
     assert 0.15 < starts[-1] - starts[0] < 1.5
 
 
+@pytest.mark.parametrize("level", [LoadLevel("concurrency", 4), LoadLevel("rate", 1000)])
+def test_a_conversations_next_turn_is_sent_once_its_answer_came(level):
+    """As a chat user does: turn k+1 leaves after turn k's last token, whatever the level's other requests do."""
+    server = Server(gap=0.01)
+    specs = [RequestSpec((20 + i,), 3, conversation=i // 3) for i in range(9)]
+    run = drive(server, specs, level)
+    assert len(run.records) == 9 and all(r.error is None for r in run.records)
+    assert server.max_in_flight == 3  # three conversations at once, one turn of each
+    recs = run.records  # in the specs' order, in both modes
+    for i in range(9):
+        if i % 3:
+            assert recs[i].start >= recs[i - 1].end
+
+
+def test_a_replayed_log_keeps_its_arrival_shape_at_any_rate():
+    from autotune.measure.client import due_times
+
+    specs = [RequestSpec((20,), 2, at=at) for at in (5.0, 5.5, 9.0, 9.0)]  # a warm-up took the log's first lines
+    assert due_times(specs, LoadLevel("rate", 1.0), 0) == [0.0, 0.5, 4.0, 4.0]
+    assert due_times(specs, LoadLevel("rate", 2.0), 0) == [0.0, 0.25, 2.0, 2.0]  # twice the log's own rate
+    poisson = [RequestSpec((20,), 2)] * 4
+    assert due_times(poisson, LoadLevel("rate", 2.0), 7) == arrival_times(2.0, 4, 7)
+
+
 def test_seeded_levels_offer_their_labelled_rate_on_average_and_each_level_its_own_schedule():
     """Pure arithmetic on the schedules a trial sends (Workload.arrival_seed per level, as trial._measure does):
     one fixed seed replayed one draw at every level, which offers 0.87x its label over 32 requests."""

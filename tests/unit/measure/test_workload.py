@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -81,19 +82,19 @@ def test_dataset_of_token_ids_and_text(tmp_path):
     [
         ("{not json", "not valid JSON"),
         ("[1, 2]", "expected a JSON object"),
-        ({"prompt_token_ids": []}, "non-empty list of integers"),
-        ({"prompt_token_ids": [1, "2"]}, "non-empty list of integers"),
+        ({"prompt_token_ids": []}, "non-empty list of non-negative integers"),
+        ({"prompt_token_ids": [1, "2"]}, "non-empty list of non-negative integers"),
         ({"prompt_token_ids": [1, 5000]}, "token id 5000 outside"),
         ({"prompt_token_ids": [1], "output_len": 0}, "'output_len' must be a positive integer"),
         ({"prompt_token_ids": [1], "prompt": "x"}, "exactly one of"),
-        ({"prompt": "hello"}, "needs a tokenizer"),
+        ({"prompt": "hello"}, "needs the model's tokenizer"),
         ({"prompt_token_ids": [1], "max_tokens": 3}, "unknown keys"),
     ],
 )
 def test_bad_dataset_line_names_file_and_line(tmp_path, line, message):
     p = write(tmp_path, [{"prompt_token_ids": [1, 2]}, line])
     with pytest.raises(SpecError) as e:
-        Workload(dataset=p).requests(1, VOCAB)
+        Workload(dataset=p).requests(2, VOCAB)  # each line once
     assert e.value.source == str(p) and e.value.key == "line 2"
     assert message in str(e.value) and str(p) in str(e.value)
 
@@ -132,3 +133,113 @@ def test_text_prompts_are_the_same_ids_decoded_with_the_models_tokenizer(tmp_pat
     assert all(r.prompt_text is None for r in ids_only.requests(5, VOCAB_SIZE, decode=decode))
     with pytest.raises(ValueError, match="tokenizer"):
         text.requests(1, VOCAB_SIZE)
+
+
+def tiny_tokenizer(tmp_path):
+    from autotune.engine.models import VOCAB_SIZE, write_tiny_model
+    from autotune.measure.workload import prompt_decoder, prompt_encoder
+
+    model = str(write_tiny_model("dense", tmp_path / "dense"))
+    return VOCAB_SIZE, prompt_encoder(model), prompt_decoder(model)
+
+
+def test_a_sharegpt_file_gives_the_first_turn_as_prompt_and_the_answers_length_as_output(tmp_path) -> None:
+    vocab, tokenize, decode = tiny_tokenizer(tmp_path)
+    entries = [
+        {"id": "a", "conversations": [{"from": "human", "value": "w11 w12 w13"}, {"from": "gpt", "value": "w20 w21"},
+                                      {"from": "human", "value": "w30"}]},
+        {"id": "b", "conversations": [{"from": "human", "value": "w40"}]},  # no answer: skipped, as vLLM skips it
+        {"id": "c", "conversations": [{"from": "human", "value": "w50 w51"}, {"from": "gpt", "value": "w1 w2 w3 w4"}]},
+    ]
+    p = tmp_path / "sharegpt.json"
+    p.write_text(json.dumps(entries, indent=1))
+    reqs = Workload(dataset=p, prompt="text").requests(4, vocab, tokenize=tokenize, decode=decode)
+    got = {(r.prompt_text, r.prompt_token_ids, r.max_tokens) for r in reqs}
+    assert got == {("w11 w12 w13", (11, 12, 13), 2), ("w50 w51", (50, 51), 4)}
+    # token ids alone: the text is tokenized, not sent
+    assert all(r.prompt_text is None for r in Workload(dataset=p).requests(2, vocab, tokenize=tokenize))
+
+
+@pytest.mark.parametrize("text, where, message", [
+    ('[{"conversations": [{"from": "human", "value": "a"}]},\n  {"conversations": [}]', "line 2", "not valid JSON"),
+    ('[{"conversations": "hi"}]', "entry 0", "'conversations' list"),
+    ('[{"conversations": []}, {"conversations": [{"from": "human", "value": 3}]}]', "entry 1", "string 'value'"),
+    ('{"prompt": "x"}\n[1]', "line 2", "expected a JSON object"),
+])
+def test_a_bad_sharegpt_file_names_the_line_or_entry(tmp_path, text, where, message) -> None:
+    from autotune.measure.datasets import read_dataset
+
+    p = tmp_path / "data.json"
+    p.write_text(text)
+    with pytest.raises(SpecError) as e:
+        read_dataset(p)
+    assert (e.value.source, e.value.key) == (str(p), where) and message in e.value.message
+
+
+def test_conversations_resend_every_earlier_turn_and_chat_splits_them_into_messages(tmp_path) -> None:
+    vocab, _, decode = tiny_tokenizer(tmp_path)
+    plain = Workload(LengthDist(mean=6), LengthDist(mean=3), turns=3, seed=5).requests(7, vocab)
+    assert [r.conversation for r in plain] == [0, 0, 0, 1, 1, 1, 2]
+    for before, turn in zip(plain, plain[1:], strict=False):
+        if turn.conversation == before.conversation:  # the earlier prompt, its answer (3 ids), then 6 new ids
+            assert turn.prompt_token_ids[: before.prompt_len] == before.prompt_token_ids
+            assert turn.prompt_len == before.prompt_len + 3 + 6
+    assert [r.prompt_len for r in plain[:3]] == [6, 15, 24]
+    chat = Workload(LengthDist(mean=6), LengthDist(mean=3), turns=3, seed=5, api="chat").requests(7, vocab,
+                                                                                                  decode=decode)
+    third = chat[2]
+    assert [len(m.split()) for m in third.history] == [6, 3, 6, 3] and len(third.prompt_text.split()) == 6
+    assert " ".join([*third.history, third.prompt_text]) == decode(plain[2].prompt_token_ids)
+    assert chat[0].history == () and chat[0].prompt_text == decode(plain[0].prompt_token_ids)
+
+
+def write_log(tmp_path, lines) -> Path:
+    p = tmp_path / "requests.jsonl"
+    p.write_text("".join((x if isinstance(x, str) else json.dumps(x)) + "\n" for x in lines))
+    return p
+
+
+def test_a_replayed_log_keeps_its_order_lengths_shared_prefixes_and_relative_arrivals(tmp_path) -> None:
+    log = write_log(tmp_path, [
+        {"timestamp": 1700000000.0, "input_len": 30, "output_len": 5, "prefix": "sys", "prefix_len": 20},
+        {"timestamp": 1700000000.5, "input_len": 12, "output_len": 7},
+        "",
+        {"timestamp": 1700000004.0, "input_len": 25, "output_len": 2, "prefix": "sys", "prefix_len": 20},
+    ])
+    reqs = Workload(replay=log, seed=2).requests(5, VOCAB)
+    assert [(r.prompt_len, r.max_tokens) for r in reqs] == [(30, 5), (12, 7), (25, 2), (30, 5), (12, 7)]
+    # 2 gaps over 4 s: a mean rate of 0.5 request/s, stretched to 1/s; the second pass follows one mean gap later
+    assert [r.at for r in reqs] == [0.0, 0.25, 2.0, 3.0, 3.25]
+    assert reqs[0].prompt_token_ids[:20] == reqs[2].prompt_token_ids[:20] == reqs[3].prompt_token_ids[:20]
+    assert reqs[0].prompt_token_ids[20:] != reqs[3].prompt_token_ids[20:]  # only the named prefix is shared
+    assert reqs == Workload(replay=log, seed=2).requests(5, VOCAB)
+
+
+@pytest.mark.parametrize("line, message", [
+    ("{oops", "not valid JSON"),
+    ({"timestamp": 3, "input_len": 10}, "'output_len' is missing"),
+    ({"timestamp": "noon", "input_len": 10, "output_len": 2}, "'timestamp' must be a finite number"),
+    ({"timestamp": 3, "input_len": 0, "output_len": 2}, "'input_len' must be a positive integer"),
+    ({"timestamp": 1, "input_len": 10, "output_len": 2}, "is before the previous line's"),
+    ({"timestamp": 3, "input_len": 10, "output_len": 2, "prefix": "p"}, "'prefix' and 'prefix_len' together"),
+    ({"timestamp": 3, "input_len": 10, "output_len": 2, "prefix": "p", "prefix_len": 11}, "longer than 'input_len'"),
+    ({"timestamp": 3, "input_len": 10, "output_len": 2, "prefix": "s", "prefix_len": 4}, "has prefix_len 4 here"),
+    ({"timestamp": 3, "input_len": 10, "output_len": 2, "prompt": "hi"}, "unknown keys ['prompt']"),
+])
+def test_a_bad_request_log_line_is_named(tmp_path, line, message) -> None:
+    from autotune.measure.datasets import read_request_log
+
+    log = write_log(tmp_path, [{"timestamp": 2, "input_len": 10, "output_len": 2, "prefix": "s", "prefix_len": 5},
+                               line, {"timestamp": 9, "input_len": 10, "output_len": 2}])
+    with pytest.raises(SpecError) as e:
+        read_request_log(log)
+    assert (e.value.source, e.value.key) == (str(log), "line 2") and message in e.value.message
+
+
+def test_a_request_log_needs_a_time_span(tmp_path) -> None:
+    from autotune.measure.datasets import read_request_log
+
+    with pytest.raises(SpecError, match="at least two requests"):
+        read_request_log(write_log(tmp_path, [{"timestamp": 2, "input_len": 10, "output_len": 2}]))
+    with pytest.raises(SpecError, match="same timestamp"):
+        read_request_log(write_log(tmp_path, [{"timestamp": 2, "input_len": 10, "output_len": 2}] * 2))
