@@ -123,7 +123,8 @@ def run_vllm(url: str, model: Path, shape: Shape, seed: int) -> dict[str, float]
     args = parser.parse_args([
         "--backend", "vllm", "--base-url", url, "--model", SERVED_NAME, "--tokenizer", str(model),
         "--dataset-name", "random", "--random-input-len", str(shape.input_len),
-        "--random-range-ratio", json.dumps({"input": shape.range_ratio, "output": 0.0}), "--random-output-len", str(shape.output_len),
+        "--random-range-ratio", json.dumps({"input": shape.range_ratio, "output": 0.0}),
+        "--random-output-len", str(shape.output_len),
         "--num-prompts", str(shape.prompts), "--max-concurrency", str(shape.concurrency), "--ignore-eos",
         "--temperature", "0", "--seed", str(seed), "--disable-tqdm",
         "--percentile-metrics", "ttft,tpot,itl,e2el", "--metric-percentiles", "50,95,99",
