@@ -30,6 +30,7 @@ from types import ModuleType
 from autotune.fit.estimate import Estimate, disabled_kernels_in, estimate
 from autotune.fit.hardware import GpuInfo, GpuProfile, cpu_profile, profile_for
 from autotune.fit.model_shape import ModelShape
+from benchmarks.catalogue import read_log
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT / "tests" / "data"
@@ -273,7 +274,7 @@ def surface_boots(name: str, repeats: bool = False) -> list[dict]:
     doc = json.loads((SURFACES / name).read_text())
     index = plan_indices(doc["provenance"]["plan"])
     return [{**c, "plan_index": index[params_key(c["params"])], "_ballast": doc["provenance"].get("ballast"),
-             "_env": recorded_env(doc["provenance"]), "_logs": SURFACES / name.replace(".json", "-logs"),
+             "_env": recorded_env(doc["provenance"]), "_logs": (SURFACES / name).parent / "logs",
              "_model": doc["provenance"]["model"]}
             for c in doc["configs"] + (doc.get("repeats", []) if repeats else [])]
 
@@ -299,10 +300,10 @@ def warm_sized_line(name: str) -> str:
 
 # The held-down runs with autotune's own flags: an H100 with a ballast leaving the capped card's CUDA total free.
 HELD_DOWN = {
-    "surface-rtx3090-ballast-own.json": "no capture-size pin on 0.25, AWQ through Machete; s28-s29",
-    "surface-rtx3090-ballast-marlin.json": "Machete disabled, AWQ through Marlin as on a 3090; s32-",
-    # planned in s33 (benchmarks/surface_plan.py --checkpoint), recorded in s35
-    "surface-rtx3090-ballast-marlin-gptq.json": "Machete disabled, GPTQ-Int4 through Marlin as on a 3090; s35",
+    "h100-as-rtx3090-awq-machete/surface.json": "no capture-size pin on 0.25, AWQ through Machete; 2026-12-05",
+    "h100-as-rtx3090-awq-marlin/surface.json": "Machete disabled, AWQ through Marlin as on a 3090; 2026-12-06 to 12-07",
+    # planned by benchmarks/surface_plan.py --checkpoint, recorded 2026-12-06
+    "h100-as-rtx3090-gptq-marlin/surface.json": "Machete disabled, GPTQ-Int4 through Marlin as on a 3090; 2026-12-06",
 }
 
 
@@ -310,10 +311,10 @@ def boot_peaks() -> str:
     """The boot's peak outside the budget (fit/vllm_memory.py profiling_blocks), predicted against what the device
     saw: NVML's peak while booting on the H200 capped as a 3090, the ballast run's failures (s27) and the held-down
     runs' boots with autotune's own flags (HELD_DOWN)."""
-    lines = ["boot peaks on the capped H200 (NVML while booting; benchmarks/data/surface-rtx3090.json)",
+    lines = ["boot peaks on the capped H200 (NVML while booting; benchmarks/data/h200-as-rtx3090-awq/surface.json)",
              f"{'seqs':>5} {'spec':>5} {'capture':>8} {'seen GiB':>9} {'predicted':>10} {'error':>7}"]
     errors = []
-    for c in surface_boots("surface-rtx3090.json"):
+    for c in surface_boots("h200-as-rtx3090-awq/surface.json"):
         seen = c.get("boot_peak_memory_gib") or 0
         if seen <= 1:
             continue
@@ -324,8 +325,9 @@ def boot_peaks() -> str:
                      f"{e.boot_peak_bytes / 2**30:>10.2f} {errors[-1]:>+7.2f}")
     lines.append(f"{len(errors)} boots: median |error| {statistics.median(abs(x) for x in errors):.2f} GiB, max "
                  f"{max(abs(x) for x in errors):.2f}")
-    lines.append("\nthe ballast run (an H100 held down to the 3090's CUDA total; surface-rtx3090-ballast.json)")
-    for c in surface_boots("surface-rtx3090-ballast.json"):
+    lines.append("\nthe ballast run (an H100 held down to the 3090's CUDA total; "
+                 "h100-as-rtx3090-awq-capture-pinned/surface.json)")
+    for c in surface_boots("h100-as-rtx3090-awq-capture-pinned/surface.json"):
         e = predicted_boot(c, "h100-80gb")
         asked = re.search(r"Tried to allocate ([\d.]+) GiB", c.get("reason", ""))
         lines.append(f"  max_num_seqs {c['params']['max_num_seqs']}: {c['status']} "
@@ -365,9 +367,10 @@ def held_down_rows(name: str) -> list[str]:
 
 
 def boot_logs(entry: dict) -> list[Path]:
-    """A held-down configuration's server logs, kept beside its surface file: session by session, each session's
-    cold boot (NN.cold.log) before the boot that followed it (NN.log)."""
-    return sorted(entry["_logs"].glob(f"s*/{entry['plan_index']:02d}*.log"))
+    """A held-down configuration's server logs, kept beside its surface file in a folder per recording run (named
+    by its first log line's time, so sorted in time), each run's cold boot (NN.cold.log.gz) before the boot that
+    followed it (NN.log.gz)."""
+    return sorted(entry["_logs"].glob(f"*/{entry['plan_index']:02d}*.log.gz"))
 
 
 def failed_allocations(entry: dict) -> list[tuple[str, float, float]]:
@@ -376,7 +379,7 @@ def failed_allocations(entry: dict) -> list[tuple[str, float, float]]:
     out = []
     for log in boot_logs(entry):
         m = re.search(r"Tried to allocate ([\d.]+) ([GM]iB).*?this process has ([\d.]+) GiB memory in use",
-                      log.read_text())
+                      read_log(log))
         if m:
             out.append((log.name, float(m.group(1)) / (1 if m.group(2) == "GiB" else 1024), float(m.group(3))))
     return out

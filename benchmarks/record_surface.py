@@ -1,46 +1,17 @@
 """Record a real response surface: a grid of vLLM configurations of the tiny dense model on the CPU build, or
-(--plan) the planned GPU configurations of benchmarks/data/surface-plan-rtx3090.json (benchmarks/surface_plan.py).
+(--plan) the planned GPU configurations of benchmarks/data/rtx3090-surface-plan/awq.json (benchmarks/surface_plan.py).
 
-GPU runbook (issue 15). A device session is 30 minutes of machine time in calls of at most 10, and the machine is
-given back after ~30 s idle: a session is one run of back-to-back calls, and /tmp (the install) lives only as long
-as it. Here, once: `bash benchmarks/h200/fetch-wheels.sh` (-> .gpu1 ... .gpuN, 50 MiB each) and the .whl folder
-(benchmarks/h200/run_h200.sh's header). Each session:
-  1..N-1: bash benchmarks/h200/run_h200.sh stage K                            carry [".gpuK"]
-          (and, where the last session brought back triton-cache.tgz, unpacked into .triton here:
-          bash benchmarks/h200/run_h200.sh triton-cache                       carry [".triton"])
-  N:      bash benchmarks/h200/run_h200.sh surface-start SECONDS .gpuN        carry [".gpuN", ".whl"]
-          installs into /tmp/site, copies the tree to /tmp/src and starts this recorder there in the background:
-          --plan benchmarks/data/surface-plan-rtx3090.json --out $GPURUN/surface-rtx3090.json --stop-after SECONDS
-          (SECONDS: what the session has left after this call), from the surface the tree carries in
-          benchmarks/data/surface-rtx3090.json when there is one (a new file on the first session). Further
-          arguments go to the recorder: `--only 42,43,44,0,1,...,41` records the start picks first, then the rest
-          (in the order given); `--again 43,1` first measures recorded configurations once more (under `repeats`:
-          s39's of #43 and #1 served 9% and 14% less than their first measurements, in other sessions).
-          The surface resumes only on the card it was recorded on (h200): on a lent H100,
-          run_h200.sh (SURFACE unset) resumes surface-rtx3090-ballast-marlin.json with --ballast instead, the same
-          plan on the H100 held down to the capped card's CUDA total with autotune's own flags and Machete disabled,
-          so that 4-bit weights take Marlin's memory as on a 3090 (s32-s33: 10 of 45; s28-s29 recorded 17 with
-          Machete in surface-rtx3090-ballast-own.json)
-  N+1..:  bash benchmarks/h200/run_h200.sh surface-wait 560
-          waits, prints the recorder's last lines and brings back surface-rtx3090.json and surface.tgz (its output,
-          the server logs NN.log / NN.cold.log by plan index); until it says "finished" or the session ends
-  Another checkpoint: PLAN=surface-plan-rtx3090-gptq.json before surface-start and each surface-wait records that
-          plan (four of this one served from GPTQ-Int4: benchmarks/surface_plan.py --checkpoint) into its own file;
-          a surface-start after it on the same machine installs nothing again.
-Session 1 (s22) recorded 9, session 2 (s24) 8 more, s25 2, s26 the start picks #42-44 (appended after s25): 22 of 45
-(benchmarks/data/surface-rtx3090-logs/s22, s24, s25, s26: the calls and what they printed). s24's boots given blocks
-took 129-257 s where s22's took 59-69 s (#9, the machine's first key, 257 s with Triton's compile; the two MTP ones 129
-and 144 s); its surface-wait brought the Triton cache back (12 MiB packed, in .triton/ here, ignored by git): the next
-session stages it with `triton-cache` first.
-After each call copy surface-rtx3090.json from files_at into benchmarks/data/ (it is rewritten atomically after every
-configuration: the latest copy holds every finished one) and commit it after the session; the next session resumes
-from it, skipping the configurations it holds. Repeat until the recorder prints "0 to go". --stop-after starts no
-configuration with less time left than it is expected to take (`reserve_s`): one cut off by the session's end is
-lost whole, never half-written. Before a session, `--plan ... --estimate` (boots nothing) prints what each
-configuration is expected to cost and how many the session will record.
+On the device the recorder is driven by benchmarks/h200/run_h200.sh (`surface-start`, `surface-wait`; the runbook
+is benchmarks/h200/README.md). It resumes the dataset the tree carries (benchmarks/data/DATASET/surface.json), writes
+the server logs NN.log / NN.cold.log by plan index, and rewrites the surface atomically after every configuration: a
+run cut off loses one configuration at most, and the next run resumes, skipping the configurations the file holds,
+until the recorder prints "0 to go". `--only I,J,...` records those plan indices first, in the order given; `--again
+I,J` measures recorded configurations once more (kept under `repeats`). --stop-after starts no configuration with
+less time left than it is expected to take (`reserve_s`); `--plan ... --estimate` (boots nothing) prints what each
+configuration is expected to cost and how many the time given will record.
 
-What a GPU configuration costs, and why (figures from the device, benchmarks/data/h200-chat-as-3090-s20: vLLM
-0.25.0, the chat objective objectives/chat-p95.toml, one H200 capped as an RTX 3090).
+What a GPU configuration costs, and why (figures from the device, benchmarks/data/h200-as-rtx3090-chat-kv-blocks-given:
+vLLM 0.25.0, the chat objective objectives/chat-p95.toml, one H200 capped as an RTX 3090).
 Boots. Nearly every configuration is a compile key of its own (max_model_len, max_num_batched_tokens, kv_cache_dtype
 and speculative decoding move it), and a boot that compiles profiles memory 1-2 GiB short. As autotune's trials do
 (measure/trial.py, plan_first_boot), a boot whose key is new is given the estimator's KV blocks for a warm boot
@@ -48,10 +19,10 @@ and speculative decoding move it), and a boot that compiles profiles memory 1-2 
 configuration; on the device the warm boot of the same flags later printed 106,496 tokens against 105,751 given
 (-0.7%). The entry keeps the blocks given (`kv_blocks_given`) and what vLLM itself sized while compiling
 (`kv_blocks_profiled`, its "Overriding num_gpu_blocks=X" line: 29, 58, 25, 49 against 51, 142, 62, 125 given). Only
-where the estimator's central KV cache does not fit (refused, or inside its band; since s33 not where only a boot
-peak is in doubt, trial.warm_kv_blocks) does vLLM size the cache: such a
-configuration boots cold and, if that boot came up or failed for memory, once more warm (~100 s); a boot given
-blocks that fails for memory is booted again sized by vLLM. The first boot is then kept under `cold_boot`.
+where the estimator's central KV cache does not fit (refused, or inside its band; not where only a boot peak is in
+doubt, trial.warm_kv_blocks) does vLLM size the cache: such a configuration boots cold and, if that boot came up or
+failed for memory, once more warm (~100 s); a boot given blocks that fails for memory is booted again sized by vLLM.
+The first boot is then kept under `cold_boot`.
 Load levels. The ladder is GPU_LADDER (powers of two up to the objective's load.max, 128), but a configuration is
 not climbed from 1: a chat request takes ~2.2 s alone, so 72 requests at concurrency 1 cost ~160 s and at 2 ~90 s,
 while the chat objective's answers on the device were concurrency 15-37 (the p95 TTFT limit binding). The walk
@@ -152,13 +123,14 @@ from autotune.measure.trial import (
 from autotune.measure.workload import Workload
 from autotune.search.space import engine_config
 from autotune.units import GiB
+from benchmarks.catalogue import DATA, dumps_json
 from benchmarks.h200.run_h200 import DEVICE_FLAGS, ENV, model_folder, served_model
 from benchmarks.surface import params_key
 
 REPO = Path(__file__).resolve().parents[1]
 
-OUT = REPO / "benchmarks" / "data" / "surface-tiny-cpu.json"
-GPU_OUT = REPO / "benchmarks" / "data" / "surface-rtx3090.json"  # --plan's default --out
+OUT = DATA / "cpu-tiny-grid" / "surface.json"
+GPU_OUT = DATA / "h200-as-rtx3090-awq" / "surface.json"  # --plan's default --out
 STUDY = REPO / "studies" / "tiny-cpu.toml"
 LOCK = Path("/tmp/autotune-engine.lock")
 MAX_NUM_SEQS = (1, 2, 4, 8, 16, 32, 64, 128)
@@ -489,7 +461,7 @@ def record_config(engine: EngineSpec, objective: Objective, vocab: int, log: Pat
 
 def save(doc: dict[str, object], path: Path) -> None:
     tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(doc, separators=(",", ":")))
+    tmp.write_text(dumps_json(doc))
     tmp.replace(path)
 
 
@@ -665,8 +637,9 @@ def planned_configs(plan: dict, spec: StudySpec, model: str, real: GpuProfile) -
 
 @dataclass(frozen=True)
 class Cost:
-    """What the device took (the GPU surface's first session, benchmarks/data/surface-rtx3090.json, s22; levels from
-    benchmarks/data/h200-chat-as-3090-s20): the figures --estimate and --stop-after plan a configuration's time with."""
+    """What the device took (the GPU surface's first session, benchmarks/data/h200-as-rtx3090-awq/surface.json, s22;
+    levels from benchmarks/data/h200-as-rtx3090-chat-kv-blocks-given): the figures --estimate and --stop-after plan a
+    configuration's time with."""
 
     boot_new_s: float = 65.0  # a new compile key, given blocks: 59-69 s (#3, #6, #8; the session's second key 115)
     boot_warm_s: float = 40.0  # a key compiled before: the warm boots of #2, #4, #5 and #7 failed in 34-45 s

@@ -77,7 +77,7 @@ from benchmarks.surface import Point, Surface, _records, config_key, entry_param
 
 REPO = Path(__file__).resolve().parents[1]
 
-SURFACE = REPO / "benchmarks" / "data" / "surface-tiny-cpu.json"
+SURFACE = REPO / "benchmarks" / "data" / "cpu-tiny-grid/surface.json"
 WITHIN = 0.05
 ANYTIME = (10, 20, 40)
 MAX_BOOTED = 64

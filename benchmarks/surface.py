@@ -1,7 +1,7 @@
 """A recorded response surface (benchmarks/record_surface.py): what each configuration did at each rung of a load
 ladder, read back for replay without booting anything.
 
-Two file layouts are read. The CPU grid (benchmarks/data/surface-tiny-cpu.json) keeps max_num_seqs and
+Two file layouts are read. The CPU grid (benchmarks/data/cpu-tiny-grid/surface.json) keeps max_num_seqs and
 max_num_batched_tokens at the top of each configuration; a planned surface (`"format": 2`, the GPU plan) keeps a
 `params` dict per configuration, the searched space and the baselines in its provenance, and the estimator's
 verdict per configuration (`refused`: what autotune would refuse before boot). Every rung keeps its requests'

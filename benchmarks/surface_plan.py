@@ -1,5 +1,5 @@
 """The configuration list of the GPU response surface (issue 15, item 1), written once to
-benchmarks/data/surface-plan-rtx3090.json and recorded by benchmarks/record_surface.py --plan on the device.
+benchmarks/data/rtx3090-surface-plan/awq.json and recorded by benchmarks/record_surface.py --plan on the device.
 
 The space is studies/qwen3.5-27b-h200-as-3090.toml's (the 3090 study's, capped to 24 GiB on a larger card) without
 its `model` choice: the model is the Qwen3.5-27B AWQ shape the device runs (random weights). Three sources:
@@ -21,7 +21,7 @@ fail is part of the surface.
     .venv/bin/python -m benchmarks.surface_plan     # rewrites the plan (deterministic; source 4 kept if planned)
     .venv/bin/python -m benchmarks.surface_plan --picks   # appends source 4 to the plan and the surface recorded
     .venv/bin/python -m benchmarks.surface_plan --checkpoint Qwen/Qwen3.5-27B-GPTQ-Int4 --take 1,8,9,5 \
-        --out benchmarks/data/surface-plan-rtx3090-gptq.json   # those four served from another checkpoint
+        --out benchmarks/data/rtx3090-surface-plan/gptq.json   # those four served from another checkpoint
 """
 
 from __future__ import annotations
@@ -42,12 +42,13 @@ from autotune.measure.trial import configured
 from autotune.search import start
 from autotune.search.space import baseline_params, condition_met, engine_config
 from autotune.search.study import runs_at_once
+from benchmarks.catalogue import DATA
 from benchmarks.record_surface import DEVICE_VLLM, GPU_OUT, device_vllm, save
 from benchmarks.surface import space_as_json
 
 REPO = Path(__file__).resolve().parents[1]
 STUDY = REPO / "studies" / "qwen3.5-27b-h200-as-3090.toml"
-PLAN = REPO / "benchmarks" / "data" / "surface-plan-rtx3090.json"
+PLAN = DATA / "rtx3090-surface-plan" / "awq.json"
 MODEL = "QuantTrio/Qwen3.5-27B-AWQ"  # the AWQ shape of autotune/engine/known_models/qwen3.5-27b-awq.json
 CARD = "h200"  # the device; capped to the study's memory_cap_gib
 SOBOL_POINTS = 32
@@ -199,9 +200,9 @@ def checkpoint_plan(model: str, indices: list[int], plan_path: Path = PLAN) -> d
                         "estimate": verdict(spec, profile, c["params"], baseline, model)})
     estimates = doc["how"].split("Estimates: ")[-1].split("; then")[0]
     return {**doc, "model": model, "configs": configs,
-            "how": f"{plan_path.name}'s configurations {', '.join(f'#{i}' for i in indices)} (the same params and "
-                   f"flags) served from {model} instead of {doc['model']}: the other checkpoint's weights beside "
-                   f"the plan's own. Estimates for it, as the plan's: {estimates}"}
+            "how": f"{plan_path.relative_to(DATA)}'s configurations {', '.join(f'#{i}' for i in indices)} (the same "
+                   f"params and flags) served from {model} instead of {doc['model']}: the other checkpoint's weights "
+                   f"beside the plan's own. Estimates for it, as the plan's: {estimates}"}
 
 
 def main() -> None:
@@ -218,7 +219,7 @@ def main() -> None:
         with device_vllm():
             doc = checkpoint_plan(opts.checkpoint, opts.take)
         opts.out.write_text(json.dumps(doc, indent=1) + "\n")
-        print(f"{opts.out}: {len(opts.take)} configurations of {PLAN.name} served from {opts.checkpoint}")
+        print(f"{opts.out}: {len(opts.take)} configurations of {PLAN.relative_to(DATA)} served from {opts.checkpoint}")
         return
     if opts.picks:
         for c in append_picks():

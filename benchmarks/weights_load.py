@@ -38,6 +38,7 @@ from autotune.fit.hardware import PROFILES
 from autotune.fit.model_shape import DTYPE_BYTES, ModelShape, WeightModule
 from autotune.fit.quantization import Quantization
 from autotune.units import GiB
+from benchmarks.catalogue import read_log
 from benchmarks.cuda_allocator import Block, CachingAllocator
 from benchmarks.estimator_accuracy import ARGS
 
@@ -194,8 +195,8 @@ class PrintedLoad:
 def printed_loads() -> list[PrintedLoad]:
     """Every kept vLLM 0.25 server log that printed its weights, with what decides them."""
     out = []
-    for log in sorted(p for root in LOGS for p in root.rglob("*.log")):
-        text = log.read_text(errors="replace")
+    for log in sorted(p for root in LOGS for p in root.rglob("*.log*")):
+        text = read_log(log)
         took = parse_boot_info(text.splitlines(), 0.0).weights_gib
         kernel = re.search(r"Using (Marlin|Machete)LinearKernel", text)
         args = ARGS.search(text)

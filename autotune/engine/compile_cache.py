@@ -98,8 +98,9 @@ def compile_cache_state(lines: list[str]) -> CompileCache | None:
 
 
 # The most KV cache memory a warm boot has had over the cold boot of the same flags: 2.07 GiB (64 sequences at 32k,
-# 1.42 cold against 3.49 warm, benchmarks/data/h200-chat-as-3090); the five cold failures of the GPU surface's first
-# recorded boots gained 0.06-1.74 GiB warm (benchmarks/data/surface-rtx3090-logs/s22, "Available KV cache memory").
+# 1.42 cold against 3.49 warm, benchmarks/data/h200-as-rtx3090-chat-cold-then-warm); the five cold failures of the GPU
+# surface's first recorded boots gained 0.06-1.74 GiB warm (benchmarks/data/h200-as-rtx3090-awq/logs/2026-12-04T0954,
+# "Available KV cache memory").
 WARM_GAIN_GIB = 2.1
 
 
@@ -118,7 +119,8 @@ def boot_again_warm(failure: Failure, lines: list[str]) -> bool:
 def boot_again_before_measuring(build: Build, lines: list[str]) -> bool:
     """A CUDA boot that compiled cold and came up has 1-2 GiB less KV cache than the configuration gets every
     later time, since vLLM profiles memory while it compiles: on the H200 capped as a 3090, the recipe printed
-    1.41 GiB cold against 2.49 warm, 64 sequences at 32k 1.42 against 3.49 (benchmarks/data/h200-chat-as-3090), and
+    1.41 GiB cold against 2.49 warm, 64 sequences at 32k 1.42 against 3.49
+    (benchmarks/data/h200-as-rtx3090-chat-cold-then-warm), and
     a cold 1.2 GiB server was screened out at a level its KV cache could not hold (GPU KV cache usage 100%, 31
     requests waiting). Measuring it would measure another configuration; a warm boot costs about 80 s. The CPU
     build sizes its KV cache from VLLM_CPU_KVCACHE_SPACE: a cold boot there is only slower."""

@@ -9,12 +9,12 @@ service times on average before its prefill: that wait is part of its TTFT. When
 the objective's p95 TTFT limit, the level cannot be sustained, and a sampled configuration, which is screened at the
 incumbent's level (ladder.Prior.screen), need not boot to be screened out.
 
-Seen on the H200 capped as a 3090 (benchmarks/data/h200-chat-as-3090-s21): five sampled configurations
-booted (99-123 s each) to be screened out at the incumbent's level 36; four had max_num_seqs 1, 6, 16 and 18. With
-the H200's 4.8 TB/s the bound screens the first two; with a real 3090's 936 GB/s, all four. On the recorded GPU
-surface (benchmarks/data/surface-rtx3090.json) every configuration's highest passing level was the ladder's highest
-at or just above the requests its pool runs at once (blocks / (attention + mamba groups)), e.g. 16 for 79 blocks of
-4 per request, where its max_num_seqs was 52.
+Seen on the H200 capped as a 3090 (benchmarks/data/h200-as-rtx3090-chat-bytecode-precompiled): five sampled
+configurations booted (99-123 s each) to be screened out at the incumbent's level 36; four had max_num_seqs 1, 6, 16 and
+18. With the H200's 4.8 TB/s the bound screens the first two; with a real 3090's 936 GB/s, all four. On the recorded GPU
+surface (benchmarks/data/h200-as-rtx3090-awq/surface.json) every configuration's highest passing level was the ladder's
+highest at or just above the requests its pool runs at once (blocks / (attention + mamba groups)), e.g. 16 for 79 blocks
+of 4 per request, where its max_num_seqs was 52.
 """
 
 from __future__ import annotations

@@ -403,8 +403,8 @@ def _kv_may_bind(plan: TrialPlan, boot: BootInfo) -> bool:
     """Whether a server's KV cache might not hold the search's first level at once (at most max_num_seqs of its
     requests run together). vLLM prints how many requests of max_model_len tokens it holds ("Maximum concurrency
     for N tokens per request"); shorter ones never need more. Its token count says less for a hybrid model, whose
-    blocks hold 800-1568 tokens: 22,755 tokens held only 6 chat requests of ~700 (benchmarks/data/h200-chat-as-3090,
-    trial 2). Not printed, or rate mode: it might."""
+    blocks hold 800-1568 tokens: 22,755 tokens held only 6 chat requests of ~700
+    (benchmarks/data/h200-as-rtx3090-chat-cold-then-warm, trial 2). Not printed, or rate mode: it might."""
     search = plan.objective.load
     if search.mode != "concurrency" or not boot.max_concurrency:
         return True

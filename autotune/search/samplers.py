@@ -4,8 +4,8 @@ No pruner between load levels: a sampled configuration is screened at the incumb
 (measure/ladder.py, Prior.screen), which stops one that cannot beat it after one short level.
 
 The defaults here are chosen by `benchmarks/search_efficiency.py`, which replays a recorded response surface
-(benchmarks/data/surface-rtx3090.json, and the CPU one) over many seeds; see that script's output for the evidence.
-Constraints reach every sampler through `trial.set_constraint` (outcome.py), so infeasible trials teach it.
+(benchmarks/data/h200-as-rtx3090-awq/surface.json, and the CPU one) over many seeds; see that script's output for the
+evidence. Constraints reach every sampler through `trial.set_constraint` (outcome.py), so infeasible trials teach it.
 """
 
 from __future__ import annotations

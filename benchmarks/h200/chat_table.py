@@ -1,7 +1,7 @@
 """The device chat study as a table: what each trial cost (boots cold and warm, load levels, requests) and what
 the estimator predicted against what vLLM printed. Usage:
 
-    python -m benchmarks.h200.chat_table [benchmarks/data/h200-chat-as-3090/chat.db]
+    python -m benchmarks.h200.chat_table [benchmarks/data/h200-as-rtx3090-chat-cold-then-warm/chat.db]
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import sys
 
 import optuna
 
-DEFAULT_DB = "benchmarks/data/h200-chat-as-3090/chat.db"
+DEFAULT_DB = "benchmarks/data/h200-as-rtx3090-chat-cold-then-warm/chat.db"
 STUDY = "h200-as-3090-chat"
 
 

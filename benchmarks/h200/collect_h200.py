@@ -1,5 +1,5 @@
-"""Turn what run_h200.sh brought back from the device into benchmarks/data/results-h200.json (and the captured
-test data under tests/data/gpu).
+"""Turn what run_h200.sh brought back from the device into benchmarks/data/h200-cuda-boots/results.json (and the
+captured test data under tests/data/gpu).
 
     python -m benchmarks.h200.collect_h200 DIR...   # folders holding trials.tgz / study.tgz / g3.tgz, unpacked
 
@@ -29,7 +29,7 @@ from autotune.fit.model_shape import ModelShape
 from autotune.units import GiB
 
 ROOT = Path(__file__).resolve().parents[2]
-RESULTS = ROOT / "benchmarks" / "data" / "results-h200.json"
+RESULTS = ROOT / "benchmarks" / "data" / "h200-cuda-boots/results.json"
 CONFIG = ROOT / "autotune" / "engine" / "known_models" / "qwen3.5-27b-awq.json"  # the model run_h200.py served
 FIXED = {"load_format": "dummy", "language_model_only": True, "skip_tokenizer_init": True,
          "gdn_prefill_backend": "triton"}

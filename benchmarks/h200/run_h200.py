@@ -16,7 +16,7 @@ under WORK, and the study phase gives `autotune run` a copy of the study file wh
 Every phase samples NVML (its own raw series, beside the trial's MemorySampler) and nvidia-smi in the background,
 and appends what it measured to WORK/results-raw.json, so a phase killed at the device's time limit still leaves
 its finished steps. collect_h200.py (on the workstation) turns the raw files into
-benchmarks/data/results-h200.json.
+benchmarks/data/h200-cuda-boots/results.json.
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@
 #                                              the packages it needs that the image lacks, split into .gpu1 ... .gpuN
 #   device-install.sh                          on the device: reassembles the vLLM wheel, installs into /tmp/site
 #   run_h200.py                                the phases; collect_h200.py turns what they bring back into
-#                                              benchmarks/data/results-h200.json
+#                                              benchmarks/data/h200-cuda-boots/results.json
 # The study and objective are tests/data/gpu/smoke-study.toml and smoke-objective.toml; the model is the shipped
 # config autotune/engine/known_models/qwen3.5-27b-awq.json, which run_h200.py writes as a model folder under $GPURUN.
 #
@@ -38,12 +38,12 @@
 # refused start cost 90-180 s of the session's device time (1,800 s -> 780 s). Ask `status` first (its none_now says
 # when to try again), and keep what a session needs for one configuration (~400 s with staging) before trying.
 # Seen 2026-12-05 (s27): five refused starts (539 s), then an H100 on a call that named no kind: stage 1..6 (held
-# 630 s), the ballast run (SURFACE=surface-rtx3090-ballast.json surface-start 500 .gpu7 --only 42 --ballast; install
+# 630 s), the ballast run (SURFACE=h100-as-rtx3090-awq-capture-pinned/surface.json surface-start 500 .gpu7 --only 42 --ballast; install
 # 48 s), then --only 44,9 and, in the foreground, --only 6: all four failed to boot, ~100 s a boot, two boots each
-# (benchmarks/data/surface-rtx3090-ballast-logs/s27). The H200 surface cannot resume on an H100: a call naming no kind
+# (benchmarks/data/h100-as-rtx3090-awq-capture-pinned/logs/2026-12-05T1351). The H200 surface cannot resume on an H100: a call naming no kind
 # suits the ballast work, which either card answers.
 # Seen 2026-12-05 (s28): a call naming nvidia-h200 got an H100 at once (held 86 s at the first call). stage 1..6,
-# then SURFACE=surface-rtx3090-ballast-own.json surface-start 1480 .gpu7 --only 42,9,44,6 --ballast (install 45 s,
+# then SURFACE=h100-as-rtx3090-awq-machete/surface.json surface-start 1480 .gpu7 --only 42,9,44,6 --ballast (install 45 s,
 # no Triton cache carried: the first boot compiled it, ready after ~260 s), surface-wait 540 and 540 (all four done at held
 # 1,155 s: cold boots 88-134 s with Triton's cache warm), then the recorder in the foreground (timeout 560,
 # --only 43,0,1,2): three more. 1,712 s held in all.
@@ -62,12 +62,12 @@
 # 1640 .gpu7 (install 48 s, recording from held 180 s), surface-wait 520, 520, 500: eight of the Marlin file (#2-#9),
 # the recorder stopped itself at held 1,739 s; 61 s left.
 # Seen 2026-12-06 (s34): nvidia-h200 asked, an H100 came at once: stage 1..6 and triton-cache (held 49 s),
-# PLAN=surface-plan-rtx3090-gptq.json ... surface-start 760 .gpu7 (install 30 s), surface-wait 520 (the four done at
+# PLAN=rtx3090-surface-plan/gptq.json ... surface-start 760 .gpu7 (install 30 s), surface-wait 520 (the four done at
 # held 520 s: all failed loading, the folder had no safetensors, so vLLM left GPTQ's layers in bf16; the folder now
 # lists them), then surface-start 1130 .gpu7 (installed already), surface-wait 520, 520: nine of the Marlin file
 # (#10-#18), the recorder stopped itself at held 1,595 s; 202 s left.
 # Seen 2026-12-06 (s35): nvidia-h200 asked, an H100 came at once (held 85 s at the first call): stage 1..6 and
-# triton-cache (held 108 s), PLAN=surface-plan-rtx3090-gptq.json ... surface-start 760 .gpu7 (install 30 s),
+# triton-cache (held 108 s), PLAN=rtx3090-surface-plan/gptq.json ... surface-start 760 .gpu7 (install 30 s),
 # surface-wait 520 and 300 (three of four, the fourth expected to take longer than was left), surface-start 490 and
 # surface-wait 500 in one call (the fourth, done at held 957 s: all four served, with the folder listing GPTQ's
 # layers), then surface-start 780 .gpu7 and surface-wait 480 in one call, surface-wait 285: five of the Marlin file
@@ -133,17 +133,17 @@
 #   or N: bash benchmarks/h200/run_h200.sh surface-start SECONDS .gpuN    carry [".gpuN", ".whl"]
 #      N+1 ...: bash benchmarks/h200/run_h200.sh surface-wait 560          (the GPU response surface of issue 15:
 #       benchmarks/record_surface.py's docstring has its runbook)
-#      With SURFACE unset the card picks the file: an H200 resumes surface-rtx3090.json (the flags as planned), an
-#      H100 resumes surface-rtx3090-ballast-marlin.json with --ballast and Machete disabled: the same plan on the
+#      With SURFACE unset the card picks the file: an H200 resumes h200-as-rtx3090-awq/surface.json (the flags as planned), an
+#      H100 resumes h100-as-rtx3090-awq-marlin/surface.json with --ballast and Machete disabled: the same plan on the
 #      card held down to the capped card's CUDA total, booting autotune's own flags, its AWQ weights as a 3090's
-#      (does a real 24 GiB card run what autotune boots? s27: not the flags as planned, surface-rtx3090-ballast.json;
-#      s28-s29, with Machete, surface-rtx3090-ballast-own.json: 17, the estimator right once it modelled MTP's
+#      (does a real 24 GiB card run what autotune boots? s27: not the flags as planned, h100-as-rtx3090-awq-capture-pinned/surface.json;
+#      s28-s29, with Machete, h100-as-rtx3090-awq-machete/surface.json: 17, the estimator right once it modelled MTP's
 #      drafter). So whichever card comes records a point of one of the two; --only I,J picks which.
 #      Before surface-start on a fresh machine: `triton-cache` carry [".triton"] (the cache a surface-wait brought
 #      back, kept in .triton/triton-cache.tgz) spares the first configuration Triton's compile.
 # Each phase leaves $OUT/<phase>.tgz: server logs, NVML and nvidia-smi series, results-raw.json.
 # Then, here: python -m benchmarks.h200.collect_h200 <folders the tgz files were unpacked into>
-#   -> benchmarks/data/results-h200.json.
+#   -> benchmarks/data/h200-cuda-boots/results.json.
 # What to know: set VLLM_USE_FLASHINFER_SAMPLER=0 and --gdn-prefill-backend triton (FlashInfer is not carried);
 # the first boot on a fresh machine is cold (torch.compile, Triton JIT) and its memory figures are not the
 # configuration's; boots take about 1-2.5 min eager and about 4 min with CUDA graphs: plan the 30-minute device
@@ -155,27 +155,28 @@ export GPURUN=/tmp/gpurun PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1 VLLM_USE_FLASH
   HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 VLLM_NO_USAGE_STATS=1 DO_NOT_TRACK=1
 mkdir -p /tmp/acc "$GPURUN"
 # the GPU response surface, resumed across sessions (benchmarks/data/ in the tree); another name for another
-# recording of the plan, e.g. SURFACE=surface-rtx3090-ballast-own.json with the recorder's --ballast
+# recording of the plan, e.g. SURFACE=h100-as-rtx3090-awq-machete/surface.json with the recorder's --ballast
 # Left unset, the card picks: the H200 surface resumes only on an H200 (the recorder refuses another card), so an
 # H100 records the same plan held down to the capped card's total with autotune's own flags (--ballast) instead,
 # and since s29 with Machete disabled, so that 4-bit AWQ takes the memory it takes on a 3090 (Marlin: 0.34 GiB less
-# for this model): surface-rtx3090-ballast-marlin.json (surface-rtx3090-ballast-own.json holds s28-s29's 17 with it).
-# PLAN (in benchmarks/data/) is the plan recorded: surface-plan-rtx3090.json unless set, e.g.
-# PLAN=surface-plan-rtx3090-gptq.json (benchmarks/surface_plan.py --checkpoint: four of the plan served from the
+# for this model): h100-as-rtx3090-awq-marlin/surface.json (h100-as-rtx3090-awq-machete/surface.json holds s28-s29's 17 with it).
+# PLAN (in benchmarks/data/) is the plan recorded: rtx3090-surface-plan/awq.json unless set, e.g.
+# PLAN=rtx3090-surface-plan/gptq.json (benchmarks/surface_plan.py --checkpoint: four of the plan served from the
 # GPTQ-Int4 checkpoint the 3090 study starts from), whose surface is then the same name with the plan's suffix
-# (surface-rtx3090-ballast-marlin-gptq.json on an H100). Give it to surface-start and to each surface-wait.
-PLAN=${PLAN:-surface-plan-rtx3090.json}
-suffix=${PLAN#surface-plan-rtx3090}
+# (h100-as-rtx3090-gptq-marlin/surface.json on an H100). Give it to surface-start and to each surface-wait.
+PLAN=${PLAN:-rtx3090-surface-plan/awq.json}
+checkpoint=$(basename "$PLAN" .json)
 BALLAST=()
-if [ -z "${SURFACE:-}" ]; then
+if [ -z "${DATASET:-}" ]; then
   case "$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)" in
-    *H100*) SURFACE=surface-rtx3090-ballast-marlin$suffix BALLAST=(--ballast)
+    *H100*) DATASET=h100-as-rtx3090-$checkpoint-marlin BALLAST=(--ballast)
             export VLLM_DISABLED_KERNELS=MacheteLinearKernel ;;  # 4-bit held as on a 3090 (Marlin), not Machete
-    *) SURFACE=surface-rtx3090$suffix ;;
+    *) DATASET=h200-as-rtx3090-$checkpoint ;;
   esac
-  echo "surface: $SURFACE ${BALLAST[*]} (plan $PLAN)"
+  echo "dataset: $DATASET ${BALLAST[*]} (plan $PLAN)"
 fi
-LOGS=$GPURUN/${SURFACE%.json}-logs
+SURFACE=$GPURUN/$DATASET/surface.json
+LOGS=$GPURUN/$DATASET/logs/$(date -u +%Y-%m-%dT%H%M)
 CACHE=$HOME/.cache/autotune/vllm  # autotune's compile cache (autotune/engine/compile_cache.py), Triton's under it
 
 install() {  # FOLDER: stage the last wheel folder and .whl, install into /tmp/site (once), copy the tree to /tmp/src
@@ -248,23 +249,24 @@ case $phase in
     # planned configurations for $2 s in the background. It resumes the surface a previous start on this machine
     # left in $GPURUN, else the one the tree carries in benchmarks/data/ (a later session's), else starts one.
     # First it prints what the configurations to go are expected to cost (--estimate: boots nothing).
-    # Further arguments go to the recorder, e.g. `--only 42,9 --ballast` with SURFACE=surface-rtx3090-ballast-own.json.
+    # Further arguments go to the recorder, e.g. `--only 42,9 --ballast` with SURFACE=h100-as-rtx3090-awq-machete/surface.json.
     install "$3"
-    [ -f "$GPURUN/$SURFACE" ] || cp "benchmarks/data/$SURFACE" "$GPURUN/" 2>/dev/null
+    mkdir -p "$(dirname "$SURFACE")"
+    [ -f "$SURFACE" ] || cp "benchmarks/data/$DATASET/surface.json" "$SURFACE" 2>/dev/null
     (cd /tmp/src && python3 -m benchmarks.record_surface --plan "benchmarks/data/$PLAN" \
-      --out "$GPURUN/$SURFACE" --estimate "${BALLAST[@]}" | tail -4)
+      --out "$SURFACE" --estimate "${BALLAST[@]}" | tail -4)
     launch surface python3 -m benchmarks.record_surface --plan "benchmarks/data/$PLAN" \
-      --out "$GPURUN/$SURFACE" --logs "$LOGS" --stop-after "$2" "${BALLAST[@]}" "${@:4}" ;;
+      --out "$SURFACE" --logs "$LOGS" --stop-after "$2" "${BALLAST[@]}" "${@:4}" ;;
   surface-wait)
     # Waits up to $2 s for the recording surface-start began, or until it rewrites the surface file (after every
     # configuration), then brings back the file, the recorder's output and the server logs: each configuration comes
     # back with the call it was recorded in (s36: a machine taken back mid-call returns nothing of that call).
     # The surface as it stands goes back first: a call cut off by the session's end still returns it.
-    cp "$GPURUN/$SURFACE" "$OUT/" 2>/dev/null
-    wait_for "benchmarks.record_surface" "$2" "$GPURUN/$SURFACE"
+    cp "$SURFACE" "$OUT/" 2>/dev/null
+    wait_for "benchmarks.record_surface" "$2" "$SURFACE"
     tail -30 "$GPURUN/surface.out"
-    cp "$GPURUN/$SURFACE" "$OUT/" 2>/dev/null
-    tar czf "$OUT/surface.tgz" -C "$GPURUN" surface.out "$(basename "$LOGS")"
+    cp "$SURFACE" "$OUT/" 2>/dev/null
+    tar czf "$OUT/surface.tgz" -C "$GPURUN" surface.out "$DATASET/logs"
     # The session's first key compiles Triton's kernels (s22: 263 s against 55-141 s for later cold boots); the
     # Triton cache goes back (under 40 MiB) to be carried into the next session's machine with `triton-cache`.
     du -sh "$CACHE"/* /tmp/torchinductor_* 2>/dev/null

@@ -26,14 +26,15 @@ from autotune.engine.compile_cache import (
 from autotune.engine.flags import CACHE_DIR, Build, detect_build
 from autotune.engine.logs import FailureKind, classify_log, kv_shortfall_gib
 from autotune.engine.server import EngineSpec, server_env
+from benchmarks.catalogue import log_lines
 
 DATA = Path(__file__).parents[2] / "data"
-CHAT_RUN = Path(__file__).parents[3] / "benchmarks" / "data" / "h200-chat-as-3090"
+CHAT_RUN = Path(__file__).parents[3] / "benchmarks" / "data" / "h200-as-rtx3090-chat-cold-then-warm"
 BOOTS = json.loads((DATA / "gpu-boots" / "boots.json").read_text())["boots"]
 
 
 def lines(path: Path) -> list[str]:
-    return path.read_text().splitlines()
+    return log_lines(path)  # the catalogue's logs are kept compressed
 
 
 @pytest.mark.parametrize("boot", BOOTS, ids=[b["name"] for b in BOOTS])
@@ -124,7 +125,7 @@ def test_the_cuda_build_pins_only_where_the_pin_costs_the_boot_no_memory(version
                                                                            monkeypatch: pytest.MonkeyPatch) -> None:
     """Neither 0.25 nor 0.26 hashes max_num_seqs, so a pin would keep one compile key; but 0.25's CUDA-graph
     profiling allocates a KV block per capture size (512 with the pin, 2 x max_num_seqs without), which a 24 GiB
-    card cannot hold beside a hybrid 27B model (benchmarks/data/surface-rtx3090-ballast.json)."""
+    card cannot hold beside a hybrid 27B model (benchmarks/data/h100-as-rtx3090-awq-capture-pinned/surface.json)."""
     import autotune.engine.compile_cache as cc
 
     monkeypatch.setattr(cc, "installed_vllm", lambda: (Build.CUDA, version))
@@ -164,10 +165,10 @@ def test_without_the_shared_folder_triton_caches_as_it_always_has(tmp_path: Path
 def test_a_cold_cuda_boot_that_came_up_is_booted_again_before_it_is_measured() -> None:
     """The device's chat study: trial 2 came up cold with 1.2 GiB of KV cache (22,755 tokens, half what the same
     model printed warm), and was screened out with its KV cache full; trials 0 and 1 booted warm."""
-    cold = lines(CHAT_RUN / "trial-0002.log")
+    cold = lines(CHAT_RUN / "trial-0002.log.gz")
     assert boot_again_before_measuring(Build.CUDA, cold)
     assert not boot_again_before_measuring(Build.CPU, cold)  # the CPU build's KV cache is a fixed size
-    for warm in ("trial-0000.log", "trial-0001.log"):
+    for warm in ("trial-0000.log.gz", "trial-0001.log.gz"):
         assert not boot_again_before_measuring(Build.CUDA, lines(CHAT_RUN / warm))
 
 
@@ -231,20 +232,20 @@ def test_the_installed_vllm_leaves_the_block_override_out_of_its_compile_hash() 
     assert ignored is not None and '"num_gpu_blocks_override"' in ignored.group(1)
 
 
-SURFACE_LOGS = Path(__file__).parents[3] / "benchmarks" / "data" / "surface-rtx3090-logs" / "s22"
+SURFACE_LOGS = Path(__file__).parents[3] / "benchmarks" / "data" / "h200-as-rtx3090-awq" / "logs" / "2026-12-04T0954"
 
 
 def test_a_cold_failure_short_of_more_than_a_warm_boot_gains_is_not_booted_again() -> None:
     # vLLM's defaults capped as a 3090: one 262,144-token request needs 16.17 GiB of KV cache, the cold boot had
     # 0.88 (its warm boot, booted all the same then, had 2.35 and failed too).
-    cold = lines(SURFACE_LOGS / "00.cold.log")
+    cold = lines(SURFACE_LOGS / "00.cold.log.gz")
     assert compile_cache_state(cold) == "cold" and classify_log(cold).kind is FailureKind.KV_CACHE_TOO_SMALL
     assert kv_shortfall_gib(cold) == pytest.approx(16.17 - 0.88)
     assert not boot_again_warm(classify_log(cold), cold)
-    assert classify_log(lines(SURFACE_LOGS / "00.log")).kind is FailureKind.KV_CACHE_TOO_SMALL
+    assert classify_log(lines(SURFACE_LOGS / "00.log.gz")).kind is FailureKind.KV_CACHE_TOO_SMALL
 
 
-@pytest.mark.parametrize("log, short", [("02.cold.log", 1.38), ("05.cold.log", 0.45), ("07.cold.log", 0.31)])
+@pytest.mark.parametrize("log, short", [("02.cold.log.gz", 1.38), ("05.cold.log.gz", 0.45), ("07.cold.log.gz", 0.31)])
 def test_a_cold_failure_a_warm_boot_might_mend_is_booted_again(log: str, short: float) -> None:
     # "Available KV cache memory: -1.38 GiB", then "No available memory for the cache blocks": within what warm
     # boots have gained (#5 went from -0.45 to 1.29 GiB warm).
@@ -257,7 +258,7 @@ def test_a_cold_failure_a_warm_boot_might_mend_is_booted_again(log: str, short: 
 def test_what_warm_boots_gained_over_cold_ones_stays_under_the_bound() -> None:
     # Every cold failure of the surface's first session and its warm boot of the same flags.
     gains = []
-    for cold_log in sorted(SURFACE_LOGS.glob("*.cold.log")):
+    for cold_log in sorted(SURFACE_LOGS.glob("*.cold.log.gz")):
         def available(path: Path) -> float:
             return float(next(ln for ln in reversed(lines(path)) if "Available KV cache memory" in ln)
                          .split("memory: ")[1].split(" GiB")[0])

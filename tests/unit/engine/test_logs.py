@@ -13,6 +13,7 @@ from autotune.engine.logs import (
     parse_boot_info,
     watch_line,
 )
+from benchmarks.catalogue import log_lines
 
 LOGS = Path(__file__).parents[2] / "data" / "logs"
 
@@ -46,8 +47,8 @@ def test_a_startup_rule_vllm_asserts_after_loading_the_model_is_an_invalid_confi
     """A real CUDA log (vLLM 0.25.0, the held-down H100, #12 of the Marlin plan): prefix caching on a hybrid
     model with 1,024 batched tokens, under the 1,600-token block fp8 gives it. The engine loads the model, then
     asserts and dies; the wrapper's "Engine core initialization failed" is not the cause."""
-    log = Path(__file__).parents[3] / "benchmarks/data/surface-rtx3090-ballast-marlin-logs/s34/12.log"
-    failure = classify_log(log.read_text().splitlines())
+    log = Path(__file__).parents[3] / "benchmarks/data/h100-as-rtx3090-awq-marlin/logs/2026-12-06T0826/12.log.gz"
+    failure = classify_log(log_lines(log))
     assert failure.kind is FailureKind.INVALID_CONFIG
     assert "block_size (1600) must be <= max_num_batched_tokens (1024)" in failure.reason
 

@@ -1,7 +1,7 @@
 """The boot's peak outside gpu_memory_utilization's budget (fit/vllm_memory.py profiling_blocks), against what the
 device saw: the GPU surface's boots on the H200 capped as a 3090 (NVML's peak while booting, before the server was
-ready; benchmarks/data/surface-rtx3090.json) and the ballast run (surface-rtx3090-ballast: an H100 held down to the
-3090's 23.62 GiB CUDA total, where the same pinned boots failed in the CUDA-graph profiling's KV cache)."""
+ready; benchmarks/data/h200-as-rtx3090-awq/surface.json) and the ballast run (surface-rtx3090-ballast: an H100 held down
+to the 3090's 23.62 GiB CUDA total, where the same pinned boots failed in the CUDA-graph profiling's KV cache)."""
 
 from __future__ import annotations
 
@@ -18,9 +18,10 @@ from autotune.fit.hardware import PROFILES
 from autotune.measure.trial import warm_kv_blocks
 from autotune.units import GiB
 from benchmarks import estimator_accuracy as acc
+from benchmarks.catalogue import read_log
 from benchmarks.h200.run_h200 import DEVICE_FLAGS
 
-SEEN = [c for c in acc.surface_boots("surface-rtx3090.json") if (c.get("boot_peak_memory_gib") or 0) > 1]
+SEEN = [c for c in acc.surface_boots("h200-as-rtx3090-awq/surface.json") if (c.get("boot_peak_memory_gib") or 0) > 1]
 
 
 def test_the_boot_peaks_the_h200_saw_are_the_profiling_kv_cache_beside_the_weights() -> None:
@@ -38,7 +39,7 @@ def test_the_boot_peaks_the_h200_saw_are_the_profiling_kv_cache_beside_the_weigh
     assert statistics.median(abs(x) for x in errors) <= 0.25, errors
 
 
-BALLAST = acc.surface_boots("surface-rtx3090-ballast.json")
+BALLAST = acc.surface_boots("h100-as-rtx3090-awq-capture-pinned/surface.json")
 
 
 @pytest.mark.parametrize("entry", BALLAST, ids=[f"seqs{c['params']['max_num_seqs']}" for c in BALLAST])
@@ -57,8 +58,8 @@ def test_on_a_card_of_the_caps_total_those_boots_fail_in_the_profiling_kv_cache(
     assert unpinned.boot_peak_bytes < e.boot_peak_bytes - (512 - 2 * 52) * e.bytes_per_block + GiB
 
 
-OWN = acc.surface_boots("surface-rtx3090-ballast-own.json")
-MARLIN = acc.surface_boots("surface-rtx3090-ballast-marlin.json")  # s32-: Machete disabled, as a 3090 runs AWQ
+OWN = acc.surface_boots("h100-as-rtx3090-awq-machete/surface.json")
+MARLIN = acc.surface_boots("h100-as-rtx3090-awq-marlin/surface.json")  # s32-: Machete disabled, as a 3090 runs AWQ
 
 
 def largest_capture_size(seqs: int, spec_tokens: int, batched: int) -> int:
@@ -122,7 +123,7 @@ WARM_SIZED = [(name, c, e) for name in acc.HELD_DOWN if (acc.SURFACES / name).ex
 
 
 @pytest.mark.parametrize("name,entry,e", WARM_SIZED,
-                         ids=[f"{n.removeprefix('surface-rtx3090-ballast-').removesuffix('.json')}-plan"
+                         ids=[f"{n.removeprefix('h100-as-rtx3090-').removesuffix('/surface.json')}-plan"
                               f"{c['plan_index']}-{c['recorded'][:16]}" for n, c, _ in WARM_SIZED])
 def test_a_warm_boot_sized_by_vllm_lands_where_the_estimator_says_each_time_it_boots(name: str, entry: dict,
                                                                                     e: Estimate) -> None:
@@ -140,16 +141,16 @@ def test_a_warm_boot_sized_by_vllm_lands_where_the_estimator_says_each_time_it_b
 
 def test_warm_boots_were_booted_again() -> None:
     """What the test above rests on: the Marlin file holds warm boots sized by vLLM among its repeats."""
-    marlin = [c for n, c, _ in WARM_SIZED if n == "surface-rtx3090-ballast-marlin.json"]
+    marlin = [c for n, c, _ in WARM_SIZED if n == "h100-as-rtx3090-awq-marlin/surface.json"]
     assert len(marlin) >= 10
     assert len({c["plan_index"] for c in marlin}) >= 6
 
 
 def last_log(entry: dict) -> str:
     """The server log of a held-down configuration's last boot (the warm one where it was booted twice)."""
-    logs = [log for log in acc.boot_logs(entry) if not log.name.endswith(".cold.log")]
+    logs = [log for log in acc.boot_logs(entry) if ".cold." not in log.name]
     assert logs, entry["plan_index"]
-    return logs[-1].read_text()
+    return read_log(logs[-1])
 
 
 def assert_names_the_rule(vllm_said: str, e: Estimate) -> None:
@@ -224,7 +225,7 @@ def test_vllm_025_boots_a_pool_of_exactly_one_max_length_request_which_the_estim
     The estimator counts that block: the one request does not fit, the pool is 45 blocks, and it left the configuration
     to a boot rather than refusing it. The cold boot before it, compiling, had 0.44 GiB for KV and failed."""
     [entry] = [c for c in MARLIN if c["plan_index"] == 5]
-    warm = (entry["_logs"] / "s33" / "05.log").read_text()
+    warm = read_log(entry["_logs"] / "2026-12-06T0509" / "05.log.gz")
     e = acc.predicted_boot(entry, "h100-80gb")
     assert e.num_blocks == e.blocks_per_request == 45 and not e.fits and not e.refused
     assert any(r.startswith("one request of max_model_len 32,768 needs") for r in e.reasons), e.reasons
@@ -286,7 +287,7 @@ def served_through_marlin(entry: dict, session: str) -> tuple[str, str]:
     """A held-down configuration's cold and warm server logs of one session (the folder under its file's logs), the
     warm one having served through Marlin."""
     logs, index = entry["_logs"] / session, entry["plan_index"]
-    cold, warm = (logs / f"{index:02d}.cold.log").read_text(), (logs / f"{index:02d}.log").read_text()
+    cold, warm = read_log(logs / f"{index:02d}.cold.log.gz"), read_log(logs / f"{index:02d}.log.gz")
     assert "Using MarlinLinearKernel" in warm and "Application startup complete" in warm
     return cold, warm
 
@@ -300,7 +301,7 @@ def test_with_machete_disabled_the_held_down_h100_loads_the_3090s_weights_and_mt
     before it compiled the drafter inside the profile run and was left 2.17 GiB less KV memory (0.56 against 2.73
     GiB; one request needs 0.78): a cold boot is not what the estimator predicts."""
     [entry] = [c for c in OWN if c["plan_index"] == 11]
-    cold, warm = served_through_marlin(entry, "s29/marlin")
+    cold, warm = served_through_marlin(entry, "2026-12-05T1822/marlin")
     machete = acc.predicted_boot(entry, "h100-80gb")
     marlin = acc.predicted_boot(entry, "h100-80gb", {"VLLM_DISABLED_KERNELS": "MacheteLinearKernel"})
     assert round(marlin.weights_bytes / GiB, 2) == printed(r"Model loading took ([\d.]+) GiB", warm) == 17.69
@@ -322,7 +323,7 @@ def test_through_marlin_the_recipe_loads_the_3090s_weights_and_its_warm_boot_siz
     vLLM while compiling, was left 1.07 GiB less KV memory and too few Mamba blocks for 48 sequences: it failed
     where the warm boot served."""
     [entry] = [c for c in MARLIN if c["plan_index"] == 1]
-    cold, warm = served_through_marlin(entry, "s32")
+    cold, warm = served_through_marlin(entry, "2026-12-06T0334")
     e = acc.predicted_boot(entry, "h100-80gb")
     assert round(e.weights_bytes / GiB, 1) == printed(r"Model loading took ([\d.]+) GiB", warm) == 16.9
     rtx3090 = estimate(acc._shape(str(acc.CONFIG)), PROFILES["rtx3090"], {"language_model_only": True})
@@ -361,7 +362,7 @@ def test_memory_other_processes_hold_is_judged_as_the_held_down_card_did(entry: 
 
 def test_a_held_down_entry_is_judged_with_the_checkpoint_its_file_served() -> None:
     """A surface file names the checkpoint it served (its provenance's model: the AWQ build, or GPTQ-Int4 from
-    surface-plan-rtx3090-gptq.json); each entry is judged with that one's shape and weights."""
+    rtx3090-surface-plan/gptq.json); each entry is judged with that one's shape and weights."""
     [recipe] = [c for c in MARLIN if c["plan_index"] == 1]
     assert recipe["_model"] == "QuantTrio/Qwen3.5-27B-AWQ"
     awq = acc.predicted_boot(recipe, "h100-80gb")

@@ -169,7 +169,7 @@ def test_hybrid_blocks_on_gpu_by_hand():
     with_prefix = estimate(shape, RTX3090, {**cfg, "enable_prefix_caching": True})
     assert with_prefix.blocks_per_request == 21 + 3 * 2  # 'align' mode keeps two states per group
     # what runs at once does not count the second state a max_model_len request reserves: the device's surface
-    # ran 16 chat requests on 63 blocks with prefix caching (benchmarks/data/surface-rtx3090.json #13)
+    # ran 16 chat requests on 63 blocks with prefix caching (benchmarks/data/h200-as-rtx3090-awq/surface.json #13)
     assert with_prefix.max_running_seqs == est.max_running_seqs
     sized = estimate(shape, RTX3090, {k: v for k, v in cfg.items() if k != "kv_cache_memory_bytes"})
     assert sized.uncertainty_bytes > 0  # sized by vLLM: the bound takes the band's optimistic end
@@ -307,8 +307,8 @@ def test_qwen35_does_not_fit_a_3090_above_4_bit(name):
 def test_qwen35_4bit_fits_a_3090(checkpoint, max_model_len, max_num_seqs):
     shape = ModelShape.from_config(load(checkpoint))
     # Text-only, as the 3090 study serves it: with the vision tower (0.86 GiB) and CUDA graphs, whose compiled profile
-    # run took ~3 GiB beside the weights on the H200 (vLLM 0.25, benchmarks/data/results-h200.json), less than 1.5 GiB
-    # of KV cache would be left.
+    # run took ~3 GiB beside the weights on the H200 (vLLM 0.25, benchmarks/data/h200-cuda-boots/results.json), less
+    # than 1.5 GiB of KV cache would be left.
     cfg = {"max_model_len": max_model_len, "max_num_seqs": max_num_seqs, "max_num_batched_tokens": 8192,
            "language_model_only": True}
     est = estimate(shape, RTX3090, cfg)

@@ -1,7 +1,7 @@
 """Which layers vLLM quantizes for a GPTQ checkpoint: those its safetensors headers store packed, unless the config
 lists them (auto_gptq.py maybe_update_config, vLLM 0.25 and 0.32). An H100 served the Qwen3.5-27B GPTQ-Int4 config
 from a folder with random weights and no safetensors: vLLM built every layer in bfloat16, and all four boots
-failed loading the model (benchmarks/data/surface-rtx3090-ballast-marlin-gptq-config-only.json)."""
+failed loading the model (benchmarks/data/h100-as-rtx3090-gptq-marlin-config-only/surface.json)."""
 
 from __future__ import annotations
 
@@ -15,11 +15,12 @@ from autotune.engine.models import KNOWN, KNOWN_MODELS
 from autotune.fit import feasibility
 from autotune.units import GiB, MiB
 from benchmarks import estimator_accuracy as acc
+from benchmarks.catalogue import read_log
 from benchmarks.h200.run_h200 import model_folder
 
 GPTQ = "Qwen/Qwen3.5-27B-GPTQ-Int4"
-CONFIG_ONLY = acc.surface_boots("surface-rtx3090-ballast-marlin-gptq-config-only.json")
-SERVED = acc.surface_boots("surface-rtx3090-ballast-marlin-gptq.json")  # the folder lists the quantized layers
+CONFIG_ONLY = acc.surface_boots("h100-as-rtx3090-gptq-marlin-config-only/surface.json")
+SERVED = acc.surface_boots("h100-as-rtx3090-gptq-marlin/surface.json")  # the folder lists the quantized layers
 
 
 @pytest.fixture(scope="module")
@@ -39,7 +40,7 @@ def test_a_gptq_config_without_safetensors_is_served_unquantized_as_vllm_did(ent
     mlp = shape.intermediate_size * shape.hidden_size * 2 / MiB
     assert (2 * mlp, mlp) == (340.0, 170.0)
     for log in acc.boot_logs(entry):
-        text = log.read_text()
+        text = read_log(log)
         asked = re.search(r"Tried to allocate ([\d.]+) MiB", text)
         assert "Failed to load model" in text and asked and float(asked.group(1)) in (2 * mlp, mlp), log
         assert "quantization=auto_gptq" in text and 'linear.py", line 201, in create_weights' in text, log
@@ -69,7 +70,7 @@ def test_the_recorder_names_the_quantized_layers_so_random_weights_are_served_as
 def printed_weights(entry: dict) -> list[float]:
     """"Model loading took X GiB" of every boot of a configuration (vLLM's allocated bytes after loading)."""
     return [float(x) for log in acc.boot_logs(entry)
-            for x in re.findall(r"Model loading took ([\d.]+) GiB", log.read_text())]
+            for x in re.findall(r"Model loading took ([\d.]+) GiB", read_log(log))]
 
 
 @pytest.mark.parametrize("entry", SERVED, ids=[f"plan{c['plan_index']}" for c in SERVED])

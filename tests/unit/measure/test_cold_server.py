@@ -1,6 +1,6 @@
 """Whether a cold CUDA server's short KV cache can decide a trial's first level (measure/trial.py): figures from
-the device's chat study (benchmarks/data/h200-chat-as-3090, objectives/chat-p95.toml, cold boots screened at the
-incumbent's concurrency 37)."""
+the device's chat study (benchmarks/data/h200-as-rtx3090-chat-cold-then-warm, objectives/chat-p95.toml, cold boots
+screened at the incumbent's concurrency 37)."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from autotune.engine.logs import BootInfo
 from autotune.engine.server import EngineSpec
 from autotune.measure.ladder import Prior
 from autotune.measure.trial import TrialPlan, _given_blocks, _kv_may_bind, blocks_for_first_boot, plan_first_boot
+from benchmarks.catalogue import log_lines
 
 CHAT = Path(__file__).parents[3] / "objectives" / "chat-p95.toml"
 
@@ -61,7 +62,7 @@ def test_the_blocks_go_to_vllm_as_its_override_flag() -> None:
     assert to_argv(_given_blocks(engine, 1500).flags) == ["--max-num-seqs", "18", "--num-gpu-blocks-override", "1500"]
 
 
-S20 = Path(__file__).parents[3] / "benchmarks" / "data" / "h200-chat-as-3090-s20"
+S20 = Path(__file__).parents[3] / "benchmarks" / "data" / "h200-as-rtx3090-chat-kv-blocks-given"
 
 
 def test_the_first_boot_of_a_new_key_is_given_blocks_and_once_it_compiled_the_next_is_sized_by_vllm(
@@ -73,7 +74,7 @@ def test_the_first_boot_of_a_new_key_is_given_blocks_and_once_it_compiled_the_ne
                      1000, Path("trial.log"), warm_kv_blocks=142)
     first = plan_first_boot(plan, Build.CUDA)
     assert first.blocks == 142 and first.engine.flags == {**flags, "num_gpu_blocks_override": 142}
-    first.note((S20 / "trial-0001.log").read_text().splitlines())  # the device's boot given 142: compiled
+    first.note(log_lines(S20 / "trial-0001.log.gz"))  # the device's boot given 142: compiled
     again = plan_first_boot(plan, Build.CUDA)
     assert again.blocks is None and again.engine == plan.engine
     assert plan_first_boot(plan, Build.CPU).blocks is None

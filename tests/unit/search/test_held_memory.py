@@ -72,7 +72,7 @@ def test_the_display_takes_mtp_off_a_3090() -> None:
     """MTP on a 3090 through Marlin peaked at 23.19 GiB booting (surface-rtx3090-ballast-own, predicted 23.28) against
     the card's 23.62: headless it fits; beside a display holding 0.8 GiB its drafter's peak passes what is left, and a
     utilization of 0.97 asks vLLM for more than is free at startup (vLLM refuses to start)."""
-    [entry] = [c for c in acc.surface_boots("surface-rtx3090-ballast-own.json") if c["plan_index"] == 11]
+    [entry] = [c for c in acc.surface_boots("h100-as-rtx3090-awq-machete/surface.json") if c["plan_index"] == 11]
     shape = acc._shape(str(acc.CONFIG))
     flags = {"language_model_only": True, **{k: v for k, v in entry["params"].items() if k != "speculative_method"},
              "speculative_config": entry["flags"]["speculative_config"]}

@@ -82,7 +82,7 @@ def test_the_trial_figure_is_the_serving_peak_and_a_higher_boot_peak_is_said() -
 
 
 def test_a_serving_peak_over_the_capped_cards_cuda_memory_is_said_in_every_view() -> None:
-    # The H200 capped as an RTX 3090 (benchmarks/data/surface-rtx3090.json #16 and #11): 24.257 GiB while
+    # The H200 capped as an RTX 3090 (benchmarks/data/h200-as-rtx3090-awq/surface.json #16 and #11): 24.257 GiB while
     # serving is above the 23.62 GiB CUDA has on a 24 GiB card (its driver keeps 384 MiB); 22.1 GiB is not.
     from autotune.fit import memcap
     from autotune.show.page import trials_table_html

@@ -1,6 +1,7 @@
 """The GPU surface's recorder (benchmarks/record_surface.py --plan) without booting anything: the plan file read
 into the configurations it boots on the device (with the estimator's warm KV blocks), the surface file resumed, the
-boots decided on the device's own server logs (benchmarks/data/h200-chat-as-3090 and -s20), the walk over load
+boots decided on the device's own server logs (benchmarks/data/h200-as-rtx3090-chat-cold-then-warm and
+h200-as-rtx3090-chat-kv-blocks-given), the walk over load
 levels and when a level ends, and what a configuration is expected to cost."""
 
 from __future__ import annotations
@@ -28,12 +29,14 @@ from autotune.fit.hardware import get_profile
 from autotune.measure.client import Abandon, RequestRecord
 from autotune.measure.stats import Limits
 from benchmarks import record_surface as rs
+from benchmarks.catalogue import log_lines
 from benchmarks.h200.run_h200 import DEVICE_FLAGS
 
 REPO = Path(__file__).parents[3]
-PLAN = REPO / "benchmarks" / "data" / "surface-plan-rtx3090.json"
-CHAT_RUN = REPO / "benchmarks" / "data" / "h200-chat-as-3090"
-S20 = REPO / "benchmarks" / "data" / "h200-chat-as-3090-s20"  # the first boots given the estimate's KV blocks
+PLAN = REPO / "benchmarks" / "data" / "rtx3090-surface-plan/awq.json"
+CHAT_RUN = REPO / "benchmarks" / "data" / "h200-as-rtx3090-chat-cold-then-warm"
+# the first boots given the estimate's KV blocks
+S20 = REPO / "benchmarks" / "data" / "h200-as-rtx3090-chat-kv-blocks-given"
 GPU_BOOTS = REPO / "tests" / "data" / "gpu-boots"
 MODEL = "/tmp/gpurun/qwen3.5-27b-awq-dummy"  # the device's model folder; nothing here reads it
 H200 = get_profile("h200")
@@ -170,7 +173,7 @@ def test_flags_as_planned_and_autotunes_own_never_mix_in_one_file(planned, tmp_p
         rs.AUTOTUNES_OWN
     with pytest.raises(SystemExit, match="recorded with the flags autotune's own .*, not as planned"):
         rs.surface_doc(out, PLAN, plan, spec, H200)
-    first_ballast = REPO / "benchmarks" / "data" / "surface-rtx3090-ballast.json"
+    first_ballast = REPO / "benchmarks" / "data" / "h100-as-rtx3090-awq-capture-pinned/surface.json"
     held = json.loads(first_ballast.read_text())["provenance"]["ballast"]
     copy = tmp_path / "ballast.json"
     copy.write_text(first_ballast.read_text())
@@ -232,11 +235,11 @@ def test_a_new_configuration_starts_only_with_its_expected_time_left(recorded: l
 
 
 def lines(path: Path) -> list[str]:
-    return path.read_text().splitlines()
+    return log_lines(path)  # the catalogue's logs are kept compressed
 
 
 def test_a_cold_cuda_boot_that_came_up_is_booted_again_warm() -> None:
-    cold = lines(CHAT_RUN / "trial-0002.log")  # came up cold with 22,755 tokens (warm: ~57,000 predicted)
+    cold = lines(CHAT_RUN / "trial-0002.log.gz")  # came up cold with 22,755 tokens (warm: ~57,000 predicted)
     booted = parse_boot_info(cold, 118.0)
     assert rs.warm_boot_due(Build.CUDA, booted, cold)
     assert not rs.warm_boot_due(Build.CPU, booted, cold)  # the CPU build's KV cache does not depend on it
@@ -246,14 +249,14 @@ def test_a_cold_cuda_boot_that_came_up_is_booted_again_warm() -> None:
 
 
 def test_a_cold_boot_that_failed_for_memory_is_booted_again_and_both_boots_are_kept() -> None:
-    cold = lines(CHAT_RUN / "trial-0000.cold.log")  # the recipe: 48 seqs against 29 Mamba blocks, cold
+    cold = lines(CHAT_RUN / "trial-0000.cold.log.gz")  # the recipe: 48 seqs against 29 Mamba blocks, cold
     failed = BootFailed(classify_log(cold), 200.04)
     assert rs.warm_boot_due(Build.CUDA, failed, cold)
     first = rs.boot_fields(failed, cold)
     assert first["status"] == "boot_failed" and first["failure_kind"] == "too_many_seqs_for_state"
     assert "(29)" in str(first["reason"])
     assert (first["boot_s"], first["kv_cache_tokens"], first["compile_cache"]) == (200.0, 16_969, "cold")
-    warm = lines(CHAT_RUN / "trial-0000.log")  # the same flags warm: up, with 30,427 tokens
+    warm = lines(CHAT_RUN / "trial-0000.log.gz")  # the same flags warm: up, with 30,427 tokens
     booted = parse_boot_info(warm, 77.0)
     assert not rs.warm_boot_due(Build.CUDA, booted, warm)
     assert rs.boot_fields(booted, warm) == {"status": "booted", "boot_s": 77.0, "kv_cache_tokens": 30_427,
@@ -274,7 +277,7 @@ def test_an_eager_boot_is_not_booted_again() -> None:
 
 
 def test_a_boot_given_the_estimates_blocks_is_measured_cold_and_keeps_both_figures() -> None:
-    given = lines(S20 / "trial-0001.log")  # s64-fp8-32k's first boot: compiled, given 142 blocks, vLLM sized 58
+    given = lines(S20 / "trial-0001.log.gz")  # s64-fp8-32k's first boot: compiled, given 142 blocks, vLLM sized 58
     booted = parse_boot_info(given, 129.0)
     assert not rs.warm_boot_due(Build.CUDA, booted, given, given=142)
     assert rs.warm_boot_due(Build.CUDA, booted, given)  # the same boot, sized by vLLM: booted again warm
@@ -284,7 +287,7 @@ def test_a_boot_given_the_estimates_blocks_is_measured_cold_and_keeps_both_figur
 
 
 def test_a_boot_given_blocks_that_ran_out_of_memory_is_booted_again_sized_by_vllm() -> None:
-    cold = lines(CHAT_RUN / "trial-0000.cold.log")  # a memory failure of a compiling boot
+    cold = lines(CHAT_RUN / "trial-0000.cold.log.gz")  # a memory failure of a compiling boot
     assert rs.warm_boot_due(Build.CUDA, BootFailed(classify_log(cold), 200.0), cold, given=51)
     crash = BootFailed(Failure(FailureKind.CRASH, "an error"), 30.0)
     assert not rs.warm_boot_due(Build.CUDA, crash, [], given=51)
@@ -450,7 +453,7 @@ def test_judged_as_on_the_device_the_plan_gets_the_devices_own_verdicts_flags_an
     plan, spec = rs.read_plan(PLAN)
     with rs.device_vllm():
         configs = {json.dumps(c.params, sort_keys=True): c for c in rs.planned_configs(plan, spec, MODEL, H200)}
-    surface = json.loads((REPO / "benchmarks" / "data" / "surface-rtx3090.json").read_text())
+    surface = json.loads((REPO / "benchmarks" / "data" / "h200-as-rtx3090-awq/surface.json").read_text())
     assert surface["provenance"]["how"] == plan["how"] and len(surface["configs"]) >= 9
     for entry in surface["configs"]:
         c = configs[json.dumps(entry["params"], sort_keys=True)]
@@ -521,7 +524,7 @@ def test_the_plans_start_picks_are_what_the_replays_first_seeds_boot_first(tmp_p
     from benchmarks.surface import load_surface
     plan_path, surface_path = tmp_path / "plan.json", tmp_path / "surface.json"
     shutil.copy(PLAN, plan_path)
-    shutil.copy(REPO / "benchmarks" / "data" / "surface-rtx3090.json", surface_path)
+    shutil.copy(REPO / "benchmarks" / "data" / "h200-as-rtx3090-awq/surface.json", surface_path)
     before = json.loads(plan_path.read_text())
     assert before["how"].endswith(surface_plan.PICKS_HOW)  # the shipped plan has them: take them off to add again
     picks = [c for c in before["configs"] if c["origin"] == "pick"]
@@ -563,10 +566,10 @@ def test_the_estimate_judges_with_the_flags_the_surface_file_records(tmp_path: P
     given the blocks its KV cache fits; on the H200 surface (as planned) it expects it to boot. A new file is judged by
     --ballast."""
     data = REPO / "benchmarks" / "data"
-    recipe = [line for line in _estimate(data / "surface-rtx3090-ballast-own.json", capsys).splitlines()
+    recipe = [line for line in _estimate(data / "h100-as-rtx3090-awq-machete/surface.json", capsys).splitlines()
               if line.split()[:1] == ["1"]]
     assert recipe and recipe[0].split()[1] == "given" and recipe[0].endswith("(recorded)")
-    planned_recipe = [line for line in _estimate(data / "surface-rtx3090.json", capsys).splitlines()
+    planned_recipe = [line for line in _estimate(data / "h200-as-rtx3090-awq/surface.json", capsys).splitlines()
                       if line.split()[:1] == ["1"]]
     assert planned_recipe and planned_recipe[0].split()[1] != "refused"
     new = [line for line in _estimate(tmp_path / "new.json", capsys, ballast=True).splitlines()
@@ -578,7 +581,7 @@ def test_the_estimate_scales_the_sessions_as_the_files_recordings_ran(tmp_path: 
     """What --stop-after plans with (reserve_s), the estimate prints too: recordings that took twice their
     expected time double the minutes still to go."""
     out = tmp_path / "s.json"
-    doc = json.loads((REPO / "benchmarks" / "data" / "surface-rtx3090.json").read_text())
+    doc = json.loads((REPO / "benchmarks" / "data" / "h200-as-rtx3090-awq/surface.json").read_text())
     doc["configs"] = doc["configs"][:3]
     for c in doc["configs"]:
         c["wall_s"] = 2 * c["expected_s"]
@@ -595,14 +598,14 @@ def test_the_estimate_scales_the_sessions_as_the_files_recordings_ran(tmp_path: 
 
 
 GPTQ = "Qwen/Qwen3.5-27B-GPTQ-Int4"
-GPTQ_PLAN = REPO / "benchmarks" / "data" / "surface-plan-rtx3090-gptq.json"
+GPTQ_PLAN = REPO / "benchmarks" / "data" / "rtx3090-surface-plan/gptq.json"
 
 
 def test_a_plan_for_another_checkpoint_boots_the_same_flags_from_its_folder_with_its_weights(planned,
                                                                                             tmp_path: Path) -> None:
     """surface_plan.py --checkpoint: four of the plan (the recipe, an MTP one, 52 sequences, a 32,768 context)
     served from the GPTQ-Int4 checkpoint the 3090 study starts from (run_h200.sh with
-    PLAN=surface-plan-rtx3090-gptq.json). The shipped file is what the function writes. The
+    PLAN=rtx3090-surface-plan/gptq.json). The shipped file is what the function writes. The
     recorder serves them from that checkpoint's folder (its shipped config as config.json) with the flags the
     plan's own configurations boot, and judges them with its weights: lighter than AWQ's, so each is expected to
     leave more KV cache."""

@@ -18,6 +18,7 @@ from autotune.measure.stats import Limits
 from autotune.search.start import candidates
 from autotune.search.study import runs_at_once
 from benchmarks import search_efficiency as se
+from benchmarks.catalogue import dataset
 from benchmarks.surface import load_surface, rejudge
 
 BOOT_S, RUNG_S, FAIL_WALL_S = 10.0, 5.0, 30.0
@@ -158,13 +159,13 @@ def test_nearest_snaps_in_log_scale(tmp_path: Path) -> None:
 
 
 
-GPU_SURFACES = ["surface-rtx3090.json", "surface-rtx3090-ballast-marlin.json"]
+GPU_SURFACES = ["h200-as-rtx3090-awq/surface.json", "h100-as-rtx3090-awq-marlin/surface.json"]
 
 
 @pytest.mark.parametrize("name", GPU_SURFACES)
 def test_a_baseline_that_leaves_a_flag_to_vllm_is_the_configuration_naming_vllms_choice(name: str) -> None:
     """The baselines leave prefix caching and async scheduling unset; vLLM 0.25.0 (the H100's) turned prefix caching off
-    for the hybrid model and async scheduling on (its log, surface-rtx3090-ballast-marlin-logs). Counted as a parameter
+    for the hybrid model and async scheduling on (its log, h100-as-rtx3090-awq-marlin/logs). Counted as a parameter
     only one side has, each was a whole category away from every sampled configuration, and the recipe (the Marlin
     file's best) took 0.1% of a uniform sample (start.candidates) where the 22-24 recorded configurations averaged 4-5%.
     Now it takes at least half an average configuration's share (on 43 points: 1.45% against 2.3%)."""
@@ -282,7 +283,7 @@ def test_a_gpu_configuration_is_refused_as_the_estimator_on_the_device_judged_it
 
 
 def test_the_recorded_gpu_surface_refuses_what_the_device_refused() -> None:
-    path = Path(__file__).parents[3] / "benchmarks" / "data" / "surface-rtx3090.json"
+    path = Path(__file__).parents[3] / "benchmarks" / "data" / "h200-as-rtx3090-awq/surface.json"
     doc = json.loads(path.read_text())
     points = load_surface(path).points
     assert len(points) == len(doc["configs"]) >= 9
@@ -337,7 +338,7 @@ def test_a_replay_screens_before_boot_as_autotune_does_and_counts_no_boot(tmp_pa
 
 def test_the_gpu_surfaces_screen_before_boot_is_autotunes_on_the_recorded_flags() -> None:
     data = Path(__file__).parents[3] / "benchmarks" / "data"
-    surface = load_surface(data / "surface-rtx3090.json")
+    surface = load_surface(data / "h200-as-rtx3090-awq/surface.json")
     screen = se.before_boot_screen(surface)
     one = next(p for p in surface.points if p.flags and p.flags.get("max_num_seqs") == 1
                and p.flags.get("speculative_config", {}).get("num_speculative_tokens") == 1)
@@ -349,7 +350,7 @@ def test_the_gpu_surfaces_screen_before_boot_is_autotunes_on_the_recorded_flags(
     # no level the device saw a configuration sustain is screened (max_num_seqs and the KV cache's bound alike)
     passed = [(p, r.concurrency) for p in surface.points for r in p.rungs if r.passed]
     assert len(passed) >= 10 and all(screen(p, level) is None for p, level in passed)
-    cpu = load_surface(data / "surface-tiny-cpu.json")  # no flags kept, no bandwidth: nothing screened
+    cpu = load_surface(data / "cpu-tiny-grid/surface.json")  # no flags kept, no bandwidth: nothing screened
     assert se.before_boot_screen(cpu)(cpu.points[0], 64) is None
 
 
@@ -388,7 +389,7 @@ def test_a_replay_with_start_picks_boots_the_pick_first_as_autotune_does() -> No
     """On the GPU surface with the real estimator (start_capacity): the first sampled trial is the one of 16
     random configurations that runs the most at once, replayed as the recorded configuration nearest to it."""
     from autotune.search import start
-    surface = load_surface(Path(__file__).parents[3] / "benchmarks" / "data" / "surface-rtx3090.json")
+    surface = load_surface(Path(__file__).parents[3] / "benchmarks" / "data" / "h200-as-rtx3090-awq/surface.json")
     capacity = se.start_capacity(surface)
     method = se.Method("m", lambda s: optuna.samplers.TPESampler(seed=s), baselines=False, start_picks=1,
                        start_candidates=16)
@@ -414,7 +415,7 @@ def test_on_the_gpu_surface_what_runs_at_once_ranks_the_best_among_the_first_fiv
     (15-21 at once) each served at least three quarters of the best, the best among them. When the picks were
     chosen (17 recorded) the best, #9 at 612, came first; the picks recorded after (#42-44, 15-17 at once) served
     677 (the new best), 539 and 671; #17, recorded after too, served 442 at 11 at once."""
-    surface = load_surface(Path(__file__).parents[3] / "benchmarks" / "data" / "surface-rtx3090.json")
+    surface = load_surface(Path(__file__).parents[3] / "benchmarks" / "data" / "h200-as-rtx3090-awq/surface.json")
     capacity = se.start_capacity(surface)
     runs = {i: capacity(dict(p.params)) for i, p in enumerate(surface.points)}
     ranked = sorted((i for i in runs if runs[i] is not None), key=lambda i: -runs[i])  # type: ignore[operator]
@@ -429,7 +430,7 @@ def test_on_the_gpu_surface_what_runs_at_once_ranks_the_best_among_the_first_fiv
             assert runs[i] / 2 <= level <= 2 * runs[i], (i, runs[i], level)  # type: ignore[operator]
 
 
-@pytest.mark.parametrize("name", ["surface-rtx3090.json", "surface-rtx3090-ballast-marlin.json"])
+@pytest.mark.parametrize("name", ["h200-as-rtx3090-awq/surface.json", "h100-as-rtx3090-awq-marlin/surface.json"])
 def test_a_configuration_screened_for_running_too_few_at_once_failed_where_it_was_measured(name: str) -> None:
     """measure/queueing.py HELD_SHARE's evidence. On both recorded GPU surfaces every configuration that the
     estimator's central KV cache has running 14 or more at once sustained 16 requests, and every one it has at 13
@@ -459,7 +460,7 @@ def test_the_replay_judges_the_gpu_surface_with_the_devices_vllm_build_not_the_o
     rule on the hybrid block against the batched tokens). Judged with the vLLM installed here (the CPU build)
     it accepted one the device refused (#14: no CUDA graph capture-size pin, so no CUDA graph memory) and gave
     others other capacities."""
-    surface = load_surface(Path(__file__).parents[3] / "benchmarks" / "data" / "surface-rtx3090.json")
+    surface = load_surface(Path(__file__).parents[3] / "benchmarks" / "data" / "h200-as-rtx3090-awq/surface.json")
     refusal = se.refusal_now(surface)
     assert refusal is not None
     changed = [i for i, p in enumerate(surface.points) if refusal(p.params) != (p.refused is not None)]
@@ -478,7 +479,7 @@ def test_a_surface_recorded_with_autotunes_own_flags_is_judged_as_autotune_judge
     refused then; since a boot through Marlin went through a peak whose sum was 1.5 GiB over the card, only the larger
     of its two terms refuses, and the recipe is left to a boot: it failed there, by 0.1 GiB, through Machete, and served
     through Marlin. And #12 is refused for vLLM 0.25's rule on the hybrid block, as on the H200's."""
-    surface = load_surface(Path(__file__).parents[3] / "benchmarks" / "data" / "surface-rtx3090-ballast-own.json")
+    surface = load_surface(dataset("h100-as-rtx3090-awq-machete/surface.json"))
     refusal = se.refusal_now(surface)
     assert refusal is not None
     verdicts = [refusal(p.params) for p in surface.points]
@@ -493,21 +494,21 @@ def test_left_one_out_the_map_judged_alike_predicts_the_gpu_surface_far_better_t
     """The replay's surrogate, checked on what the device recorded: each configuration predicted from the others.
     The plain nearest one maps a configuration the estimator accepts to a refused neighbour that failed (and the
     reverse); the nearest that autotune judges alike does not."""
-    surface = load_surface(Path(__file__).parents[3] / "benchmarks" / "data" / "surface-rtx3090.json")
+    surface = load_surface(Path(__file__).parents[3] / "benchmarks" / "data" / "h200-as-rtx3090-awq/surface.json")
     refusal = se.refusal_now(surface)
     assert refusal is not None
     plain, alike = se.left_one_out(surface), se.left_one_out(surface, refusal)
     n = len(surface.points)
     assert alike[0] >= 0.8 * n and alike[0] > plain[0] and alike[1] < plain[1] / 2
     assert se.refusal_now(load_surface(Path(__file__).parents[3] / "benchmarks" / "data" /
-                                       "surface-tiny-cpu.json")) is None  # every grid point is recorded
+                                       "cpu-tiny-grid/surface.json")) is None  # every grid point is recorded
 
 
 def test_a_sampled_configuration_is_replayed_as_the_nearest_recorded_one_autotune_judges_alike() -> None:
     """200 random configurations of the GPU space: each maps to a recorded one with its own verdict before boot,
     and some of those autotune accepts would have mapped to a refused one (booted by nobody) by plain distance."""
     from autotune.search.space import suggest
-    surface = load_surface(Path(__file__).parents[3] / "benchmarks" / "data" / "surface-rtx3090.json")
+    surface = load_surface(Path(__file__).parents[3] / "benchmarks" / "data" / "h200-as-rtx3090-awq/surface.json")
     refusal = se.refusal_now(surface)
     assert refusal is not None
     study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0))
@@ -531,7 +532,7 @@ def test_left_out_replays_the_surface_without_each_of_its_best_configurations() 
     """On the GPU surface its two best are within 1% of each other (the start picks #42 and #44 of the plan, the
     file's 20th and 22nd, 677 and 671 tok/s): without either, the other is the one configuration within 5% of the
     best left. Each is named by its index in the plan, as SURFACE.md and the recorder name it."""
-    surface = load_surface(Path(__file__).parents[3] / "benchmarks" / "data" / "surface-rtx3090.json")
+    surface = load_surface(Path(__file__).parents[3] / "benchmarks" / "data" / "h200-as-rtx3090-awq/surface.json")
     rows = se.left_out(surface, seeds=2, top=2).splitlines()
     assert len(rows) == 2
     assert rows[0].startswith("  without #42 (677 tok/s): best 671 (1 within 5%); default, no baselines ")

@@ -256,8 +256,8 @@ def test_budget_arithmetic_with_a_fake_clock() -> None:
 
 
 def test_the_next_trial_is_expected_to_cost_what_the_searchs_own_trials_cost() -> None:
-    """The device's chat study (benchmarks/data/h200-chat-as-3090-s20): two baselines searched in full (379 s,
-    256 s), two sampled configurations screened out (159 s, 157 s), a re-measurement (265 s); it stopped with
+    """The device's chat study (benchmarks/data/h200-as-rtx3090-chat-kv-blocks-given): two baselines searched in full
+    (379 s, 256 s), two sampled configurations screened out (159 s, 157 s), a re-measurement (265 s); it stopped with
     200 s left, "less than one trial (~256 s)", where a sampled trial took 158 s."""
     now = [0.0]
     budget = Budget(seconds=1450, clock=lambda: now[0])
