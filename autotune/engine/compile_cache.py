@@ -217,8 +217,8 @@ def pin_costs_boot_memory() -> bool:
     """Whether the installed vLLM's CUDA-graph profiling allocates a KV block per capture size, not per sequence
     (0.25.x: engine/defaults.py profiling_kv_per_sequence): there a pin of 512 makes every boot of a hybrid model hold
     512 of its large blocks beside the weights (Qwen3.5-27B: 24.5 GiB; seen failing on an H100 held to 24 GiB,
-    surface-rtx3090-ballast), where vLLM's own size for max_num_seqs 15 holds 30. A warm cache is not worth a boot that
-    cannot fit."""
+    h100-as-rtx3090-awq-capture-pinned), where vLLM's own size for max_num_seqs 15 holds 30. A warm cache is not worth a
+    boot that cannot fit."""
     try:
         return not profiling_kv_per_sequence(installed_vllm()[1])
     except EngineError:

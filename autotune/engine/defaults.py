@@ -38,7 +38,7 @@ def unset_flag_value(name: str, vllm_version: str | None, hybrid: bool) -> bool 
     hybrid_prefix_caching_default; on for other models. Asynchronous scheduling: on unless an option forbids it
     (config/vllm.py, read in the 0.25.0, 0.26.0 and 0.33.0 wheels: pooling models, speculative methods other than
     EAGLE-type ones, MTP among them, an executor without it); the 0.25.0 server said "Asynchronous scheduling is
-    enabled" for the recipe on an H100 (surface-rtx3090-ballast-marlin)."""
+    enabled" for the recipe on an H100 (h100-as-rtx3090-awq-marlin)."""
     if name == "enable_prefix_caching":
         return not hybrid or hybrid_prefix_caching_default(vllm_version)
     if name == "async_scheduling":
@@ -59,7 +59,7 @@ def profiling_kv_per_sequence(vllm_version: str | None) -> bool:
 def align_block_within_batch(vllm_version: str | None) -> bool:
     """Whether vLLM refuses a hybrid model's block larger than max_num_batched_tokens in mamba cache mode 'align'
     (prefix caching on): VllmConfig asserts "In Mamba cache align mode, block_size (1600) must be <=
-    max_num_batched_tokens (1024)" in 0.25.0 (seen on an H100, surface-rtx3090-ballast-marlin) and 0.26.0 (vLLM PR
+    max_num_batched_tokens (1024)" in 0.25.0 (seen on an H100, h100-as-rtx3090-awq-marlin) and 0.26.0 (vLLM PR
     #34445; read in both wheels); from 0.27.1 the scheduler carries a block wider than a chunk across chunks
     (_mamba_block_aligned_split, read in the 0.27.1, 0.28.0 ... 0.33.0 wheels) and the assertion is gone. Unknown
     version: the newest."""

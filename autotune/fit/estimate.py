@@ -87,13 +87,13 @@ CPU_RSS_UNCERTAINTY_BYTES = 256 * MiB
 # load and matches the 81 kept logs without an fp8 KV cache within 0.005 GiB (the 53 with one printed 32 MiB more,
 # which it does not explain). The fitted figures stay here because the KV and peak terms were fitted beside them:
 # with the replay's weights, five recorded boots, each within one KV block or 0.05 GiB of its boundary, went the
-# other way (surface-rtx3090-ballast-marlin).
+# other way (h100-as-rtx3090-awq-marlin).
 #   Machete (H200, vLLM 0.25, gpu-boots): 17.21 and 17.24 GiB printed; 2.4 bytes a group beyond scale and zero give
 #     17.25 (the 0.03 GiB more keeps the eager boots' predicted KV blocks at or under the printed ones).
-#   Marlin (an H100 held down to the 3090's total with Machete disabled, surface-rtx3090-ballast-own): 17.69 GiB printed
-#     with the MTP layer, 1.94 bytes a group beyond scale and packed zero. Out of sample: the AWQ recipe without MTP's
-#     layer printed 16.9, 16.90 predicted (surface-rtx3090-ballast-marlin); GPTQ-Int4, which has no zero points, printed
-#     16.83-16.86 (17.65 with MTP's layer), 16.81 (17.60) predicted (surface-rtx3090-ballast-marlin-gptq).
+#   Marlin (an H100 held down to the 3090's total with Machete disabled, h100-as-rtx3090-awq-machete's Marlin probe):
+#     17.69 GiB printed with the MTP layer, 1.94 bytes a group beyond scale and packed zero. Out of sample: the AWQ
+#     recipe without MTP's layer printed 16.9, 16.90 predicted (h100-as-rtx3090-awq-marlin); GPTQ-Int4, which has no
+#     zero points, printed 16.83-16.86 (17.65 with MTP's layer), 16.81 (17.60) predicted (h100-as-rtx3090-gptq-marlin).
 # GPTQ through Machete is not measured: its extra is taken as AWQ's (16.89 GiB; the replay says 16.92, as Machete
 # leaves GPTQ's unused qzeros and g_idx in place).
 MACHETE_EXTRA_BYTES_PER_GROUP = 2.4
@@ -276,7 +276,7 @@ def estimate(
     # them where a cached segment holds one layer's tensor: none of them on the H200 pinned to 512 blocks (1.53 GiB
     # tensors; seen within 0.25 GiB of the sum at the median), some at 88-96 blocks (the held-down card: 0.5 GiB under
     # the sum at 8,192 batched tokens; at 16,384 a boot whose sum was 25.1 GiB went through on 23.6,
-    # surface-rtx3090-ballast-marlin). So the sum is the central peak and the larger term alone its optimistic end.
+    # h100-as-rtx3090-awq-marlin). So the sum is the central peak and the larger term alone its optimistic end.
     peaks: list[tuple[int, int, str]] = []
     if profiling and s.explicit_kv is None:
         peak = CUDA_CONTEXT_BYTES + non_kv + profiling * bpb

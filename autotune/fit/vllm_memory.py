@@ -26,16 +26,16 @@ leaves and peaks at, less the CUDA-graph estimate; how the first part is measure
   x per-graph, the largest FULL one with min(max_model_len, max_num_tokens // size) as sequence lengths; modes share
   one pool, so the total is the largest first capture plus every mode's per-graph terms. It is subtracted while
   VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS is on (default "1": 0.25 envs.py 280, 0.32 envs.py 328).
-- The boot's transient peak (profiling_blocks below): to capture its graphs, profile_cudagraph_memory first
-  allocates a minimal KV cache (_init_minimal_kv_cache_for_profiling, 0.25 gpu_model_runner.py 6365) beside the weights
-  and what the profile run left in the allocator, outside gpu_memory_utilization's budget: 0.25 takes
-  max_cudagraph_capture_size blocks, 0.26+ min(max_num_seqs, that) (engine/defaults.py profiling_kv_per_sequence). Seen
-  (surface-rtx3090-ballast, an H100 held down to a 3090's 23.62 GiB CUDA total): four warm boots of the Qwen3.5-27B
-  shape with --max-cudagraph-capture-size 512 failed there asking for the fourth of 16 tensors of 1.53 GiB; on the
-  capped H200 the same boots peaked at 43.5-43.8 GiB (NVML) and served.
+- The boot's transient peak (profiling_blocks below): to capture its graphs, profile_cudagraph_memory first allocates a
+  minimal KV cache (_init_minimal_kv_cache_for_profiling, 0.25 gpu_model_runner.py 6365) beside the weights and what the
+  profile run left in the allocator, outside gpu_memory_utilization's budget: 0.25 takes max_cudagraph_capture_size
+  blocks, 0.26+ min(max_num_seqs, that) (engine/defaults.py profiling_kv_per_sequence). Seen
+  (h100-as-rtx3090-awq-capture-pinned, an H100 held down to a 3090's 23.62 GiB CUDA total): four warm boots of the
+  Qwen3.5-27B shape with --max-cudagraph-capture-size 512 failed there asking for the fourth of 16 tensors of 1.53 GiB;
+  on the capped H200 the same boots peaked at 43.5-43.8 GiB (NVML) and served.
 - MTP's drafter at boot (drafter_peak below): it builds its own embedding and lm_head beside the loaded target before it
   shares the target's, and its first compile takes one more such tensor; outside the budget too, and before the profile
-  run, so an explicit KV size does not avoid it (surface-rtx3090-ballast-own, the same held-down card: five boots).
+  run, so an explicit KV size does not avoid it (h100-as-rtx3090-awq-machete, the same held-down card: five boots).
 - Capture sizes (capture_sizes below): VllmConfig._set_cudagraph_sizes is identical in 0.25 and 0.27 (max 512,
   max_num_batched_tokens appended within the cap); 0.28 adds the 1024 default on data-centre Blackwell, 0.29 the
   speculative decode sizes, 0.31 max_num_seqs. Speculative decoding rounds sizes to multiples of the query length
@@ -91,7 +91,7 @@ FIRST_CAPTURE_BASE_BYTES = 40 * MiB
 FIRST_CAPTURE_BYTES_PER_LAYER_TOKEN = 8 * 1024
 CUDAGRAPH_UNCERTAINTY = 0.25
 
-# The MTP drafter's boot, outside the budget (surface-rtx3090-ballast-own: the H100 held down to the 3090's 23.625 GiB
+# The MTP drafter's boot, outside the budget (h100-as-rtx3090-awq-machete: the H100 held down to the 3090's 23.625 GiB
 # CUDA total, vLLM 0.25; the same __init__ in the installed 0.32): Qwen3_5MTP.__init__ (models/qwen3_5_mtp.py) builds
 # its own embed_tokens and, untied, lm_head (vocab x hidden in the model dtype: 2.37 GiB each for Qwen3.5-27B) beside
 # the loaded target before the proposer shares the target's (spec_decode/llm_base_proposer.py: "Sharing target model

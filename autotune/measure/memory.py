@@ -22,9 +22,9 @@ def memory_source_name(source: str | None) -> str:
 
 def over_cap(gib: float | None, cap_gib: float | None) -> bool:
     """A peak on a card capped to behave as a smaller one (memcap.py) above what CUDA has on the smaller card: the big
-    card held it, the small one may not (surface-rtx3090: 22.1-24.3 GiB while serving on the H200 capped as a 3090,
+    card held it, the small one may not (h200-as-rtx3090-awq: 22.1-24.3 GiB while serving on the H200 capped as a 3090,
     whose CUDA has 23.62; vLLM's own budget was 0.8-1.8 GiB below each peak). "May": much of that excess is memory
-    PyTorch keeps because the big card has it. Held down to 23.62 GiB (surface-rtx3090-ballast-own), four configurations
+    PyTorch keeps because the big card has it. Held down to 23.62 GiB (h100-as-rtx3090-awq-machete), four configurations
     that had peaked at 23.78-24.89 GiB capped served within it (22.90-23.58), though a cold boot given the warm KV cache
     once ran out."""
     return gib is not None and cap_gib is not None and gib > cap_gib

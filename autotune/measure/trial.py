@@ -371,7 +371,7 @@ def warm_kv_blocks(estimate: Estimate, cuda: bool) -> int | None:
     """The KV blocks the estimator predicts for a warm boot, which a boot that compiles is given (TrialPlan's
     warm_kv_blocks): on a GPU, where the central prediction fits, or where only a boot peak is in doubt (inside the
     band, not refused), which the blocks given do not move: vLLM sizing a boot that compiles leaves it 1-2 GiB short
-    (surface-rtx3090-ballast-marlin: the recipe, held down to a 3090's total, was left 36 Mamba blocks for 48 sequences
+    (h100-as-rtx3090-awq-marlin: the recipe, held down to a 3090's total, was left 36 Mamba blocks for 48 sequences
     and failed, then served warm with one block more than predicted). A KV cache that fits only at the band's optimistic
     end is left to vLLM."""
     usable = estimate.kv_fits and not estimate.refused  # an estimate that fits does both

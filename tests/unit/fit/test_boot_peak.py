@@ -1,7 +1,8 @@
 """The boot's peak outside gpu_memory_utilization's budget (fit/vllm_memory.py profiling_blocks), against what the
 device saw: the GPU surface's boots on the H200 capped as a 3090 (NVML's peak while booting, before the server was
-ready; benchmarks/data/h200-as-rtx3090-awq/surface.json) and the ballast run (surface-rtx3090-ballast: an H100 held down
-to the 3090's 23.62 GiB CUDA total, where the same pinned boots failed in the CUDA-graph profiling's KV cache)."""
+ready; benchmarks/data/h200-as-rtx3090-awq/surface.json) and the ballast run (h100-as-rtx3090-awq-capture-pinned: an
+H100 held down to the 3090's 23.62 GiB CUDA total, where the same pinned boots failed in the CUDA-graph profiling's KV
+cache)."""
 
 from __future__ import annotations
 
@@ -75,8 +76,8 @@ def largest_capture_size(seqs: int, spec_tokens: int, batched: int) -> int:
 @pytest.mark.parametrize("entry", OWN + MARLIN, ids=[f"plan{c['plan_index']}" for c in OWN]
                          + [f"marlin-plan{c['plan_index']}" for c in MARLIN])
 def test_on_a_card_of_the_caps_total_autotunes_own_flags_do_what_the_estimator_says(entry: dict) -> None:
-    """surface-rtx3090-ballast-own: the same held-down H100, the flags autotune gives today (no capture-size pin on vLLM
-    0.25); in surface-rtx3090-ballast-marlin the same with Machete disabled, so that AWQ runs through Marlin as on a
+    """h100-as-rtx3090-awq-machete: the same held-down H100, the flags autotune gives today (no capture-size pin on vLLM
+    0.25); in h100-as-rtx3090-awq-marlin the same with Machete disabled, so that AWQ runs through Marlin as on a
     3090. Each configuration the estimator accepts booted and served, and the warm boot sized the KV cache it predicts;
     each it refuses for the boot's peak failed in the profiling KV cache, asking for one of its attention layers'
     tensors of exactly the blocks it names (vLLM's own largest capture size; 16 layers share a block, 17 with MTP's
@@ -261,9 +262,9 @@ MTP += [c for c in MARLIN if "Failed to load model" in (c.get("reason") or "")]
 @pytest.mark.parametrize("entry", MTP, ids=[f"{'marlin-' if 'marlin' in str(c['_logs']) else ''}plan{c['plan_index']}"
                                             for c in MTP])
 def test_mtp_boots_peak_where_the_drafter_holds_its_own_embedding_and_lm_head(entry: dict) -> None:
-    """The same held-down H100 (surface-rtx3090-ballast-own): every MTP configuration failed, whatever its
+    """The same held-down H100 (h100-as-rtx3090-awq-machete): every MTP configuration failed, whatever its
     gpu_memory_utilization, each boot asking for one vocab x hidden tensor in bfloat16 (2.37 GiB), as the drafter loaded
-    its own lm_head or compiled on its first boot; through Marlin (surface-rtx3090-ballast-marlin) two failed so while
+    its own lm_head or compiled on its first boot; through Marlin (h100-as-rtx3090-awq-marlin) two failed so while
     loading the drafter, #14 by 0.01 GiB (inside the band: 23.65 GiB predicted). The peak the estimator names for the
     drafter is what the process held plus that tensor, within 0.05 GiB, and it is over the card's total, so none is
     predicted to fit."""

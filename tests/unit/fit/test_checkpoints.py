@@ -30,7 +30,7 @@ QUANTIZED = 24_350_556_160 - 23_592_960  # text linear layers less in_proj_a/b
 BF16_REST = 23_592_960 + 2_545_442_304  # in_proj_a/b, embedding, lm_head, norms ...
 W4G128 = 0.5 + (2 + 0.5) / 128  # packed 4-bit weight + an fp16 scale and a 4-bit zero per group of 128
 # as Marlin holds them on an RTX 3090: AWQ's zero points packed beside the scales, symmetric GPTQ's dropped, and
-# Marlin's unexplained extra (fitted on AWQ, surface-rtx3090-ballast-own)
+# Marlin's unexplained extra (fitted on AWQ, h100-as-rtx3090-awq-machete)
 W4G128_MARLIN_AWQ = 0.5 + (2 + 0.5 + MARLIN_EXTRA_BYTES_PER_GROUP) / 128
 W4G128_MARLIN_GPTQ = 0.5 + (2 + MARLIN_EXTRA_BYTES_PER_GROUP) / 128
 

@@ -69,9 +69,9 @@ def test_only_memory_taken_since_the_run_began_stops_a_boot() -> None:
 
 
 def test_the_display_takes_mtp_off_a_3090() -> None:
-    """MTP on a 3090 through Marlin peaked at 23.19 GiB booting (surface-rtx3090-ballast-own, predicted 23.28) against
-    the card's 23.62: headless it fits; beside a display holding 0.8 GiB its drafter's peak passes what is left, and a
-    utilization of 0.97 asks vLLM for more than is free at startup (vLLM refuses to start)."""
+    """MTP on a 3090 through Marlin peaked at 23.19 GiB booting (h100-as-rtx3090-awq-machete's Marlin probe, predicted
+    23.28) against the card's 23.62: headless it fits; beside a display holding 0.8 GiB its drafter's peak passes what
+    is left, and a utilization of 0.97 asks vLLM for more than is free at startup (vLLM refuses to start)."""
     [entry] = [c for c in acc.surface_boots("h100-as-rtx3090-awq-machete/surface.json") if c["plan_index"] == 11]
     shape = acc._shape(str(acc.CONFIG))
     flags = {"language_model_only": True, **{k: v for k, v in entry["params"].items() if k != "speculative_method"},

@@ -183,7 +183,7 @@ def test_flags_as_planned_and_autotunes_own_never_mix_in_one_file(planned, tmp_p
 
 def test_a_surface_records_the_kernels_vllm_may_not_pick_and_is_judged_and_resumed_with_them(
         planned, tmp_path: Path, monkeypatch) -> None:
-    """Held down with Machete disabled, an H100 holds 4-bit AWQ as a 3090 does (surface-rtx3090-ballast-own): that
+    """Held down with Machete disabled, an H100 holds 4-bit AWQ as a 3090 does (h100-as-rtx3090-awq-machete): that
     recording never mixes with one that had Machete, and its estimates, here or in the replay, are made with Marlin's
     weights whatever this shell exports."""
     plan, spec, _ = planned

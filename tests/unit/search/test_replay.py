@@ -474,7 +474,7 @@ def test_the_replay_judges_the_gpu_surface_with_the_devices_vllm_build_not_the_o
 
 
 def test_a_surface_recorded_with_autotunes_own_flags_is_judged_as_autotune_judges_today() -> None:
-    """The held-down card's surface (surface-rtx3090-ballast-own, --ballast) booted the flags autotune gives today: the
+    """The held-down card's surface (h100-as-rtx3090-awq-machete, --ballast) booted the flags autotune gives today: the
     replay refuses what the device refused there and accepts the rest, but for the recipe. Its boot's profiling peak was
     refused then; since a boot through Marlin went through a peak whose sum was 1.5 GiB over the card, only the larger
     of its two terms refuses, and the recipe is left to a boot: it failed there, by 0.1 GiB, through Machete, and served

@@ -156,9 +156,9 @@ def test_store_true_only_matches_vllm(vllm_parser: argparse.ArgumentParser) -> N
 
 
 def test_a_capped_studys_winner_that_served_above_the_capped_card_is_exported_with_a_caution() -> None:
-    """The H200 capped as a 3090 (surface-rtx3090): the best configuration so far served at 23.78 GiB (NVML), above the
-    23.62 GiB CUDA has on a 24 GiB card. The flags are for that card, so every format says it may not fit, and
-    names the filter that exports the best one that stayed under it."""
+    """The H200 capped as a 3090 (h200-as-rtx3090-awq): the best configuration so far served at 23.78 GiB (NVML), above
+    the 23.62 GiB CUDA has on a 24 GiB card. The flags are for that card, so every format says it may not fit, and names
+    the filter that exports the best one that stayed under it."""
     import optuna
     from conftest import recorded_level
 
