@@ -11,6 +11,8 @@ from autotune.cli.console import console
 from autotune.cli.options import configured_model_option, storage_option
 from autotune.errors import SpecError
 
+MAX_SAMPLES = 1000  # sampled configurations `estimate -n` shows: a table, not a search
+
 
 @click.command("estimate")
 @click.argument("study_file", required=False, type=click.Path(path_type=Path))
@@ -31,12 +33,17 @@ def estimate_command(study_file: Path | None, model: str | None, hardware: str |
       autotune estimate --model Qwen/Qwen3.5-27B-GPTQ-Int4 --gpu rtx3090 --set max_model_len=8192
     """
     from autotune.config.study_file import load_study
+    from autotune.engine.flags import check_given
     from autotune.fit import feasibility
     from autotune.search.study import estimate_profile, preview_estimates
     from autotune.show.tables import breakdown_table, calibration_text, estimates_json, estimates_table
 
     if (study_file is None) == (model is None):
         raise SpecError("estimate", None, "give either a study file or --model")
+    if study_file is not None and sets:
+        raise SpecError("--set", sets[0], "goes with --model; a study's flags are in its file")
+    if not 0 <= samples <= MAX_SAMPLES:
+        raise SpecError("-n", str(samples), f"must be between 0 and {MAX_SAMPLES}")
     if study_file is not None:
         spec = load_study(study_file)
         profile, rows = preview_estimates(spec, hardware, samples, storage)
@@ -45,6 +52,7 @@ def estimate_command(study_file: Path | None, model: str | None, hardware: str |
         assert model is not None  # exactly one of study_file and model, checked above
         profile = estimate_profile(hardware, "auto", None)
         path, flags = configured_model_option(model, sets)
+        check_given("--set", flags, None)
         rows = [(model, model, flags, feasibility.judge(path, profile, flags, {}))]
         title = f"{model} on {profile.label}"
     if fmt == "json":

@@ -78,3 +78,9 @@ n_trials_option = click.option("--n-trials", type=int, default=None,
 workers_option = click.option("--workers", type=int, default=None,
                               help="Trials at a time, each its own server (CPU build).")
 gpus_option = click.option("--gpus", default=None, help="One trial at a time on each of these GPUs, e.g. 0,1,2,3.")
+allow_flag_option = click.option("--allow-flag", "allow_flags", multiple=True, metavar="FLAG",
+                                 help="Let the study set this vLLM flag though it runs code or exposes this host "
+                                      "(e.g. trust_remote_code); repeatable.")
+allow_env_option = click.option("--allow-env", "allow_env", multiple=True, metavar="NAME",
+                                help="Let the study set this variable for the server though it may load code "
+                                     "(e.g. PYTHONPATH); repeatable.")

@@ -3,6 +3,7 @@ database."""
 
 from __future__ import annotations
 
+import re
 import signal
 import sys
 from pathlib import Path
@@ -11,6 +12,8 @@ import click
 
 from autotune.cli.console import console
 from autotune.cli.options import (
+    allow_env_option,
+    allow_flag_option,
     budget_option,
     gpus_option,
     n_trials_option,
@@ -33,8 +36,11 @@ from autotune.errors import SpecError
               help="Begin with the best configurations of an earlier study (re-measured here, not copied).")
 @click.option("--from-storage", default=None, metavar="URL",
               help="Where --from-study lives (default: this study's storage).")
+@allow_flag_option
+@allow_env_option
 def run_command(study_file: Path, budget: str | None, n_trials: int | None, storage: str | None,
-                workers: int | None, gpus: str | None, from_study: str | None, from_storage: str | None) -> None:
+                workers: int | None, gpus: str | None, from_study: str | None, from_storage: str | None,
+                allow_flags: tuple[str, ...], allow_env: tuple[str, ...]) -> None:
     """Search the study's space: boot, measure and record trials until the budget is spent.
 
     Running the same command again resumes the same study.
@@ -47,7 +53,13 @@ def run_command(study_file: Path, budget: str | None, n_trials: int | None, stor
       autotune run studies/tiny-hybrid-cpu.toml --budget 30m --from-study tiny-cpu \\
           --from-storage sqlite:///studies/tiny-cpu.db
     """
-    from autotune.config.study_file import check_prompt_tokenizer, load_study, study_models
+    from autotune.config.study_file import (
+        check_host_trust,
+        check_prompt_tokenizer,
+        check_workload_fits,
+        load_study,
+        study_models,
+    )
     from autotune.engine.models import resolve_model
     from autotune.search.budget import budget_for
     from autotune.search.slots import check_slots_fit, slots_for
@@ -55,9 +67,11 @@ def run_command(study_file: Path, budget: str | None, n_trials: int | None, stor
 
     spec = load_study(study_file)
     check_prompt_tokenizer(spec.objective, study_models(spec))
+    check_workload_fits(spec.objective, study_models(spec))
     slots = check_slots_fit(slots_for(workers, gpus))
     plan = budget_for(budget, n_trials, spec)
     check_inputs(spec, slots)
+    check_host_trust(spec, allow_flags, allow_env)
     warn_slow_dtype(resolve_model(spec.model.path)[0], spec.fixed_flags())
     if from_study is not None:
         warm_start_from(spec, storage, from_study, from_storage)
@@ -71,27 +85,67 @@ def run_command(study_file: Path, budget: str | None, n_trials: int | None, stor
 @n_trials_option
 @workers_option
 @gpus_option
+@click.option("--sha256", "digest", default=None, metavar="HEX",
+              help="Run the study only if its stored files have this digest (`autotune run` prints it).")
+@click.option("--study-file", type=click.Path(path_type=Path), default=None,
+              help="Run the study only if its stored files are this study file and its objective.")
+@allow_flag_option
+@allow_env_option
 def worker_command(name: str, storage: str, budget: str | None, n_trials: int | None, workers: int | None,
-                   gpus: str | None) -> None:
+                   gpus: str | None, digest: str | None, study_file: Path | None, allow_flags: tuple[str, ...],
+                   allow_env: tuple[str, ...]) -> None:
     """Join a study that lives in a shared database (PostgreSQL) from another machine or GPU.
 
-    The study file travels in the database: a worker needs only the storage URL and the study's name.
+    The study file travels in the database; a worker runs it only if it is the one this host was given: by its
+    digest (--sha256, printed by `autotune run`) or as a file (--study-file).
 
     \b
-      autotune worker --study qwen3.5-27b-rtx3090 --storage postgresql://tuner@db/autotune --budget 4h
+      autotune worker --study qwen3.5-27b-rtx3090 --storage postgresql://tuner@db/autotune --budget 4h \\
+          --sha256 3f1c...
     """
-    from autotune.config.study_file import check_prompt_tokenizer, study_models
-    from autotune.search.budget import budget_for
+    from autotune.config.study_file import (
+        check_host_trust,
+        check_prompt_tokenizer,
+        check_workload_fits,
+        study_models,
+    )
+    from autotune.search.budget import budget_for, check_budget_options
     from autotune.search.slots import check_slots_fit, slots_for
     from autotune.search.storage import spec_from_storage
     from autotune.search.study import check_inputs
 
+    check_budget_options(budget, n_trials)  # before the study's files are written under .autotune-worker
     slots = check_slots_fit(slots_for(workers, gpus))
-    spec = spec_from_storage(name, storage, Path(".autotune-worker") / name)
+    trust = trusted_digest(digest, study_file)
+    spec = spec_from_storage(name, storage, Path(".autotune-worker") / name, trust)
     check_prompt_tokenizer(spec.objective, study_models(spec))
+    check_workload_fits(spec.objective, study_models(spec))
     plan = budget_for(budget, n_trials, spec)
     check_inputs(spec, slots)
+    check_host_trust(spec, allow_flags, allow_env)
     _search(spec, plan, storage, slots)
+
+
+def trusted_digest(digest: str | None, study_file: Path | None):
+    """The check a worker makes of a stored study's digest before it writes or runs anything of it."""
+    from autotune.config.study_file import load_study, stored_texts, study_digest
+
+    if (digest is None) == (study_file is None):
+        raise SpecError("--sha256", None, "give the study's digest (printed by `autotune run`) or --study-file, "
+                                          "one of them: a worker runs only a study this host was given")
+    if digest is not None:
+        flag, wanted = "--sha256", digest.strip().lower()
+        if not re.fullmatch(r"[0-9a-f]{12,64}", wanted):
+            raise SpecError(flag, digest, "expected the study's sha256 in hex (at least its first 12 digits)")
+    else:
+        assert study_file is not None
+        flag, wanted = "--study-file", study_digest(*stored_texts(load_study(study_file)))
+
+    def trust(stored: str) -> None:
+        if not stored.startswith(wanted):
+            raise SpecError(flag, digest or str(study_file), f"the stored study (sha256 {stored[:16]}...) is not "
+                                                             "the one this worker was given; nothing was run")
+    return trust
 
 
 def warm_start_from(spec, storage: str | None, name: str, from_storage: str | None) -> None:
@@ -110,6 +164,7 @@ def warm_start_from(spec, storage: str | None, name: str, from_storage: str | No
 
 
 def _search(spec, plan, storage: str | None, slots) -> None:
+    from autotune.config.study_file import stored_texts, study_digest
     from autotune.search.record import view
     from autotune.search.study import fetch_checkpoints, open_study, run_study
     from autotune.show.tables import LiveProgress, study_table
@@ -125,6 +180,9 @@ def _search(spec, plan, storage: str | None, slots) -> None:
                       "fetches the rest")
         sys.exit(130)
     open_study(spec, storage, say=console.print)  # a changed study is refused here; new baselines are said
+    if not (storage or spec.storage or "sqlite").startswith("sqlite"):  # a shared database: workers may join
+        console.print(f"workers join with: autotune worker --study {spec.name} --storage URL "
+                      f"--sha256 {study_digest(*stored_texts(spec))}", markup=False, soft_wrap=True)
     try:
         with LiveProgress(console, plan) as progress:
             summary = run_study(spec, plan, storage_url=storage, progress=progress, slots=slots,

@@ -8,7 +8,13 @@ from pathlib import Path
 import click
 
 from autotune.cli.console import console
-from autotune.cli.options import configured_model_option, parse_env, warn_slow_dtype
+from autotune.cli.options import (
+    allow_env_option,
+    allow_flag_option,
+    configured_model_option,
+    parse_env,
+    warn_slow_dtype,
+)
 
 
 @click.command("trial")
@@ -23,8 +29,11 @@ from autotune.cli.options import configured_model_option, parse_env, warn_slow_d
 @click.option("--gpu", "gpus", default="", help="GPU indices to use and sample, e.g. 0 (CUDA build only).")
 @click.option("--memory-cap", default=None, metavar="GIB|PROFILE",
               help="Behave as a card with this much memory, e.g. 24 or rtx3090 (flags translated for the GPU present).")
+@allow_flag_option
+@allow_env_option
 def trial_command(model: str, objective_path: Path, sets: tuple[str, ...], envs: tuple[str, ...],
-                  log_path: Path | None, boot_timeout: str, gpus: str, memory_cap: str | None) -> None:
+                  log_path: Path | None, boot_timeout: str, gpus: str, memory_cap: str | None,
+                  allow_flags: tuple[str, ...], allow_env: tuple[str, ...]) -> None:
     """Boot one vLLM server with the given flags and find the highest load it sustains within the limits.
 
     \b
@@ -34,31 +43,37 @@ def trial_command(model: str, objective_path: Path, sets: tuple[str, ...], envs:
     import time
 
     from autotune.config.objective import load_objective
-    from autotune.config.study_file import check_prompt_tokenizer
+    from autotune.config.study_file import check_prompt_tokenizer, check_workload_fits
     from autotune.config.toml import parse_duration
     from autotune.engine import defaults as engine_defaults
     from autotune.engine import flags as engine_flags
+    from autotune.engine.env import check_env
     from autotune.engine.weights import fetch_named
     from autotune.fit import memcap
     from autotune.measure.trial import plan_trial, run_trial
+    from autotune.search.slots import Slot, check_slots_fit, gpu_indices
     from autotune.show.tables import print_trial
 
     objective = load_objective(objective_path)
     path, flags = configured_model_option(model, sets)
     check_prompt_tokenizer(objective, [path])
-    engine_flags.check(("--set", k) for k in flags)
-    engine_flags.check_values(("--set", k, k, v) for k, v in flags.items())
+    check_workload_fits(objective, [path])
+    engine_flags.check_given("--set", flags, allow_flags)  # as `run` checks a study's (check_inputs)
+    env = parse_env(envs)
+    check_env(env, "--env", None, allow_env)
+    boot_timeout_s = parse_duration(boot_timeout, "--boot-timeout")
+    indices = gpu_indices(gpus, "--gpu") if gpus.strip() else ()
+    if indices:
+        check_slots_fit((Slot("trial", indices),), "--gpu")
     warn_slow_dtype(path, flags)
-    gpu_indices = tuple(int(g) for g in gpus.split(",") if g.strip())
     cap, real = None, None
     if memory_cap is not None:  # the estimator's card is the capped one; the flags are translated for the real one
-        cap, real = memcap.parse_cap(memory_cap), memcap.present_gpu(gpu_indices[0] if gpu_indices else 0)
+        cap, real = memcap.parse_cap(memory_cap), memcap.present_gpu(indices[0] if indices else 0)
         util = float(flags.get("gpu_memory_utilization") or engine_defaults.DEFAULT_UTILIZATION)  # type: ignore[arg-type]
         console.print(memcap.describe(real, cap, util))
     plan = plan_trial(path, flags, objective,
                       log_path or Path("runs") / f"trial-{time.strftime('%Y%m%d-%H%M%S')}.log",
-                      env=parse_env(envs), boot_timeout_s=parse_duration(boot_timeout, "--boot-timeout"),
-                      gpu_indices=gpu_indices, memory_cap=cap, real_gpu=real)
+                      env=env, boot_timeout_s=boot_timeout_s, gpu_indices=indices, memory_cap=cap, real_gpu=real)
     fetch_named(path, flags, lambda line: console.print(line, markup=False), "--model", None)
     with console.status("booting") as status:
         result = run_trial(plan, on_stage=lambda s: status.update(s))

@@ -8,6 +8,7 @@ misspelt flag silently ignored would cost a night of searching the wrong thing.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import re
 import typing
 from dataclasses import dataclass, field
@@ -22,6 +23,7 @@ from autotune.engine.flags import (
     PSEUDO_PARAMS,
     RESERVED_REASONS,
     SPEC_TOKENS,
+    check_exposure,
     invalid_reason,
     pseudo_param_problem,
     spec_tokens_problem,
@@ -144,6 +146,28 @@ def check_dataset_lengths(dataset: Path, model: str, default_output_len: int) ->
         if positions and len(ids) + out > positions:
             raise SpecError(str(dataset), row.where, f"{len(ids):,} prompt tokens + {out:,} output tokens exceed "
                                                      f"the {positions:,} positions of {model}")
+
+
+def check_workload_fits(objective: Objective, models: typing.Iterable[str]) -> None:
+    """A request of the workload's mean lengths must fit in each model's positions: the server refuses a longer
+    one, and every level of every trial would fail without a word about the objective."""
+    from autotune.engine.models import resolve_model
+    from autotune.errors import ModelUnavailable
+    from autotune.fit.feasibility import model_shape
+
+    workload = objective.workload
+    if workload.dataset is not None:  # lengths come from the dataset's prompts
+        return
+    tokens = workload.input_len.mean + workload.output_len.mean
+    for model in models:
+        try:
+            positions = model_shape(resolve_model(model)[0]).max_position_embeddings
+        except ModelUnavailable:  # said with its key by check_inputs
+            continue
+        if tokens > positions:
+            raise SpecError(str(objective.path), "workload.input_len",
+                            f"requests of {workload.input_len.mean:,} tokens in and {workload.output_len.mean:,} out "
+                            f"exceed the {positions:,} positions of {model}")
 
 
 def study_models(spec: StudySpec) -> list[str]:
@@ -373,3 +397,22 @@ def study_flag_values(spec) -> list[tuple[str, str, str, object]]:
     values += [(src, f"baselines[{i}].flags.{k}", k, v) for i, b in enumerate(spec.baselines)
                for k, v in b.flags.items() if k not in PSEUDO_PARAMS]
     return values
+
+
+def check_host_trust(spec: StudySpec, allow_flags: typing.Iterable[str] = (),
+                     allow_env: typing.Iterable[str] = ()) -> None:
+    """What a study may do to the host that runs it (engine/env.py, engine/flags.exposure_problem): no flag that
+    breaks the tuner's client or exposes the host, no variable that loads code, unless this host's user allows
+    it. Checked before anything is written: a study file may come from a shared database."""
+    check_exposure(study_flag_values(spec), allow_flags)
+    check_env(spec.env, str(spec.path), "engine.env", allow_env)
+
+
+def study_digest(study_text: str, objective_text: str) -> str:
+    """The sha256 of a study as stored for workers (its file and its objective's): what a worker is told to trust."""
+    return hashlib.sha256(f"{study_text}\0{objective_text}".encode()).hexdigest()
+
+
+def stored_texts(spec: StudySpec) -> tuple[str, str]:
+    """The study file's and its objective's texts, as `autotune run` stores them for workers."""
+    return spec.path.read_text(), spec.objective.path.read_text()

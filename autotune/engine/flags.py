@@ -414,6 +414,19 @@ def check_exposure(values: Iterable[tuple[str, str, str, object]], allowed: Iter
             raise SpecError(source, key, problem)
 
 
+def check_given(source: str, flags: Mapping[str, object], allow_flags: Iterable[str] | None) -> None:
+    """A configuration given whole on the command line (`trial`, `estimate --model`), checked as `run` checks a
+    study's: names, values, vLLM's own rules between flags and, unless allow_flags is None (nothing will boot),
+    what it exposes."""
+    check((source, k) for k in flags)
+    values = [(source, k, k, v) for k, v in flags.items()]
+    check_values(values)
+    if allow_flags is not None:
+        check_exposure(values, allow_flags)
+    if reason := invalid_reason(flags):
+        raise SpecError(source, None, f"vLLM would refuse these flags: {reason}")
+
+
 def check(names: Iterable[tuple[str, str]], known: frozenset[str] | None = None) -> None:
     """names: (source, flag dest name) pairs. Raises a SpecError naming the first unknown flag."""
     known = known if known is not None else known_flags()

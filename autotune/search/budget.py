@@ -119,11 +119,17 @@ class Budget:
                 self.searched_durations.append(duration_s)
 
 
-def budget_for(budget: str | None, n_trials: int | None, spec: StudySpec) -> Budget:
-    """The run's budget: --budget (else the study's [budget] time), --n-trials (else the study's), at least one."""
-    seconds = parse_duration(budget, "--budget") if budget is not None else spec.time_budget_s
+def check_budget_options(budget: str | None, n_trials: int | None) -> float | None:
+    """--budget's seconds, and --n-trials at least 1: checked before anything is read or written."""
     if n_trials is not None and n_trials < 1:
         raise SpecError("--n-trials", None, f"must be at least 1, got {n_trials}")
+    return parse_duration(budget, "--budget") if budget is not None else None
+
+
+def budget_for(budget: str | None, n_trials: int | None, spec: StudySpec) -> Budget:
+    """The run's budget: --budget (else the study's [budget] time), --n-trials (else the study's), at least one."""
+    seconds = check_budget_options(budget, n_trials)
+    seconds = spec.time_budget_s if seconds is None else seconds
     if seconds is None and n_trials is None and spec.max_trials is None:
         raise SpecError("--budget", None, "give a time budget (e.g. --budget 4h) or --n-trials")
     return Budget(seconds=seconds, trials=n_trials or spec.max_trials)

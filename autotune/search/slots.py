@@ -39,19 +39,24 @@ def slots_for(workers: int | None, gpus: str | None) -> tuple[Slot, ...]:
     if workers is not None and gpus is not None:
         raise SpecError("--workers", None, "give --workers (CPU build) or --gpus (one trial per GPU), not both")
     if gpus is not None:
-        try:
-            indices = [int(g) for g in gpus.split(",") if g.strip()]
-        except ValueError:
-            raise SpecError("--gpus", gpus, "expected GPU indices such as 0,1,2") from None
-        if not indices or len(set(indices)) != len(indices):
-            raise SpecError("--gpus", gpus, "expected distinct GPU indices such as 0,1,2")
-        return tuple(Slot(str(i), (i,)) for i in indices)
+        return tuple(Slot(str(i), (i,)) for i in gpu_indices(gpus))
     if workers is not None and workers < 1:
         raise SpecError("--workers", None, f"must be at least 1, got {workers}")
     return tuple(Slot(str(i)) for i in range(workers or 1))
 
 
-def check_slots_fit(slots: tuple[Slot, ...]) -> tuple[Slot, ...]:
+def gpu_indices(text: str, flag: str = "--gpus") -> tuple[int, ...]:
+    """Distinct GPU indices from "0,1,2" (whether this machine has them: check_slots_fit)."""
+    try:
+        indices = [int(g) for g in text.split(",") if g.strip()]
+    except ValueError:
+        raise SpecError(flag, text, "expected GPU indices such as 0,1,2") from None
+    if not indices or len(set(indices)) != len(indices) or min(indices) < 0:
+        raise SpecError(flag, text, "expected distinct GPU indices such as 0,1,2")
+    return tuple(indices)
+
+
+def check_slots_fit(slots: tuple[Slot, ...], flag: str = "--gpus") -> tuple[Slot, ...]:
     """--gpus names GPUs this machine has (the CPU build uses none); --workers runs at most one server per core:
     more CPU-build servers than cores time-share them, and every figure measured would be the crowd's, not the
     configuration's."""
@@ -59,11 +64,12 @@ def check_slots_fit(slots: tuple[Slot, ...]) -> tuple[Slot, ...]:
     if wanted:
         gpus = ",".join(map(str, wanted))
         if detect_build() is Build.CPU:
-            raise SpecError("--gpus", gpus, "the installed vLLM is the CPU build, which uses no GPU; use --workers")
+            raise SpecError(flag, gpus, "the installed vLLM is the CPU build, which uses no GPU"
+                            + ("; use --workers" if flag == "--gpus" else ""))
         present = sorted(g.index for g in detect_gpus())
         if missing := [i for i in wanted if i not in present]:
             have = f"GPUs {', '.join(map(str, present))}" if present else "no GPU NVML can see"
-            raise SpecError("--gpus", gpus, f"no GPU {', '.join(map(str, missing))} on this machine (it has {have})")
+            raise SpecError(flag, gpus, f"no GPU {', '.join(map(str, missing))} on this machine (it has {have})")
     elif len(slots) > (cores := len(os.sched_getaffinity(0))):
         raise SpecError("--workers", str(len(slots)), f"more servers than the {cores} core(s) this process may use; "
                                                      f"at most --workers {cores}")

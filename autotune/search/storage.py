@@ -24,7 +24,7 @@ from optuna.storages._heartbeat import BaseHeartbeat
 from optuna.trial import FrozenTrial, TrialState
 from sqlalchemy.engine import URL, make_url
 
-from autotune.config.study_file import StudySpec, check_study_name, load_study
+from autotune.config.study_file import StudySpec, check_study_name, load_study, study_digest
 from autotune.errors import SpecError, StorageError
 from autotune.search.space import enqueue_baseline
 
@@ -193,11 +193,14 @@ def load_study_ref(study: str | None, storage: str | None) -> optuna.Study:
     return load_existing_study(*study_ref(study, storage))
 
 
-def spec_from_storage(name: str, url: str, root: Path) -> StudySpec:
-    """Rebuild a study's spec from the files `autotune run` stored with it (for workers on other hosts)."""
+def spec_from_storage(name: str, url: str, root: Path, trust: Callable[[str], None]) -> StudySpec:
+    """Rebuild a study's spec from the files `autotune run` stored with it (for workers on other hosts). `trust`
+    raises unless the stored files' digest (study_digest) is the one this worker was given: whoever can write the
+    database must not choose what runs on this host. Nothing is written before."""
     files = load_existing_study(name, url).user_attrs.get("files")
     if not files:
         raise StorageError(f"--study {name}: the study holds no study file; create it with `autotune run`")
+    trust(study_digest(files["study"], files["objective"]))
     ref = files["objective_ref"]
     base = root.joinpath(*["study"] * ref.count("..")) if not Path(ref).is_absolute() else root
     objective = base / ref if not Path(ref).is_absolute() else Path(ref)

@@ -48,7 +48,8 @@ def test_two_workers_on_one_postgresql_study_account_for_every_trial(study_dir: 
     for host in hosts:
         host.mkdir()
     workers = [
-        subprocess.Popen([*AUTOTUNE, "worker", "--study", "quick", "--storage", postgres_url, "--n-trials", "1"],
+        subprocess.Popen([*AUTOTUNE, "worker", "--study", "quick", "--storage", postgres_url, "--n-trials", "1",
+                          "--study-file", str(study_dir / "quick.toml")],
                          cwd=host, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         for host in hosts
     ]

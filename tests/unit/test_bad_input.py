@@ -10,6 +10,7 @@ import pytest
 from click.testing import CliRunner
 
 from autotune.cli import main
+from autotune.errors import SpecError
 
 ROOT = Path(__file__).resolve().parents[2]
 QUICK = ROOT / "tests" / "data" / "quick"
@@ -21,6 +22,9 @@ def quick(tmp_path: Path) -> Path:
     for f in QUICK.iterdir():
         shutil.copy(f, tmp_path / f.name)
     return tmp_path / "quick.toml"
+
+
+TRIAL = ["trial", "--model", "tiny:dense", "--objective", str(QUICK / "quick-objective.toml")]
 
 
 QUICK_HEAD = "name = 'quick'\nobjective = 'quick-objective.toml'\n[model]\npath = 'tiny:dense'\n"
@@ -98,6 +102,33 @@ BAD_STUDIES: dict[str, tuple[str | bytes, str]] = {
     "escape sequence in the description": (QUICK_HEAD.replace("[model]", "description = \"x\\u001b[2J\"\n[model]"),
                                            "description: contains the control character '\\x1b'"),
     "byte-order mark": (b"\xef\xbb\xbf" + QUICK_HEAD.encode(), "quick.toml: begins with a byte-order mark"),
+    # What a study may do to the host that runs it: no loader or path variable, no flag that breaks the tuner's
+    # client or runs code, unless this host's user allows it (--allow-env, --allow-flag).
+    "PYTHONPATH in [engine.env]": (QUICK_HEAD + "[engine.env]\nPYTHONPATH = '/tmp/evil'\n",
+                                   "engine.env.PYTHONPATH: names a path the server may load code from"),
+    "LD_PRELOAD in [engine.env]": (QUICK_HEAD + "[engine.env]\nLD_PRELOAD = '/tmp/evil.so'\n",
+                                   "engine.env.LD_PRELOAD: names a path"),
+    "PYTHONSTARTUP in [engine.env]": (QUICK_HEAD + "[engine.env]\nPYTHONSTARTUP = '/tmp/evil.py'\n",
+                                      "engine.env.PYTHONSTARTUP: is not a variable vLLM reads"),
+    "VLLM_API_KEY in [engine.env]": (QUICK_HEAD + "[engine.env]\nVLLM_API_KEY = 'sk-s3cret'\n",
+                                     "engine.env.VLLM_API_KEY: cannot be set"),
+    "api_key in [engine]": (QUICK_HEAD + "[engine]\napi_key = 'sk-s3cret'\n",
+                            "engine.api_key: cannot be set: the server would refuse the tuner's own requests"),
+    "api_key in a baseline": (QUICK_HEAD + "[[baselines]]\nname = 'b'\nflags = { api_key = 'sk-s3cret' }\n",
+                              "baselines[0].flags.api_key: cannot be set"),
+    "uds": (QUICK_HEAD + "[engine]\nuds = '/tmp/vllm.sock'\n", "engine.uds: cannot be set: the server would listen"),
+    "ssl_keyfile": (QUICK_HEAD + "[engine]\nssl_keyfile = '/tmp/key.pem'\n", "engine.ssl_keyfile: cannot be set"),
+    "headless": (QUICK_HEAD + "[engine]\nheadless = true\n", "engine.headless: cannot be set"),
+    "middleware": (QUICK_HEAD + "[engine]\nmiddleware = ['evil.Middleware']\n",
+                   "engine.middleware: cannot be set from a study: it imports Python code"),
+    "trust_remote_code": (QUICK_HEAD + "[engine]\ntrust_remote_code = true\n",
+                          "engine.trust_remote_code: cannot be set from a study"),
+    "trust_remote_code searched": (QUICK_HEAD + "[space.trust_remote_code]\ntype = 'bool'\n",
+                                   "space.trust_remote_code.type: cannot be set from a study"),
+    "chat_template path": (QUICK_HEAD + "[engine]\nchat_template = '/etc/passwd'\n",
+                           "engine.chat_template: cannot be set from a study: a template file"),
+    "allowed_origins": (QUICK_HEAD + "[engine]\nallowed_origins = ['*']\n",
+                        "engine.allowed_origins: cannot be set from a study: it widens who may call"),
 }
 
 
@@ -107,6 +138,9 @@ BAD_OBJECTIVES: dict[str, tuple[tuple[str, str], str]] = {  # (text replaced, re
     "std nan": (("input_len = 128", "input_len = { kind = 'normal', mean = 128, std = nan, min = 1, max = 256 }"),
                 "workload.input_len.std: must be a finite number"),
     "load max inf": (("max = 4", "max = inf"), "load.max: must be a finite number"),
+    "input_len beyond the model's positions": (("input_len = 128", "input_len = 9000"),
+                                               "workload.input_len: requests of 9,000 tokens in and 32 out exceed the "
+                                               "8,192 positions of tiny:dense"),
     "escape sequence in the objective's name": (('name = "quick"', 'name = "q\\u001b[31m"'),
                                                 "quick-objective.toml: name: contains the control character"),
 }
@@ -166,6 +200,27 @@ def test_bad_command_lines_fail_in_one_line_with_exit_2(quick: Path, args: list[
     (["dashboard", "--port", "-1"], "--port"),
     (["trial", "--model", "tiny:dense", "--objective", str(QUICK / "quick-objective.toml"), "--set",
       "max_num_seqs=lots"], "--set: max_num_seqs: must be an integer"),
+    # `trial` checks what `run` checks: the GPUs, vLLM's rules between flags, finite values, the environment.
+    ([*TRIAL, "--gpu", "a"], "--gpu: a: expected GPU indices"),
+    ([*TRIAL, "--gpu", "-1"], "--gpu: -1: expected distinct GPU indices"),
+    ([*TRIAL, "--gpu", "0"], "--gpu: 0: the installed vLLM is the CPU build"),
+    ([*TRIAL, "--set", "max_num_seqs=64", "--set", "max_num_batched_tokens=8"],
+     "--set: vLLM would refuse these flags: max_num_batched_tokens (8) must be >= max_num_seqs (64)"),
+    ([*TRIAL, "--set", "gpu_memory_utilization=2"], "--set: vLLM would refuse these flags: gpu_memory_utilization"),
+    ([*TRIAL, "--set", "gpu_memory_utilization=NaN"], "--set: gpu_memory_utilization: must be a finite number"),
+    ([*TRIAL, "--set", "gpu_memory_utilization=Infinity"], "--set: gpu_memory_utilization: must be a finite"),
+    ([*TRIAL, "--set", "max_num_seqs=-5"], "max_num_seqs (-5) must be >= 1"),
+    ([*TRIAL, "--set", "max_num_seqs=0"], "max_num_seqs (0) must be >= 1"),
+    ([*TRIAL, "--set", "max_num_seqs=1e20"], "--set: max_num_seqs: must be an integer"),
+    ([*TRIAL, "--env", "VLLM_CPU_KVCACHE_SPACE=abc"], "--env: VLLM_CPU_KVCACHE_SPACE: vLLM reads it as an integer"),
+    ([*TRIAL, "--env", "PYTHONPATH=/tmp/evil"], "--env: PYTHONPATH: names a path"),
+    ([*TRIAL, "--set", "api_key=sk-s3cret"], "--set: api_key: cannot be set"),
+    ([*TRIAL, "--boot-timeout", "nan"], "--boot-timeout"),
+    (["estimate", "--model", "tiny:dense", "--set", "max_num_seqz=4"], "--set: max_num_seqz: vllm"),
+    (["estimate", "--model", "tiny:dense", "--set", "max_num_seqs=0"], "max_num_seqs (0) must be >= 1"),
+    (["estimate", "--model", "tiny:dense", "-n", "-1"], "-n: -1: must be between 0 and 1000"),
+    (["estimate", "--model", "tiny:dense", "-n", "100000000"], "-n: 100000000: must be between 0 and 1000"),
+    (["estimate", str(QUICK / "quick.toml"), "--set", "max_num_seqs=4"], "--set: max_num_seqs=4: goes with --model"),
 ])
 def test_bad_values_of_other_commands_fail_in_one_line_with_exit_2(tmp_path: Path, args: list[str], named: str,
                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
@@ -186,6 +241,109 @@ def test_paths_with_brackets_are_printed_as_they_are(tmp_path: Path, folder: str
     survived = out.exit_code == 2 and lines == [f"error: {missing}: file not found"]
     LEDGER.append((f"bad input: a path containing {folder}", survived, 0))
     assert survived, out.output
+
+
+@pytest.mark.parametrize("kind", ["/dev/zero", "a FIFO"])
+def test_a_study_file_that_is_not_a_regular_file_is_refused_without_reading_it(tmp_path: Path, kind: str) -> None:
+    """/dev/zero was read until memory ran out, and a FIFO with no writer blocked `run` for ever."""
+    path = Path("/dev/zero") if kind == "/dev/zero" else tmp_path / "study.toml"
+    if kind == "a FIFO":
+        os.mkfifo(path)
+    out = CliRunner().invoke(main, ["run", str(path), "--n-trials", "1"])
+    lines = [line for line in out.output.splitlines() if line.strip()]
+    survived = out.exit_code == 2 and lines == [f"error: {path}: not a regular file"]
+    LEDGER.append((f"bad input: run {kind}", survived, 0))
+    assert survived, out.output
+
+
+def test_a_study_file_too_large_to_be_one_is_refused(quick: Path) -> None:
+    quick.write_text(QUICK_HEAD + "# " + "x" * (1 << 20) + "\n")
+    out = CliRunner().invoke(main, ["run", str(quick), "--n-trials", "1"])
+    lines = [line for line in out.output.splitlines() if line.strip()]
+    survived = out.exit_code == 2 and len(lines) == 1 and "quick.toml: larger than 1 MiB" in lines[0]
+    LEDGER.append(("bad input: a study file of more than 1 MiB", survived, 0))
+    assert survived, out.output
+
+
+@pytest.fixture()
+def shared(quick: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[str, str, Path]:
+    """A study as `autotune run --storage` leaves it in a shared database, its digest, and an empty worker host."""
+    from autotune.config.study_file import load_study, stored_texts, study_digest
+    from autotune.search.study import open_study
+
+    url = f"sqlite:///{tmp_path / 'shared.db'}"
+    spec = load_study(quick)
+    open_study(spec, url)
+    host = tmp_path / "host"
+    host.mkdir()
+    monkeypatch.chdir(host)
+    return url, study_digest(*stored_texts(spec)), host
+
+
+@pytest.mark.parametrize(("case", "named"), [
+    ("--n-trials 0", "--n-trials: must be at least 1"),
+    ("no digest", "--sha256: give the study's digest"),
+    ("another digest", "--sha256: 0000000000000000: the stored study (sha256 "),
+    ("a short digest", "--sha256: 00ab: expected the study's sha256"),
+    ("another study file", "--study-file"),
+])
+def test_a_worker_refuses_before_writing_anything(shared: tuple[str, str, Path], quick: Path, case: str,
+                                                 named: str) -> None:
+    """A worker writes the stored study's files on its host only once its options hold and the study is the one it
+    was given (by digest or as a file): whoever can write the shared database does not choose what runs here."""
+    url, digest, host = shared
+    other = quick.parent / "other.toml"
+    other.write_text(quick.read_text().replace("seed = 1", "seed = 2"))
+    extra = {"--n-trials 0": ["--sha256", digest, "--n-trials", "0"], "no digest": ["--n-trials", "1"],
+             "another digest": ["--sha256", "0" * 16, "--n-trials", "1"],
+             "a short digest": ["--sha256", "00ab", "--n-trials", "1"],
+             "another study file": ["--study-file", str(other), "--n-trials", "1"]}[case]
+    out = CliRunner().invoke(main, ["worker", "--study", "quick", "--storage", url, *extra])
+    lines = [line for line in out.output.splitlines() if line.strip()]
+    survived = out.exit_code == 2 and len(lines) == 1 and named in lines[0] and not list(host.iterdir())
+    LEDGER.append((f"bad input: worker {case}", survived, 0))
+    assert survived, out.output
+
+
+@pytest.mark.parametrize("given", ["digest", "study file"])
+def test_a_worker_given_the_study_rebuilds_it(shared: tuple[str, str, Path], quick: Path, given: str) -> None:
+    from autotune.cli.search import trusted_digest
+    from autotune.search.storage import spec_from_storage
+
+    url, digest, host = shared
+    trust = trusted_digest(digest[:12], None) if given == "digest" else trusted_digest(None, quick)
+    spec = spec_from_storage("quick", url, host / ".autotune-worker" / "quick", trust)
+    assert spec.name == "quick" and spec.path.read_text() == quick.read_text()
+
+
+def test_a_host_allows_a_refused_variable_or_flag_by_name(quick: Path) -> None:
+    """--allow-env and --allow-flag let the named ones through on this host, and no other."""
+    from autotune.config.study_file import check_host_trust, load_study
+
+    quick.write_text(QUICK_HEAD + "[engine]\ntrust_remote_code = true\n[engine.env]\nPYTHONPATH = '/opt/mine'\n")
+    spec = load_study(quick)
+    check_host_trust(spec, allow_flags=["trust_remote_code"], allow_env=["PYTHONPATH"])
+    with pytest.raises(SpecError, match="engine.env.PYTHONPATH"):
+        check_host_trust(spec, allow_flags=["trust_remote_code"], allow_env=["LD_PRELOAD"])
+    with pytest.raises(SpecError, match="engine.trust_remote_code"):
+        check_host_trust(spec, allow_flags=["middleware"], allow_env=["PYTHONPATH"])
+
+
+def test_status_shows_control_characters_in_stored_names_instead_of_sending_them(tmp_path: Path) -> None:
+    """A baseline name in a shared database (written by any client, not only through a checked study file) reaches
+    the terminal with its escape sequences written out, not obeyed."""
+    import optuna
+
+    from autotune.search.storage import open_storage
+
+    url = f"sqlite:///{tmp_path / 'shared.db'}"
+    study = optuna.create_study(study_name="quick", storage=open_storage(url), direction="maximize")
+    name = "b\x1b]0;owned\x07\x1b[2J"
+    study.add_trial(optuna.trial.create_trial(value=1.0, user_attrs={"baseline": {"name": name, "flags": {}}}))
+    out = CliRunner().invoke(main, ["status", "--study", "quick", "--storage", url])
+    survived = out.exit_code == 0 and "\x1b" not in out.output and "\x07" not in out.output
+    LEDGER.append(("bad input: escape sequences in a stored baseline name", survived, 0))
+    assert survived and "b\\x1b]0;owned\\x07" in out.output, out.output
 
 
 def test_zz_bad_input_count(capsys: pytest.CaptureFixture[str]) -> None:

@@ -13,7 +13,7 @@ from click.testing import CliRunner
 from optuna.trial import TrialState
 
 from autotune.cli import main
-from autotune.config.study_file import load_study
+from autotune.config.study_file import load_study, stored_texts, study_digest
 from autotune.errors import SpecError
 from autotune.search.storage import open_storage, spec_from_storage
 from autotune.search.study import open_study
@@ -102,7 +102,7 @@ def test_a_worker_refuses_a_study_name_from_storage_that_would_write_outside_its
                                  "objective": "not toml [", "objective_ref": "../objectives/o.toml"})
     before = files_under(tmp_path)
     out = CliRunner().invoke(main, ["worker", "--study", "../../evil", "--storage", f"sqlite:///{db}",
-                                    "--n-trials", "1"])
+                                    "--n-trials", "1", "--sha256", "0" * 64])
     line = one_line(out.output)
     assert out.exit_code == 2 and "--study" in line and "../../evil" in line, out.output
     assert files_under(tmp_path) == before
@@ -118,7 +118,9 @@ def test_the_readmes_postgresql_url_opens_a_study_and_status_reads_it(work: Path
     out = CliRunner().invoke(main, ["status", "--study", "tiny-cpu", "--storage", postgres_url])
     assert out.exit_code == 0, out.output
     assert "study tiny-cpu: 2 trial(s)" in out.output and "vllm-defaults" in out.output
-    rebuilt = spec_from_storage("tiny-cpu", postgres_url, work / "worker")  # what `autotune worker` does
+    digests: list[str] = []
+    rebuilt = spec_from_storage("tiny-cpu", postgres_url, work / "worker", digests.append)  # `autotune worker`'s
+    assert digests == [study_digest(*stored_texts(spec))]  # the digest `autotune run` prints for workers
     assert rebuilt.path == work / "worker" / "study" / "tiny-cpu.toml" and rebuilt.space == spec.space
     assert len(open_study(rebuilt, postgres_url).trials) == 2  # the same study: no change seen, nothing queued
     with_password = postgres_url.replace("postgres@", "postgres:pg-s3cret@")  # trust auth: accepted, unused
@@ -137,7 +139,8 @@ def test_the_readmes_postgresql_url_opens_a_study_and_status_reads_it(work: Path
 def test_a_storage_password_is_never_printed(work: Path, url: str, command: str) -> None:
     argv = {"status": ["status", "--study", "tiny-cpu", "--storage", url],
             "run": ["run", "studies/tiny-cpu.toml", "--n-trials", "1", "--storage", url],
-            "worker": ["worker", "--study", "tiny-cpu", "--storage", url, "--n-trials", "1"]}[command]
+            "worker": ["worker", "--study", "tiny-cpu", "--storage", url, "--n-trials", "1", "--sha256", "0" * 64]
+            }[command]
     before = files_under(work)
     out = CliRunner().invoke(main, argv)
     line = one_line(out.output)
