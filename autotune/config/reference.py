@@ -267,11 +267,14 @@ OBJECTIVE_KEYS: dict[str, str] = {
     "workload.prompt": "One of {prompt_kinds}: on /v1/completions, send token ids (exact lengths, no tokenizer), "
                        "or the same ids decoded to text with the model's tokenizer.json (the server then tokenizes, "
                        "as for real clients; the shipped objectives send text). Chat always sends text.",
-    "limits": "The p95 latency limits a load level must meet, in milliseconds; at least one.",
+    "limits": "The limits a load level must meet (p95 latencies in milliseconds, energy per token); at least one.",
     "limits.ttft_p95_ms": "Time to first token, p95, ms (> 0).",
     "limits.tpot_p95_ms": "Time per output token after the first, p95, ms (> 0).",
     "limits.itl_p95_ms": "Inter-token latency, p95, ms (> 0).",
     "limits.e2e_p95_ms": "Whole-request latency, p95, ms (> 0).",
+    "limits.joules_per_token": "GPU energy per output token, joules (> 0): NVML's energy counter (or power) over "
+                               "the level's steady window, over the output tokens in it. CUDA GPUs only: refused on "
+                               "the CPU build, where energy is not measured.",
     "load": "How load levels are searched in each trial.",
     "load.mode": "One of {load_modes}: requests in flight at once (closed loop), or requests per second "
                  "(Poisson arrivals).",

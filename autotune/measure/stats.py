@@ -19,16 +19,19 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from autotune.measure.client import LevelRun, LoadLevel, RequestRecord
+from autotune.measure.energy import PowerSample, joules_per_token
 
 
 @dataclass(frozen=True)
 class Limits:
-    """p95 latency limits in milliseconds; None means no limit on that metric."""
+    """p95 latency limits in milliseconds, and energy per output token in joules (measured with NVML, on a CUDA
+    GPU only); None means no limit on that metric."""
 
     ttft_p95_ms: float | None = None
     tpot_p95_ms: float | None = None
     itl_p95_ms: float | None = None
     e2e_p95_ms: float | None = None
+    joules_per_token: float | None = None
 
 
 @dataclass(frozen=True)
@@ -70,6 +73,9 @@ class LevelStats:
     span_output_tok_s: float = 0.0  # output tokens / whole span, as `vllm bench serve` reports it
     # Requests sent per second over the sending window (offered_rate); req_s is the achieved rate beside it.
     offered_req_s: float = 0.0
+    # The GPUs' energy over the steady window per output token in it (measure/energy.py); None: not measured (the
+    # CPU build has no NVML).
+    joules_per_token: float | None = None
 
     @property
     def error_rate(self) -> float:
@@ -100,6 +106,8 @@ class LevelStats:
             "span_output_tok_s": self.span_output_tok_s,
             "offered_req_s": self.offered_req_s,
         }
+        if self.joules_per_token is not None:
+            d["joules_per_output_token"] = self.joules_per_token
         for name in ("ttft", "tpot", "itl", "e2el"):
             p: Percentiles = getattr(self, name)
             for stat in ("mean", "p50", "p95", "p99"):
@@ -174,8 +182,9 @@ def _tokens_between(r: RequestRecord, t0: float, t1: float) -> float:
     return inside * r.output_tokens / len(times) if inside < len(times) else float(r.output_tokens)
 
 
-def level_stats(run: LevelRun, limits: Limits) -> LevelStats:
-    """Throughput over the steady window, latency percentiles over every completed request, goodput, errors."""
+def level_stats(run: LevelRun, limits: Limits, power: Sequence[PowerSample] = ()) -> LevelStats:
+    """Throughput over the steady window, latency percentiles over every completed request, goodput, errors; with
+    `power` (NVML samples through the level), the energy per output token over the same window."""
     ok = [r for r in run.records if r.error is None]
     failed = [r for r in run.records if r.error is not None]
     duration = run.ended - run.started
@@ -214,6 +223,7 @@ def level_stats(run: LevelRun, limits: Limits) -> LevelStats:
         window_s=window,
         span_output_tok_s=out_tokens / duration if duration > 0 else 0.0,
         offered_req_s=offered_rate([r.start for r in run.records]),
+        joules_per_token=joules_per_token(power, t0, t1, out_win) if power else None,
     )
 
 
@@ -238,6 +248,7 @@ class Verdict:
     failed: int = 0
     total: int = 0
     top_error: str | None = None
+    unmeasured: tuple[str, ...] = ()  # limits missed because their metric was not measured (energy without NVML)
 
     @property
     def reason(self) -> str:
@@ -255,12 +266,19 @@ class Verdict:
                     f" > allowed {self.max_error_rate:.1%})"
                 )
                 parts.append(msg + (f": {self.top_error}" if self.top_error else ""))
+            elif key == "joules_per_token":
+                limit = self.limits.joules_per_token or 0.0
+                parts.append("energy per token not measured (NVML, on a CUDA GPU only)" if key in self.unmeasured
+                             else f"{ratio * limit:.3g} J per output token > limit {limit:g} J")
             else:
                 limit = getattr(self.limits, key)
                 parts.append(
                     f"p95 {_NAMES[key]} {_ms(ratio * limit)} ms > limit {_ms(limit)} ms (+{(ratio - 1) * 100:.0f}%)"
                 )
         return "; ".join(parts)
+
+
+UNMEASURED_MISS = 2.0  # the miss ratio of a limit not measured: a clear miss for the sampler, not an infinite one
 
 
 def judge(stats: LevelStats, limits: Limits, *, max_error_rate: float = 0.0) -> Verdict:
@@ -282,5 +300,12 @@ def judge(stats: LevelStats, limits: Limits, *, max_error_rate: float = 0.0) -> 
         limit = getattr(limits, key)
         if limit is not None and stats.completed and value > limit:
             misses[key] = value / limit
+    unmeasured: tuple[str, ...] = ()
+    if limits.joules_per_token is not None and stats.completed:
+        measured = stats.joules_per_token
+        if measured is None:  # a limit that could not be measured is not met
+            misses["joules_per_token"], unmeasured = UNMEASURED_MISS, ("joules_per_token",)
+        elif measured > limits.joules_per_token:
+            misses["joules_per_token"] = measured / limits.joules_per_token
     top = next(iter(stats.errors), None)
-    return Verdict(not misses, misses, limits, max_error_rate, stats.failed, total, top)
+    return Verdict(not misses, misses, limits, max_error_rate, stats.failed, total, top, unmeasured)

@@ -36,6 +36,7 @@ from autotune.fit import memcap
 from autotune.fit.estimate import Estimate
 from autotune.fit.hardware import GpuProfile, detect_gpus
 from autotune.measure.client import STALLED, LoadLevel, measure_level
+from autotune.measure.energy import PowerSampler
 from autotune.measure.ladder import NO_PRIOR, LoadSearch, Prior, find_sustainable, first_level
 from autotune.measure.memory import MemoryPeak, MemorySampler, MemoryWatch, memory_watch
 from autotune.measure.stats import LevelStats, Limits, Verdict, judge, level_stats
@@ -273,7 +274,8 @@ def run_trial(
         def measure(value: float, exact: bool) -> LevelOutcome:
             k = len(levels)
             stage(f"level {k + 1}: {plan.objective.load.mode} {value:g}")
-            outcome = _measure(server, plan, value, seed_offset=k, cancel=cancel, exact=exact)
+            outcome = _measure(server, plan, value, seed_offset=k, cancel=cancel, exact=exact,
+                               power_gpus=watch.gpu_indices if watch.source == "nvml" else ())
             levels.append((value, outcome))
             refused = any(e.startswith("connection error") for e in outcome.stats.errors)
             if (failure := server.died(grace_s=3.0 if refused else 0.0)) is not None:
@@ -423,7 +425,9 @@ def server_memory_watch(engine: EngineSpec, build: Build, gpu_indices: Sequence[
 
 
 def _measure(server: Server, plan: TrialPlan, value: float, seed_offset: int,
-             cancel: threading.Event | None = None, exact: bool = True) -> LevelOutcome:
+             cancel: threading.Event | None = None, exact: bool = True, power_gpus: Sequence[int] = ()) -> LevelOutcome:
+    """One level; with `power_gpus` (NVML indices: the CUDA build), their power sampled through it for the energy
+    per output token."""
     search, limits = plan.objective.load, plan.objective.limits
     level = LoadLevel(search.mode, value)
     # As many requests as it takes to know each limited p95 well enough (ladder.LoadSearch.stop_rule), within
@@ -436,9 +440,15 @@ def _measure(server: Server, plan: TrialPlan, value: float, seed_offset: int,
     requests = workload.requests(rule.max_requests + w, plan.vocab_size, seed_offset=seed_offset,
                                  tokenize=tokenize, decode=decode)
     cancelled = cancel or threading.Event()  # set: the level ends with the requests in flight (Ctrl-C)
-    run = measure_level(server.base_url, server.model, requests[w:], level, warmup=requests[:w],
-                        seed=workload.arrival_seed(seed_offset), chat=workload.api == "chat",
-                        enough=lambda done, flying, now: CANCELLED if cancelled.is_set() else
-                        rule.reason(done, limits, flying, now))
-    stats = level_stats(run, limits)
+    power = PowerSampler(power_gpus) if power_gpus else None
+    if power is not None:
+        power.start()
+    try:
+        run = measure_level(server.base_url, server.model, requests[w:], level, warmup=requests[:w],
+                            seed=workload.arrival_seed(seed_offset), chat=workload.api == "chat",
+                            enough=lambda done, flying, now: CANCELLED if cancelled.is_set() else
+                            rule.reason(done, limits, flying, now))
+    finally:
+        samples = power.stop() if power is not None else []
+    stats = level_stats(run, limits, samples)
     return LevelOutcome(stats, judge(stats, limits), hung=run.hung)

@@ -122,6 +122,8 @@ def result_attrs(result: TrialResult) -> dict[str, object]:
             "itl_p95_ms": round(s.itl.p95_ms, 2),
             "e2e_p95_ms": round(s.e2el.p95_ms, 1),
         })
+        if s.joules_per_token is not None:
+            attrs["joules_per_output_token"] = round(s.joules_per_token, 4)
     attrs["levels"] = [
         {**o.stats.to_dict(), "passed": o.verdict.passed} for _, o in sorted(result.levels, key=lambda lv: lv[0])
     ]
@@ -163,6 +165,7 @@ class TrialView:
     level_unit: str  # concurrency | req/s
     ttft_p95_ms: float | None
     tpot_p95_ms: float | None
+    joules_per_token: float | None  # GPU energy per output token at that level (NVML); None: not measured
     peak_memory_gib: float | None
     memory_source: str | None  # "nvml" (GPU) or "rss" (host): what peak_memory_gib measured
     # The peak until the server was ready, where recorded (then peak_memory_gib is the peak while it served)
@@ -219,6 +222,7 @@ def view(t: FrozenTrial) -> TrialView:
         throughput=t.value if kind == "feasible" else at.get("output_tok_s"), level=level,
         level_unit="req/s" if any("rate_req_s" in lv for lv in levels) else "concurrency",
         ttft_p95_ms=at.get("ttft_p95_ms"), tpot_p95_ms=at.get("tpot_p95_ms"),
+        joules_per_token=at.get("joules_per_output_token"),
         peak_memory_gib=a.get("peak_memory_gib"), memory_source=a.get("memory_source"),
         boot_peak_memory_gib=a.get("boot_peak_memory_gib"), cap_gib=a.get(CAP_ATTR), reason=a.get("reason", ""),
         completed=t.datetime_complete, command=a.get("vllm_command", ""), levels=levels,

@@ -166,6 +166,9 @@ def check_inputs(spec: StudySpec, slots: tuple[Slot, ...] = (Slot(),)) -> None:
     cpu_build, gpus = detect_build() is Build.CPU, present_gpus(slots)
     if why := card_mismatch(spec.hardware, gpus, cpu_build, spec.memory_cap is not None):
         raise SpecError(str(spec.path), "hardware", why)
+    if cpu_build and spec.objective.limits.joules_per_token is not None:
+        raise SpecError(str(spec.objective.path), "limits.joules_per_token",
+                        "energy is measured with NVML on a CUDA GPU; on the CPU build it is not measured")
     if spec.memory_cap is not None:
         try:
             feasibility.planned_profiles(spec.hardware, spec.memory_cap, cpu_build, gpus)  # the card present

@@ -18,6 +18,7 @@ import plotly.graph_objects as go
 from optuna.trial import FrozenTrial, TrialState
 from plotly.subplots import make_subplots
 
+from autotune.measure.energy import energy_text
 from autotune.measure.memory import memory_source_name, peak_text
 from autotune.search.record import (
     TrialView,
@@ -93,6 +94,8 @@ def _hover(v: TrialView) -> str:
         lines.append(f"{v.throughput:,.0f} output tok/s {at_level(v)}")
     if v.ttft_p95_ms is not None:
         lines.append(f"p95 TTFT {v.ttft_p95_ms:,.0f} ms, p95 TPOT {v.tpot_p95_ms or 0:,.1f} ms")
+    if v.booted and v.throughput is not None:
+        lines.append(energy_text(v.joules_per_token))
     if v.peak_memory_gib is not None:
         lines.append(_memory_text(v))
     if v.kind != "feasible" and v.reason:

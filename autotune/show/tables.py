@@ -13,6 +13,7 @@ from rich.table import Table
 from rich.text import Text
 
 from autotune.fit.estimate import Estimate
+from autotune.measure.energy import energy_text
 from autotune.measure.memory import memory_text, peak_text
 from autotune.measure.trial import Objective, TrialResult
 from autotune.search.budget import Budget
@@ -125,6 +126,7 @@ def print_trial(console: Console, result: TrialResult, objective: Objective, cap
             f"{result.best_level:g} "
             f"(p95 TTFT {best.stats.ttft.p95_ms:.0f} ms, p95 TPOT {best.stats.tpot.p95_ms:.1f} ms)"
         )
+        console.print(energy_text(best.stats.joules_per_token), markup=False)
     else:
         console.print(f"[bold red]{result.status}:[/] {escape(result.reason)}")
         if result.failure is not None and result.failure.excerpt:
