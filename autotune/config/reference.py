@@ -24,6 +24,8 @@ from autotune.config import toml
 from autotune.config.objective import load_objective
 from autotune.config.params import PARAM_TYPES
 from autotune.config.study_file import SAMPLERS, load_study
+from autotune.engine.env import ALLOWED_PREFIXES, REFUSED
+from autotune.engine.flags import HOST_EXPOSING, UNMEASURABLE
 from autotune.fit.hardware import PROFILES
 from autotune.measure.ladder import LoadSearch
 from autotune.measure.stats import Limits
@@ -184,6 +186,10 @@ FACTS = {
     "length_kinds": _choices(LengthDist, "kind"),
     "load_modes": _choices(LoadSearch, "mode"),
     "prompt_kinds": _choices(Workload, "prompt"),
+    "env_families": ", ".join(f"{p}*" for p in ALLOWED_PREFIXES),
+    "env_refused": ", ".join(REFUSED),
+    "host_exposing": ", ".join(HOST_EXPOSING),
+    "unmeasurable": ", ".join(UNMEASURABLE),
     "api_kinds": _choices(Workload, "api"),
 }
 
@@ -208,9 +214,14 @@ STUDY_KEYS: dict[str, str] = {
     "model.revision": "The hub revision (branch, tag or commit) to serve.",
     "model.extra": "A table for whoever resolves the model (the tiny models' sizes), not passed to vLLM.",
     "engine": "Fixed vLLM flags for every trial, by vLLM's dest name (`max_model_len = 8192`, "
-              "`enforce_eager = true`). `model`, `host` and `port` are autotune's; the [model] keys go in [model].",
-    "engine.env": "Environment variables for the server (`VLLM_CPU_KVCACHE_SPACE = \"1\"`); numbers become "
-                  "strings.",
+              "`enforce_eager = true`). `model`, `host` and `port` are autotune's; the [model] keys go in [model]. "
+              "Refused, as the tuner's client could not measure the server: {unmeasurable}. Flags that run code or "
+              "read files of the host, or widen who may call the server ({host_exposing}), need "
+              "`--allow-flag NAME` from whoever runs autotune. The same holds in [space] and [[baselines]].",
+    "engine.env": "Environment variables for the server (`VLLM_CPU_KVCACHE_SPACE = \"1\"`; numbers become "
+                  "strings): those vLLM and its libraries read to tune themselves ({env_families} and a few "
+                  "others). A path the server may load code from, or any other name, needs `--allow-env NAME` "
+                  "from whoever runs autotune; {env_refused} never.",
     "space": "The searched flags: one table [space.NAME] per vLLM flag (dest name), or the pseudo-parameters "
              "`model`, `speculative_method` and `num_speculative_tokens`.",
     "space.NAME.type": "One of {param_types}.",
