@@ -118,7 +118,7 @@ class Measurement:
 class Best:
     """The winning configuration and the one figure every reader gives for it.
 
-    The figure is the median of the measurements that met the limits, unless most of its measurements missed
+    The figure is the (lower) median of the measurements that met the limits, unless most of its measurements missed
     them (then 0: the configuration does not hold its limits). A re-measurement that misses a limit by noise is
     counted and said ("1 of 2 measurements met the limits"), but it does not pull a figure measured within the
     limits towards 0, which no run of the configuration ever delivered."""
@@ -139,7 +139,15 @@ class Best:
 
     @property
     def figure(self) -> float:
-        return statistics.median(self.passing) if self.holds else 0.0
+        return statistics.median_low(self.passing) if self.holds else 0.0
+
+    @property
+    def figure_trial(self) -> int:
+        """The trial whose measurement is the figure: the lower median (of an even count, the lower of the middle
+        two) is one real measurement, so the latencies printed beside the figure are that measurement's own."""
+        if not self.holds:
+            return self.trial.number
+        return next(m.trial for m in self.measurements if m.output_tok_s == self.figure)
 
     def describe(self) -> str:
         """"181 output tok/s (1 of 2 measurements met the limits)": the figure and what it stands on."""
@@ -150,11 +158,12 @@ class Best:
         if not self.holds:
             return f"{head} ({n - len(ok)} of {n} measurements missed the limits)"
         spread = f", {min(ok):,.0f}-{max(ok):,.0f}" if len(ok) > 1 else ""
+        median = "median" if len(ok) % 2 else "lower median"
         if len(ok) == n:
-            return f"{head} (median of {n} measurements{spread})"
+            return f"{head} ({median} of {n} measurements{spread})"
         if len(ok) == 1:
             return f"{head} (1 of {n} measurements met the limits)"
-        return f"{head} (median of the {len(ok)} of {n} measurements that met the limits{spread})"
+        return f"{head} ({median} of the {len(ok)} of {n} measurements that met the limits{spread})"
 
     @property
     def text(self) -> str:

@@ -121,15 +121,15 @@ def test_the_top_configurations_are_re_measured_in_the_reserved_time():
     assert [t.user_attrs.get(REMEASURE_ATTR) for t in trials[8:]] == [0, 1]
     assert [t.params["c"] for t in trials[8:]] == ["a", "b"]
     assert remeasured(trials) == {0: [800.0], 1: [940.0]}
-    # a's first figure was luck: on all their measurements b (945) wins over a (900), though a's single figure
-    # is the highest.
+    # a's first figure was luck: on all their measurements b (940) wins over a (800), though a's single figure
+    # is the highest. Of two measurements the figure is the lower: a measurement of its own, with its latencies.
     assert best(trials).trial.params["c"] == "b"
     assert best_trial(lab.study).trial.number == 1  # what status, export and the run's summary report
-    assert best_trial(lab.study).figure == 945.0
-    assert score(trials[0], trials) == 900.0 and score(trials[2], trials) == 900.0
+    assert best_trial(lab.study).figure == 940.0 and best_trial(lab.study).figure_trial == 9
+    assert score(trials[0], trials) == 800.0 and score(trials[2], trials) == 900.0
     assert lab.study.user_attrs[SUMMARY_ATTR] == {
-        "0": {"output_tok_s": [1000.0, 800.0], "median": 900.0, "min": 800.0, "max": 1000.0},
-        "1": {"output_tok_s": [950.0, 940.0], "median": 945.0, "min": 940.0, "max": 950.0},
+        "0": {"output_tok_s": [1000.0, 800.0], "median": 800.0, "min": 800.0, "max": 1000.0},
+        "1": {"output_tok_s": [950.0, 940.0], "median": 940.0, "min": 940.0, "max": 950.0},
     }
 
 
@@ -274,7 +274,7 @@ def test_a_lone_clear_winner_is_confirmed_once_and_nothing_else_is_re_measured()
         lab.run_one()
     ran = remeasure_top(lab.study, Budget(trials=10, clock=clock), Reserve(top=3), lab.run_one)
     assert ran.done == (0,) and ran.stopped_because == ""  # b's band (up to 735) is far below a's (from 940)
-    assert best_trial(lab.study).text == "trial 0, 995 output tok/s (median of 2 measurements, 990-1,000)"
+    assert best_trial(lab.study).text == "trial 0, 990 output tok/s (lower median of 2 measurements, 990-1,000)"
     assert next_to_remeasure(lab.study.get_trials()) is None
 
 
@@ -305,7 +305,7 @@ def test_a_higher_single_figure_the_run_had_no_time_to_re_measure_is_named_besid
     assert ran.done == (0,)  # a confirmed (500), then no time for b
     winner = best(lab.study.get_trials())
     assert winner.trial.number == 0 and winner.rival is not None and winner.rival.trial.number == 1
-    assert winner.text == ("trial 0, 750 output tok/s (median of 2 measurements, 500-1,000); trial 1 measured "
+    assert winner.text == ("trial 0, 500 output tok/s (lower median of 2 measurements, 500-1,000); trial 1 measured "
                            "higher once, 900 output tok/s, and was not re-measured: it may still win")
     remeasure_top(lab.study, Budget(trials=1, clock=clock), Reserve(top=3), lab.run_one)  # b: 900 again
     # b wins, and nothing measured once is higher
