@@ -22,7 +22,8 @@ def status_command(study: str | None, storage: str | None, limit: int) -> None:
     \b
       autotune status --study tiny-cpu
     """
-    from autotune.search.remeasure import best_trial
+    from autotune.search import paired
+    from autotune.search.remeasure import best_trial, figure_line
     from autotune.show.tables import study_table
 
     s = stored_study(study, storage)
@@ -30,6 +31,10 @@ def status_command(study: str | None, storage: str | None, limit: int) -> None:
     best = best_trial(s)
     console.print(f"best: {best.text}" if best is not None else "no feasible configuration yet", markup=False,
                   soft_wrap=True)
+    if best is not None:
+        console.print(figure_line(best, s.get_trials(deepcopy=False)), markup=False, soft_wrap=True)
+    if (answer := paired.answer(s)) is not None:
+        console.print(f"answer: {answer.sentence}", markup=False, soft_wrap=True)
 
 
 @click.command("export")
@@ -39,8 +44,11 @@ def status_command(study: str | None, storage: str | None, limit: int) -> None:
 @click.option("--max-vram", type=float, default=None,
               help="Only trials whose peak GPU memory (NVML) was at most this (GiB).")
 @click.option("--max-p95-ttft-ms", type=float, default=None, help="Only trials whose p95 TTFT was at most this.")
+@click.option("--unproven", is_flag=True,
+              help="Export the winner even when the final paired comparison did not show it better than the best "
+                   "baseline (by default that baseline is exported, and stderr says why).")
 def export_command(study: str | None, storage: str | None, fmt: str, max_vram: float | None,
-                   max_p95_ttft_ms: float | None) -> None:
+                   max_p95_ttft_ms: float | None, unproven: bool) -> None:
     """Print the best feasible configuration as `vllm serve` flags, a `--config` YAML file, or JSON, with the
     environment its server booted with (NAME=value before the command; a comment atop the YAML, which vLLM's
     --config has no place for; an "env" key in JSON).
@@ -51,10 +59,9 @@ def export_command(study: str | None, storage: str | None, fmt: str, max_vram: f
     """
     from autotune.show.export import export_winner
 
-    text, notes = export_winner(stored_study(study, storage), fmt, max_vram, max_p95_ttft_ms)
-    if fmt == "flags":
-        for note in notes:
-            click.echo(f"# {note}", err=True)  # stdout stays a command to paste or capture
+    text, notes = export_winner(stored_study(study, storage), fmt, max_vram, max_p95_ttft_ms, unproven)
+    for note in notes if fmt == "flags" else [n for n in notes if n.startswith("exported the ")]:
+        click.echo(f"# {note}", err=True)  # stdout stays a command to paste or capture; why a baseline, always
     click.echo(text, nl=False)
 
 

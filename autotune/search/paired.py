@@ -142,7 +142,7 @@ def sentence(winner: int, baseline: str, interval: Interval | None, pairs: Seque
     100 ms", or why no configuration was shown better and what to keep."""
     within = limits_text(limits)
     if not baseline:
-        return f"trial {winner}: no baseline met the limits ({within}), so there is nothing to beat: use it"
+        return f"trial {winner}: no baseline met the limits, so there is nothing to beat: use it"
     if proven and interval is not None:
         return (f"trial {winner}: {_pct(interval.mid)} output tok/s over the {baseline} ({CONFIDENCE:.0%} interval "
                 f"{_pct(interval.low)} to {_pct(interval.high)}) within {within}")
@@ -288,4 +288,24 @@ def measure_pairs(study: optuna.Study, budget: Budget, run_one: Callable[[], obj
     ended = current(study.get_trials(deepcopy=False), limits)
     if ended is not None:
         study.set_user_attr(COMPARISON_ATTR, ended.to_attr())
+    save_answer_note(study)
     return PairsRun(ended, tuple(done), booted, why)
+
+
+def answer_note(study: optuna.Study) -> str:
+    """The study's note on the dashboard (Markdown): the winner, its figure's measurement and the answer, in the
+    words of every other output."""
+    trials = study.get_trials(deepcopy=False)
+    winner = remeasure.best(trials)
+    if winner is None:
+        return "No feasible configuration yet."
+    lines = [f"**best: {winner.text}**", remeasure.figure_line(winner, trials)]
+    if (said := answer(study)) is not None:
+        lines.append(f"**answer: {said.sentence}**")
+    return "\n\n".join(lines) + "\n"
+
+
+def save_answer_note(study: optuna.Study) -> None:
+    from optuna_dashboard import save_note
+
+    save_note(study, answer_note(study))

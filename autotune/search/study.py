@@ -97,12 +97,15 @@ class RunSummary:
     best: remeasure.Best | None
     export_command: str = ""  # what gives the winner's flags, for a person to run next
     comparison: paired.Comparison | None = None  # the winner against the best baseline (paired.answer)
+    figure: str = ""  # the measurement the winner's figure is (remeasure.figure_line)
 
     def lines(self) -> list[str]:
         """The summary a person reads at the end of the run (without the best configuration's command)."""
         out = [f"this run: {self.booted} booted, {self.refused} refused before boot, {self.remeasured} re-measured; "
                f"stopped: {self.stopped_because or 'done'}"]
         out.append(f"best: {self.best.text}" if self.best is not None else "no feasible configuration yet")
+        if self.figure:
+            out.append(self.figure)
         if self.comparison is not None:
             out.append(f"answer: {self.comparison.sentence}")
         if self.best is not None and self.export_command:
@@ -341,8 +344,10 @@ def run_study(
     with _ctrl_c_stops(run.halt) as interrupted:
         again = remeasure.search_and_remeasure(search, remeasure_in, reserved, run.stop)
     why = "interrupted" if interrupted.is_set() else again.stopped_because
+    best = best_trial(study)
+    figure = remeasure.figure_line(best, study.get_trials(deepcopy=False)) if best is not None else ""
     return RunSummary(counts["booted"], counts["refused"] + len(again.done) - again.booted, again.booted, why,
-                      best_trial(study), export_command(spec, storage_url), paired.answer(study))
+                      best, export_command(spec, storage_url), paired.answer(study), figure)
 
 
 @contextlib.contextmanager

@@ -16,6 +16,7 @@ from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 import optuna
 
 from autotune.errors import AutotuneError
+from autotune.search.paired import save_answer_note
 from autotune.search.record import add_missing_notes
 from autotune.search.storage import find_artifact_store
 
@@ -64,6 +65,7 @@ def serve(study: optuna.Study, storage_url: str, port: int, announce: Callable[[
     try:
         try:
             add_missing_notes(study)
+            save_answer_note(study)  # the study's own page: the winner and the answer, as every output says them
         except (optuna.exceptions.StorageInternalError, OperationalError) as e:  # SQLite busy under a live run
             announce(f"(trial notes not written now: {str(e).splitlines()[0]})")
         announce(board.url)

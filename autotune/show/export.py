@@ -9,7 +9,7 @@ measured too, so every format carries it: `VAR=value vllm serve ...`, a comment 
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 import optuna
 import yaml
@@ -24,6 +24,7 @@ from autotune.engine.flags import (
 )
 from autotune.errors import AutotuneError, SpecError
 from autotune.measure.memory import over_cap, over_cap_text
+from autotune.search import paired, remeasure
 from autotune.search.record import view
 from autotune.search.remeasure import best_trial
 
@@ -54,10 +55,12 @@ def to_json(model: str, flags: Mapping[str, object], metrics: Mapping[str, objec
 
 
 def export_winner(study: optuna.Study, fmt: str, max_vram: float | None = None,
-                  max_p95_ttft_ms: float | None = None) -> tuple[str, list[str]]:
-    """(what `autotune export` prints, its comment lines: the `best:` line, then a caution when a capped study's
-    winner served above the capped card's CUDA memory). The winner and its figure are remeasure.best's, as in
-    every other output; the filters keep trials whose GPU peak (NVML) and p95 TTFT are within them."""
+                  max_p95_ttft_ms: float | None = None, unproven: bool = False) -> tuple[str, list[str]]:
+    """(what `autotune export` prints, its comment lines: the `best:` line, the `answer:` line (paired.answer),
+    why a baseline is exported instead of the winner when it is, then a caution when a capped study's winner
+    served above the capped card's CUDA memory). The winner and its figure are remeasure.best's, as in every other
+    output; the filters keep trials whose GPU peak (NVML) and p95 TTFT are within them. Only a winner shown better
+    than the best baseline (paired.Comparison.proven) is exported; otherwise that baseline, unless `unproven`."""
     if max_vram is not None and not any(v.memory_source == "nvml" for v in map(view, study.trials)):
         raise SpecError("--max-vram", None, "this study's peaks are host memory (RSS of the server's processes, the "
                         "CPU build), not GPU memory: nothing to filter on")
@@ -68,29 +71,59 @@ def export_winner(study: optuna.Study, fmt: str, max_vram: float | None = None,
         ttft = v.ttft_p95_ms if v.figures_recorded and v.ttft_p95_ms is not None else float("inf")
         return (max_vram is None or vram <= max_vram) and (max_p95_ttft_ms is None or ttft <= max_p95_ttft_ms)
 
-    best = best_trial(study, keep)
-    if best is None:
+    winner = best_trial(study, keep)
+    if winner is None:
         raise AutotuneError(f"study {study.study_name}: no feasible trial" + (" within the filters" if
                             max_vram is not None or max_p95_ttft_ms is not None else ""))
-    winner = view(best.trial)
-    model, flags, env = winner.model, winner.flags, winner.env
+    answer = paired.answer(study)
+    chosen, why = exported(study, winner, answer, keep, unproven)
+    shown = view(chosen.trial)
+    model, flags, env = shown.model, shown.flags, shown.env
     assert model is not None and flags is not None, "a measured trial records its model and flags (config_attrs)"
-    line = f"best: {best.text}"
-    notes = [line]
-    cap = winner.cap_gib
-    if cap is not None and over_cap(winner.peak_memory_gib, cap):  # the card the flags are for may not hold them
-        notes.append(f"caution: it served at {winner.peak_memory_gib:.2f} GiB, {over_cap_text(cap)}; "
+    line = f"best: {winner.text}"
+    notes = [line] + ([f"answer: {answer.sentence}"] if answer is not None else []) + ([why] if why else [])
+    cap = shown.cap_gib
+    if cap is not None and over_cap(shown.peak_memory_gib, cap):  # the card the flags are for may not hold them
+        notes.append(f"caution: it served at {shown.peak_memory_gib:.2f} GiB, {over_cap_text(cap)}; "
                      f"`--max-vram {cap:.2f}` exports the best that stayed under it")
     if fmt == "flags":
         return serve_command(model, flags, env) + "\n", notes
     if fmt == "yaml":
         return "".join(f"# {n}\n" for n in notes) + to_yaml(flags, model=model, env=env), notes
-    # The first measurement's figures (latencies, memory, ...), with the throughput every reader gives.
-    metrics: dict[str, object] = dict(winner.figures)
-    metrics["output_tok_s"] = round(best.figure, 1)
+    metrics = figure_metrics(study, chosen)
     metrics["best"] = line
-    if len(notes) > 1:
-        metrics["caution"] = notes[1]
+    if answer is not None:
+        metrics["answer"] = answer.sentence
+        metrics["proven"] = answer.proven
+    if why:
+        metrics["exported_instead"] = why
+    if cap is not None and over_cap(shown.peak_memory_gib, cap):
+        metrics["caution"] = notes[-1]
+    return to_json(model, flags, {"trial": shown.number, **metrics}, env) + "\n", notes
+
+
+def exported(study: optuna.Study, winner: remeasure.Best, answer: paired.Comparison | None,
+             keep: Callable[[optuna.trial.FrozenTrial], bool], unproven: bool) -> tuple[remeasure.Best, str]:
+    """What to export and, when it is not the winner, why: the winner when the paired comparison showed it
+    better than the best baseline (or there was no baseline to beat), else that baseline. `unproven`: the winner."""
+    proven = answer is not None and answer.proven and answer.winner == winner.trial.number
+    if proven or unproven or answer is None or answer.baseline_trial is None:
+        return winner, ""
+    base = remeasure.best(study.get_trials(deepcopy=False), lambda t: t.number == answer.baseline_trial and keep(t))
+    if base is None or base.trial.number == winner.trial.number:
+        return winner, ""
+    return base, (f"exported the {answer.baseline} (trial {base.trial.number}), not trial {winner.trial.number}: "
+                  f"it was not shown better than the {answer.baseline}; `--unproven` exports trial "
+                  f"{winner.trial.number}")
+
+
+def figure_metrics(study: optuna.Study, b: remeasure.Best) -> dict[str, object]:
+    """The configuration's figures as every output gives them: the throughput is its figure (remeasure.Best),
+    and every other figure (latencies, memory, ...) is that one measurement's (Best.figure_trial)."""
+    at = view(study.trials[b.figure_trial])
+    metrics: dict[str, object] = dict(at.figures)
+    metrics["output_tok_s"] = round(b.figure, 1)
+    metrics["figure_trial"] = b.figure_trial
     metrics["measurements"] = [{"trial": m.trial, "output_tok_s": m.output_tok_s,
-                                "met_limits": m.output_tok_s is not None} for m in best.measurements]
-    return to_json(model, flags, {"trial": winner.number, **metrics}, env) + "\n", notes
+                                "met_limits": m.output_tok_s is not None} for m in b.measurements]
+    return metrics

@@ -15,8 +15,9 @@ import plotly.graph_objects as go
 
 from autotune.errors import AutotuneError
 from autotune.measure.memory import memory_text
-from autotune.search.record import at_level, remeasure_views, view, views
-from autotune.search.remeasure import best_trial
+from autotune.search import paired
+from autotune.search.record import remeasure_views, view, views
+from autotune.search.remeasure import Best, best_trial, figure_line
 from autotune.show.report import figures, gains
 
 
@@ -60,11 +61,10 @@ def summary_html(study: optuna.Study) -> str:
     if best is None:
         parts.append("<p class='bad'>No feasible configuration yet.</p>")
     else:
-        b = view(best.trial)
+        answer = paired.answer(study)
         parts.append(f"<p class='best'><b>best: {html.escape(best.text)}</b></p>"
-                     f"<p>Its first measurement: {_num(b.throughput, ',.0f', ' output tok/s')} {at_level(b)} "
-                     f"(p95 TTFT {_num(b.ttft_p95_ms, ',.0f', ' ms')}, p95 TPOT {_num(b.tpot_p95_ms, ',.1f', ' ms')}, "
-                     f"peak {memory_text(b.peak_memory_gib, b.memory_source)})</p><pre>{html.escape(b.command)}</pre>")
+                     + (f"<p class='answer'><b>answer: {html.escape(answer.sentence)}</b></p>" if answer else "")
+                     + _figure_html(study, best))
     items = [f"<li>{html.escape(g.baseline)} (trial {g.number}): "
              + ("the best trial itself" if best is not None and g.number == best.trial.number
                 else f"{g.throughput:,.0f} tok/s; best is <b>{g.gain_pct:+.0f}%</b>" if g.gain_pct is not None
@@ -73,6 +73,12 @@ def summary_html(study: optuna.Study) -> str:
     if items:
         parts.append(f"<p>Against the baselines:</p><ul>{''.join(items)}</ul>")
     return "".join(parts)
+
+
+def _figure_html(study: optuna.Study, best: Best) -> str:
+    """The measurement the winner's figure is (remeasure.figure_line), and the command it boots."""
+    return (f"<p>{html.escape(figure_line(best, study.get_trials(deepcopy=False)))}</p>"
+            f"<pre>{html.escape(view(best.trial).command)}</pre>")
 
 
 _CSS = """body{font-family:system-ui,sans-serif;margin:2em auto;max-width:1200px;color:#222}

@@ -4,6 +4,7 @@ study/outcome code, with hand-made results (no engine)."""
 
 from __future__ import annotations
 
+import html
 import json
 from pathlib import Path
 
@@ -11,14 +12,17 @@ import optuna
 import pytest
 from click.testing import CliRunner
 from conftest import _study_copy, recorded_level
+from optuna_dashboard import get_note
 
 from autotune.cli import main
 from autotune.config.study_file import load_study
 from autotune.engine.logs import BootInfo
 from autotune.measure.memory import MemoryPeak
 from autotune.measure.trial import TrialResult
+from autotune.search import paired, tell
 from autotune.search import record as search_record
-from autotune.search import tell
+from autotune.search.budget import Budget
+from autotune.search.paired import save_answer_note
 from autotune.search.record import BASELINE_ATTR, REMEASURE_ATTR, trial_baseline
 from autotune.search.space import engine_config, suggest
 from autotune.search.study import open_study
@@ -115,3 +119,100 @@ def test_the_report_draws_a_re_measurement_as_a_point_of_its_configuration(remea
         assert not any("<b>trial 3</b>" in h for h in by_name[name].hovertext or ())
     assert [v.number for v in search_record.views(study)] == [0, 1, 2]
     assert [g.baseline for g in report.gains(study)] == ["vllm-defaults", "recipe"]
+
+
+def _ok_at(tok_s: float, ttft: float) -> TrialResult:
+    """A measurement whose latencies differ with each boot (p95 TTFT `ttft` ms at its best level)."""
+    lv = (recorded_level(1, tok_s / 3, ttft / 3), recorded_level(4, tok_s, ttft))
+    return TrialResult("ok", tok_s, 4, lv, BootInfo(40.0, 524_288), memory=MemoryPeak(3 << 30, "rss", 0, 50),
+                       duration_s=90.0)
+
+
+def compared_study(tmp_path: Path, winner: list[tuple[float, float]], recipe: list[tuple[float, float]]):
+    """Trial 0 (vllm-defaults): 100 tok/s; 1 (recipe): recipe[0]; 2 (sampled): winner[0]; then the final paired
+    comparison of trial 2 against the recipe (paired.measure_pairs, through the run loop's own recording), each
+    boot measuring the next (tok/s, p95 TTFT ms) of its list."""
+    spec = load_study(_study_copy(tmp_path))
+    url = f"sqlite:///{tmp_path / 'tiny-cpu.db'}"
+    study = open_study(spec, url)
+    record(study, spec, _ok_at(100, 200))
+    record(study, spec, _ok_at(*recipe[0]))
+    record(study, spec, _ok_at(*winner[0]))
+    figures = {1: list(recipe[1:]), 2: list(winner[1:])}
+
+    def run_one() -> TrialResult:
+        of = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.WAITING,))[0].user_attrs[REMEASURE_ATTR]
+        result = _ok_at(*figures[of].pop(0))
+        record(study, spec, result)
+        return result
+
+    paired.measure_pairs(study, Budget(seconds=100_000), run_one)
+    return spec, url, study
+
+
+def outputs(spec, url: str, study: optuna.Study, tmp_path: Path) -> dict[str, str]:
+    """What a person reads of one study: the run's summary, `status`, `export` (flags and its stderr, yaml, json),
+    the report's page and the dashboard's note on the study."""
+    runner = CliRunner()
+    ref = ["--study", "tiny-cpu", "--storage", url]
+    out = {fmt: runner.invoke(main, ["export", *ref, "--format", fmt]) for fmt in ("flags", "yaml", "json")}
+    texts = {f"export {fmt}": r.stdout + r.stderr for fmt, r in out.items()}
+    texts["status"] = runner.invoke(main, ["status", *ref]).output
+    texts["report"] = html.unescape(report_page.write_report(study, tmp_path / "report", png=False).html.read_text())
+    save_answer_note(study)
+    texts["dashboard note"] = get_note(study)
+    run = runner.invoke(main, ["run", str(spec.path), "--budget", "80s", "--storage", url])  # no trial fits
+    assert run.exit_code == 0, run.output
+    texts["run summary"] = run.output.split("this run:")[1]
+    return texts
+
+
+def test_every_output_of_one_study_gives_the_same_winner_figure_latencies_and_answer(tmp_path: Path):
+    # the winner measures 200 (TTFT 300), then in pairs 190 (310) and 196 (330): its figure is the median, 196, with
+    # that measurement's TTFT (330 ms), not the first one's; the recipe 150, 149, 151
+    spec, url, study = compared_study(tmp_path, winner=[(200, 300), (190, 310), (196, 330)],
+                                      recipe=[(150, 250), (149, 260), (151, 240)])
+    answer = paired.answer(study)
+    assert answer is not None and answer.proven and answer.winner == 2
+    assert answer.sentence.startswith("trial 2: +29% output tok/s over the recipe (90% interval ")
+    assert answer.sentence.endswith("within p95 TTFT 500 ms and TPOT 50 ms")
+    best = "best: trial 2, 196 output tok/s (median of 3 measurements, 190-200)"
+    figure = ("its figure is trial 6's measurement: 196 output tok/s at concurrency 4 (p95 TTFT 330 ms, "
+              "p95 TPOT 20.0 ms)")
+    texts = outputs(spec, url, study, tmp_path)
+    for where, text in texts.items():
+        flat = " ".join(text.split())
+        assert best in flat, f"{where}: {text}"
+        assert answer.sentence in flat, f"{where}: {text}"
+        if not where.startswith("export"):
+            assert figure in flat, f"{where}: {text}"
+    doc = json.loads(CliRunner().invoke(main, ["export", "--study", "tiny-cpu", "--storage", url,
+                                               "--format", "json"]).stdout)
+    m = doc["metrics"]
+    assert (m["trial"], m["output_tok_s"], m["figure_trial"], m["ttft_p95_ms"]) == (2, 196.0, 6, 330.0)
+    assert m["proven"] is True and m["answer"] == answer.sentence
+    assert "exported the recipe" not in texts["export flags"]
+
+
+def test_export_gives_the_baseline_when_the_winner_was_not_shown_better(tmp_path: Path):
+    # 160, then in pairs 158 and 148 in turn against the recipe's 149 and 152: +6% and -3% in turn, +2% on
+    # average, and eight pairs never resolve it: inside the noise
+    spec, url, study = compared_study(tmp_path, winner=[(160, 300), *[(158, 300), (148, 300)] * 4],
+                                      recipe=[(150, 250), *[(149, 250), (152, 250)] * 4])
+    answer = paired.answer(study)
+    assert answer is not None and not answer.proven and len(answer.pairs) == paired.MAX_PAIRS
+    assert answer.sentence.startswith("no configuration beat the recipe beyond the noise of this machine (+2%")
+    runner = CliRunner()
+    ref = ["--study", "tiny-cpu", "--storage", url]
+    flags = runner.invoke(main, ["export", *ref, "--format", "flags"])
+    recipe_command = search_record.view(study.trials[1]).command
+    assert flags.exit_code == 0 and flags.stdout.strip() == recipe_command
+    assert ("# exported the recipe (trial 1), not trial 2: it was not shown better than the recipe; `--unproven` "
+            "exports trial 2") in flags.stderr
+    yaml_out = runner.invoke(main, ["export", *ref, "--format", "yaml"])
+    assert "exported the recipe (trial 1)" in yaml_out.stderr and "max-num-seqs: 16" in yaml_out.stdout
+    as_json = json.loads(runner.invoke(main, ["export", *ref, "--format", "json"]).stdout)
+    assert as_json["metrics"]["trial"] == 1 and as_json["metrics"]["proven"] is False
+    unproven = runner.invoke(main, ["export", *ref, "--format", "flags", "--unproven"])
+    assert unproven.stdout.strip() == search_record.view(study.trials[2]).command
+    assert "exported the recipe" not in unproven.stderr
