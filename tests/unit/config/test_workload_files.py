@@ -87,3 +87,19 @@ def test_the_shipped_objectives_send_text_and_the_chat_one_chat_requests() -> No
     objectives = {p.stem: load_objective(p) for p in (ROOT / "objectives").glob("*.toml")}
     assert objectives and all(o.workload.sends_text for o in objectives.values())
     assert objectives["chat-p95"].workload.api == "chat"
+
+
+def test_the_shipped_workload_files_load_and_fit_the_tiny_model() -> None:
+    from autotune.config.study_file import check_prompt_tokenizer
+    from autotune.measure.datasets import read_dataset, read_request_log
+
+    data = ROOT / "tests" / "data" / "workloads"
+    chat = load_objective(data / "chat-dataset-objective.toml")
+    assert chat.workload.api == "chat" and chat.workload.dataset == data / "chat-prompts.jsonl"
+    check_prompt_tokenizer(chat, ["tiny:dense"])
+    assert len(read_dataset(data / "chat-prompts.jsonl")) == 32
+    assert len(read_dataset(data / "sharegpt-sample.json")) == 8  # the entry without an answer is skipped
+    replay = load_objective(data / "replay-objective.toml")
+    log = read_request_log(data / "request-log.jsonl")
+    assert replay.load.mode == "rate" and len(log) == 60 and {r.prefix for r in log} == {None, "support-bot",
+                                                                                          "code-helper"}
