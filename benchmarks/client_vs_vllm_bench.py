@@ -1,8 +1,8 @@
 """autotune's load client against vLLM's own (`vllm bench serve`) on one real vLLM CPU server.
 
-Both clients drive the same server with the same shape of work, in pairs (autotune, then vllm bench, each pair on
-its own seed), so that a machine busy with other work slows both members of a pair alike: the table gives each
-client's median over the pairs and the median and spread (min-max) of the per-pair ratios. Workloads:
+Both clients drive the same server with the same shape of work, in pairs (each pair on its own seed, the order
+alternating from pair to pair), so that a machine busy with other work slows both members of a pair alike: the table
+gives each client's median over the pairs and the median and spread (min-max) of the per-pair ratios. Workloads:
 
 - `short`: 256-token prompts, 128 out, 16 in flight (throughput and client CPU per request);
 - `long`: 1,536-token prompts, 64 out, 8 in flight (TTFT is mostly prefill and the queue behind it);
@@ -27,8 +27,9 @@ import os
 import statistics
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 from autotune.measure.client import LoadLevel, measure_level
@@ -82,7 +83,10 @@ def vllm_server(model: Path, log: Path) -> Iterator[str]:
         str(model),
         # No per-request access log: the engine's log reader is a thread of this process, and its CPU would be
         # counted as client CPU. float32: bfloat16 is many times slower on a CPU without AVX512-BF16.
-        flags={"load_format": "dummy", "enforce_eager": True, "disable_uvicorn_access_log": True, "dtype": "float32"},
+        # No prefix caching: a client must not find the prompts of the run before it cached (each run draws its own,
+        # but an --ids run re-sends the text run's prompts as ids).
+        flags={"load_format": "dummy", "enforce_eager": True, "disable_uvicorn_access_log": True, "dtype": "float32",
+               "enable_prefix_caching": False},
         env={"VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1")},
         served_model_name=SERVED_NAME,
         boot_timeout_s=900,
@@ -197,16 +201,24 @@ def describe(shape: Shape) -> str:
 
 
 def compare(url: str, model: Path, vocab: int, shape: Shape, pairs: int, ids: bool) -> str:
-    ours, theirs, as_ids = [], [], []
+    """`pairs` pairs, in alternating order (autotune first, then vllm bench first), so a machine growing busier or
+    quieter through the run favours neither client."""
+    ours: list[dict[str, float]] = []
+    theirs: list[dict[str, float]] = []
+    as_ids: list[dict[str, float]] = []
+
+    def one(name: str, run: Callable[[], dict[str, float]], into: list[dict[str, float]]) -> None:
+        into.append(run())
+        print(f"  {name} {len(into)}: " + ", ".join(f"{k}={v:.4g}" for k, v in into[-1].items()), flush=True)
+
     for i in range(pairs):
-        ours.append(run_ours(url, model, vocab, shape, seed=i))
-        print(f"  autotune (text) {i + 1}: " + ", ".join(f"{k}={v:.4g}" for k, v in ours[-1].items()), flush=True)
-        theirs.append(run_vllm(url, model, shape, seed=i))
-        print(f"  vllm bench {i + 1}: " + ", ".join(f"{k}={v:.4g}" for k, v in theirs[-1].items()), flush=True)
-        if ids:
-            as_ids.append(run_ours(url, model, vocab, shape, seed=i, prompt="token_ids"))
-            print(f"  autotune (ids) {i + 1}: " + ", ".join(f"{k}={v:.4g}" for k, v in as_ids[-1].items()),
-                  flush=True)
+        order = [("autotune (text)", partial(run_ours, url, model, vocab, shape, seed=i), ours),
+                 ("vllm bench", partial(run_vllm, url, model, shape, seed=i), theirs)]
+        for name, run, into in order if i % 2 == 0 else order[::-1]:
+            one(name, run, into)
+        if ids:  # fresh prompts: the server must not have seen them
+            fresh = partial(run_ours, url, model, vocab, shape, seed=1000 + i, prompt="token_ids")
+            one("autotune (ids)", fresh, as_ids)
     out = f"\n{describe(shape)}\n{table(ours, theirs, 'autotune text')}"
     if ids:
         out += "\n" + table(as_ids, theirs, "autotune ids")
