@@ -21,10 +21,13 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import io
 import json
 import os
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator
@@ -117,8 +120,10 @@ def run_ours(url: str, model: Path, vocab: int, shape: Shape, seed: int, prompt:
     }
 
 
-def run_vllm(url: str, model: Path, shape: Shape, seed: int) -> dict[str, float]:
-    """`vllm bench serve` in this process (the CPU build has no `vllm` script)."""
+def run_vllm(url: str, model: Path, shape: Shape, seed: int,
+             on_start: Callable[[], None] | None = None) -> dict[str, float]:
+    """`vllm bench serve` in this process (the CPU build has no `vllm` script); `on_start` is called as its request
+    phase begins (after its tokenizer loaded and its prompts were drawn)."""
     from vllm.benchmarks import serve
     from vllm.utils.argparse_utils import FlexibleArgumentParser
 
@@ -139,6 +144,8 @@ def run_vllm(url: str, model: Path, shape: Shape, seed: int) -> dict[str, float]
     phase: list[float] = []
 
     async def timed(*a, **kw):
+        if on_start is not None:
+            on_start()
         t = time.process_time()
         try:
             return await original(*a, **kw)
@@ -225,12 +232,49 @@ def compare(url: str, model: Path, vocab: int, shape: Shape, pairs: int, ids: bo
     return out
 
 
+def say_go() -> None:
+    os.write(1, b"go\n")  # the file descriptor: run_vllm captures sys.stdout
+
+
+def vllm_child(spec: str) -> None:
+    """`vllm bench serve` for together(): says "go" on stdout as its request phase begins, then its figures (JSON)."""
+    d = json.loads(spec)
+    result = run_vllm(d["url"], Path(d["model"]), Shape(**d["shape"]), d["seed"], say_go)
+    print(json.dumps(result), flush=True)
+
+
+def together(url: str, model: Path, vocab: int, shape: Shape, pairs: int) -> str:
+    """Both clients at once, each with half the requests in flight, so that both see the same server at the same
+    moment however busy the machine is: what differs is then only how each client sends and times."""
+    half = dataclasses.replace(shape, concurrency=max(1, shape.concurrency // 2))
+    ours: list[dict[str, float]] = []
+    theirs: list[dict[str, float]] = []
+    for i in range(pairs):
+        spec = json.dumps({"url": url, "model": str(model), "shape": dataclasses.asdict(half), "seed": i})
+        child = subprocess.Popen([sys.executable, "-m", "benchmarks.client_vs_vllm_bench", "--vllm-child", spec],
+                                 stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, cwd=REPO)
+        assert child.stdout is not None
+        while (line := child.stdout.readline()) and line.strip() != "go":
+            pass
+        ours.append(run_ours(url, model, vocab, half, seed=1000 + i))
+        out, _ = child.communicate()
+        theirs.append(json.loads(out.strip().splitlines()[-1]))
+        print(f"  together {i + 1}: autotune p95 TTFT {ours[-1]['ttft_p95_ms']:.0f} ms, vllm bench "
+              f"{theirs[-1]['ttft_p95_ms']:.0f} ms", flush=True)
+    return f"\n{describe(half)}, both clients at once\n{table(ours, theirs, 'autotune text')}"
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     ap.add_argument("--workloads", nargs="+", choices=sorted(SHAPES), default=["long", "variable"])
     ap.add_argument("--pairs", type=int, default=5)
     ap.add_argument("--ids", action="store_true", help="also run autotune with token-id prompts")
+    ap.add_argument("--together", action="store_true", help="also run both clients at once, half the load each")
+    ap.add_argument("--vllm-child", help=argparse.SUPPRESS)
     opts = ap.parse_args()
+    if opts.vllm_child:
+        vllm_child(opts.vllm_child)
+        return
     work = Path(tempfile.mkdtemp(prefix="client-bench-"))
     model, vocab = tiny_model(work / "tiny-dense")
     tables = []
@@ -242,6 +286,8 @@ def main() -> None:
         for name in opts.workloads:
             print(f"{name}:", flush=True)
             tables.append(compare(url, model, vocab, SHAPES[name], opts.pairs, opts.ids))
+            if opts.together:
+                tables.append(together(url, model, vocab, SHAPES[name], opts.pairs))
     print("\n".join(tables))
 
 
