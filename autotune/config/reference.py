@@ -228,7 +228,7 @@ STUDY_KEYS: dict[str, str] = {
     "space.NAME.low": "int and float: the lowest value searched (inclusive).",
     "space.NAME.high": "int and float: the highest value searched (inclusive).",
     "space.NAME.log": "int and float: draw on a log scale (needs low > 0; no step).",
-    "space.NAME.step": "int and float: the grid spacing (> 0). None: any int, any float.",
+    "space.NAME.step": "int and float: the grid spacing (> 0, at most high - low). None: any int, any float.",
     "space.NAME.choices": "categorical: a non-empty list of strings, numbers or booleans, each once.",
     "space.NAME.when": "Search this flag only where other parameters have these values: "
                        "`when = { enable_chunked_prefill = true }` or a list of allowed values.",
@@ -240,7 +240,7 @@ STUDY_KEYS: dict[str, str] = {
                          "of [engine]. Checked against the rules vLLM enforces at startup.",
     "sampler": "How configurations are proposed.",
     "sampler.name": "One of {samplers} (Optuna's TPE, Gaussian-process and random samplers).",
-    "sampler.seed": "An integer seed, so a study proposes the same configurations again.",
+    "sampler.seed": "An integer seed in [0, 2**32), so a study proposes the same configurations again.",
     "budget": "How long the search runs.",
     "budget.boot_timeout": "A duration (\"45s\", \"3m\", \"1h30m\"): a server not ready by then fails its trial.",
     "budget.time": "A duration: the default for `autotune run --budget`.",
