@@ -110,21 +110,28 @@ def check_study_name(name: str, source: str, key: str | None) -> str:
 
 def check_prompt_tokenizer(objective: Objective, models: typing.Iterable[str]) -> None:
     """A workload that sends text (or reads a dataset) needs each model's tokenizer.json: say so before anything
-    boots if one has none (the tiny models always have one; a hub id must be in the local hub cache). Then a
+    boots if one has none (the tiny models always have one; a hub id's is fetched if the cache lacks it). Then a
     dataset's prompts are tokenized as the server will and checked against each model (check_dataset_lengths)."""
     workload = objective.workload
     if not workload.sends_text and workload.dataset is None:
         return
-    from autotune.engine.models import resolve_model
+    from autotune.engine.models import hub_file, resolve_model
+    from autotune.errors import ModelUnavailable
     from autotune.measure.workload import tokenizer_file
 
     key = "workload.dataset" if workload.dataset is not None and not workload.sends_text else "workload.prompt"
     for model in models:
         served = resolve_model(model)[0]
+        if tokenizer_file(served) is None and not Path(served).is_dir():
+            try:  # a hub model's tokenizer comes with its checkpoint, later: fetched now, to check with it
+                hub_file(served, "tokenizer.json")
+            except ModelUnavailable as e:
+                raise SpecError(str(objective.path), key, f"the workload needs {model}'s tokenizer.json: {e}; "
+                                                          "send \"token_ids\" prompts") from None
         if tokenizer_file(served) is None:
             raise SpecError(str(objective.path), key,
-                            f"the workload needs the model's tokenizer.json, and {model} has none here (a directory "
-                            "without one, or a hub id not in the local hub cache); send \"token_ids\" prompts")
+                            f"the workload needs the model's tokenizer.json, and {model} has none (a directory "
+                            "without one); send \"token_ids\" prompts")
         if workload.dataset is not None:
             check_dataset_lengths(workload.dataset, served, workload.output_len.mean)
 

@@ -29,21 +29,26 @@ KNOWN = {  # hub id -> shipped config.json: estimates for the reference models w
 
 
 def _hub_config(model: str) -> Path:
-    """A hub model's config.json: from the user's cache, else after one request without retries, so that an
-    unreachable hub or a wrong id is said in a line within seconds (huggingface_hub alone retries for about
-    30 s, then raises through a long traceback)."""
+    """A hub model's config.json (hub_file)."""
+    return hub_file(model, "config.json")
+
+
+def hub_file(model: str, filename: str) -> Path:
+    """A small file of a hub model (config.json, tokenizer.json): from the user's cache, else after one request
+    without retries, so that an unreachable hub or a wrong id is said in a line within seconds (huggingface_hub
+    alone retries for about 30 s, then raises through a long traceback)."""
     from huggingface_hub import get_hf_file_metadata, hf_hub_download, hf_hub_url
     from huggingface_hub.errors import LocalEntryNotFoundError
 
     try:
-        return Path(hf_hub_download(model, "config.json", local_files_only=True))
+        return Path(hf_hub_download(model, filename, local_files_only=True))
     except LocalEntryNotFoundError:
         pass
     except Exception as e:  # an id the hub can never hold (HFValidationError), a cache that cannot be read
         raise ModelUnavailable(first_line(e)) from e
     try:
-        get_hf_file_metadata(hf_hub_url(model, "config.json"), timeout=HUB_TIMEOUT_S)
-        return Path(hf_hub_download(model, "config.json"))
+        get_hf_file_metadata(hf_hub_url(model, filename), timeout=HUB_TIMEOUT_S)
+        return Path(hf_hub_download(model, filename))
     except Exception as e:  # no network, no such repository, gated, offline mode: all one thing to a user
         raise ModelUnavailable("not in the local Hugging Face cache, and the hub could not give it: "
                                f"{first_line(e)}") from e

@@ -103,3 +103,15 @@ def test_the_shipped_workload_files_load_and_fit_the_tiny_model() -> None:
     log = read_request_log(data / "request-log.jsonl")
     assert replay.load.mode == "rate" and len(log) == 60 and {r.prefix for r in log} == {None, "support-bot",
                                                                                           "code-helper"}
+
+
+def test_a_hub_models_tokenizer_is_fetched_or_its_absence_said_in_one_line(tmp_path: Path) -> None:
+    """No hub here (and a made-up id anywhere): the tokenizer cannot come, which is said before anything boots."""
+    from autotune.config.study_file import check_prompt_tokenizer
+
+    objective = tmp_path / "o.toml"
+    objective.write_text('[workload]\napi = "chat"\n[limits]\nttft_p95_ms = 10\n')
+    with pytest.raises(SpecError) as e:
+        check_prompt_tokenizer(load_objective(objective), ["nobody-xyz/no-such-model-4f1c"])
+    assert (e.value.source, e.value.key) == (str(objective), "workload.prompt")
+    assert "nobody-xyz/no-such-model-4f1c's tokenizer.json" in e.value.message
