@@ -5,6 +5,7 @@ server logs."""
 from __future__ import annotations
 
 import contextlib
+import functools
 import importlib.util
 import json
 import re
@@ -27,6 +28,7 @@ from sqlalchemy.engine import URL, make_url
 from autotune.config.study_file import StudySpec, check_study_name, load_study, study_digest
 from autotune.errors import SpecError, StorageError
 from autotune.search.space import enqueue_baseline
+from autotune.search.sqlite_file import ensure_schema
 
 STORE_DIR = "store"  # inside the study's artifacts directory, beside the log files
 
@@ -92,39 +94,63 @@ def retry_trial(study: optuna.Study, trial: FrozenTrial, user_attrs: dict[str, o
     return True
 
 
-_USER_PASSWORD = re.compile(r"(//[^/@:]*:)([^@/]*)@")  # in a URL too broken for SQLAlchemy to parse
+# user:password@ up to the URL's last @: a password holding an unescaped @ or : is masked whole
+_USER_PASSWORD = re.compile(r"^(?P<head>[^:/]+://[^:/@]*:)(?P<password>.*)@(?=[^@]*$)", re.DOTALL)
+_QUERY_PASSWORD = re.compile(r"(?P<head>[?&]password=)(?P<password>[^&]*)")
 
 
 def shown_url(url: str) -> str:
-    """A storage URL as autotune prints it: the password masked, as SQLAlchemy masks it (also in a URL that does
-    not parse, whose text SQLAlchemy's own errors would echo)."""
-    try:
-        return make_url(url).render_as_string(hide_password=True)
-    except Exception:  # unparseable: mask whatever sits between user: and @
-        return _USER_PASSWORD.sub(r"\1***@", url)
+    """A storage URL as autotune prints it: its password masked, also in a URL that SQLAlchemy cannot parse (whose
+    text its errors would echo) or parses otherwise than the user meant (an unescaped @ in the password)."""
+    return _QUERY_PASSWORD.sub(r"\g<head>***", _USER_PASSWORD.sub(r"\g<head>***@", url))
+
+
+def _passwords(url: str) -> list[str]:
+    """Every text of `url` that may be its password, the longest first (what error messages must not echo)."""
+    found = [m.group("password") for m in (_USER_PASSWORD.search(url), *_QUERY_PASSWORD.finditer(url)) if m]
+    with contextlib.suppress(Exception):
+        found.append(make_url(url).password or "")
+    return sorted({p for p in found if p}, key=len, reverse=True)
+
+
+def _masked(text: str, url: str) -> str:
+    for password in _passwords(url):
+        text = text.replace(password, "***")
+    return text
 
 
 def _database_url(url: str, read_only: bool) -> URL:
     """The URL SQLAlchemy is given. A bare postgresql:// means psycopg 3 to SQLAlchemy 2.1; the project installs
     psycopg2, so that is the driver unless psycopg is present. A read-only SQLite open uses SQLite's mode=ro, so
     that it can neither create the file nor write to it."""
+    written = _USER_PASSWORD.search(url)
+    if written and "@" in written.group("password"):  # SQLAlchemy would read part of it as the host
+        raise StorageError(f"--storage {shown_url(url)}: the password holds an @ that is not escaped; write it as %40")
     parsed = make_url(url)
     if parsed.drivername == "postgresql" and importlib.util.find_spec("psycopg") is None:
         parsed = parsed.set(drivername="postgresql+psycopg2")
-    if read_only and parsed.get_backend_name() == "sqlite":
+    if parsed.get_backend_name() == "sqlite":
+        in_memory = (parsed.database or ":memory:").startswith((":memory:", "file::memory:"))
+        if in_memory or parsed.query.get("mode") == "memory":
+            raise StorageError(f"--storage {shown_url(url)}: an in-memory database would lose the study when the "
+                               "run ends; give a file, e.g. sqlite:///studies/NAME.db")
         path = Path(parsed.database or "")
-        if not parsed.database or not path.is_file():
+        if read_only and not path.is_file():
             raise StorageError(f"--storage {shown_url(url)}: no database file at {path}")
-        parsed = parsed.set(database=f"file:{quote(str(path.resolve()))}", query={"mode": "ro", "uri": "true"})
+        if read_only:
+            parsed = parsed.set(database=f"file:{quote(str(path.resolve()))}", query={"mode": "ro", "uri": "true"})
     return parsed
 
 
 def open_storage(url: str, read_only: bool = False) -> optuna.storages.BaseStorage:
     """An RDB storage with heartbeats, so a trial whose worker died is found and marked, not left RUNNING.
-    Read-only (status, export, report, a worker looking its study up) creates no schema and no file."""
+    Read-only (status, export, report, a worker looking its study up) creates no schema and no file. A new SQLite
+    file is made whole or not at all, and a SQLite file of another program's is refused (search/sqlite_file.py)."""
     shown = shown_url(url)
     try:
         database = _database_url(url, read_only)
+        if database.get_backend_name() == "sqlite" and not read_only:
+            ensure_schema(Path(database.database or ""), functools.partial(_make_schema, database), shown)
         return optuna.storages.RDBStorage(database.render_as_string(hide_password=False),
                                           heartbeat_interval=HEARTBEAT_S, grace_period=GRACE_S,
                                           heartbeat_stale_trial_callback=retry_stale_trial,
@@ -137,17 +163,19 @@ def open_storage(url: str, read_only: bool = False) -> optuna.storages.BaseStora
         reason = (str(e).splitlines() or [type(e).__name__])[0]
         if read_only and "version_info" in reason:  # the first table Optuna reads is missing
             reason = "holds no Optuna study"
-        password = _password(url)
-        raise StorageError(f"--storage {shown}: cannot open: "
-                           f"{reason.replace(password, '***') if password else reason}") from None
+        raise StorageError(f"--storage {shown}: cannot open: {_masked(reason, url)}") from None
 
 
-def _password(url: str) -> str | None:
-    try:
-        return make_url(url).password
-    except Exception:
-        match = _USER_PASSWORD.search(url)
-        return match.group(2) if match else None
+def sqlite_path(url: str) -> Path | None:
+    """The file of a SQLite storage URL; None for another database."""
+    parsed = make_url(url)
+    return Path(parsed.database) if parsed.get_backend_name() == "sqlite" and parsed.database else None
+
+
+def _make_schema(database: URL, path: Path) -> None:
+    """Optuna's schema, written into a new SQLite file at `path`."""
+    storage = optuna.storages.RDBStorage(database.set(database=str(path)).render_as_string(hide_password=False))
+    storage.engine.dispose()
 
 
 def load_existing_study(name: str, url: str) -> optuna.Study:

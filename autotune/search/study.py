@@ -49,6 +49,7 @@ from autotune.search.remeasure import best_trial
 from autotune.search.samplers import make_sampler
 from autotune.search.slots import Slot, present_gpus
 from autotune.search.space import EngineConfig, engine_config, enqueue_baseline, suggest
+from autotune.search.sqlite_file import held
 from autotune.search.storage import (
     attach_log,
     default_storage,
@@ -58,6 +59,8 @@ from autotune.search.storage import (
     open_storage,
     resume,
     retry_trial,
+    shown_url,
+    sqlite_path,
 )
 from autotune.units import GiB, MiB, format_gib
 
@@ -115,9 +118,9 @@ class RunSummary:
 
 def export_command(spec: StudySpec, storage_url: str | None) -> str:
     """`autotune export` for this study as it was run: its file (which names it), and the storage if not the
-    default one beside the file."""
-    return shlex.join(["autotune", "export", "--study", str(spec.path), *(["--storage", storage_url] if storage_url
-                                                                           else []), "--format", "flags"])
+    default one beside the file, its password masked (this line is printed and logged)."""
+    return shlex.join(["autotune", "export", "--study", str(spec.path),
+                       *(["--storage", shown_url(storage_url)] if storage_url else []), "--format", "flags"])
 
 
 def open_study(spec: StudySpec, storage_url: str | None = None,
@@ -127,6 +130,11 @@ def open_study(spec: StudySpec, storage_url: str | None = None,
     baselines are queued and said; the stored study file (what `autotune worker` rebuilds from) follows the file."""
     url = storage_url or spec.storage or default_storage(spec)
     storage = open_storage(url)
+    with held(sqlite_path(url)):  # runs started at once: the first sets the study up, the others find it so
+        return _set_up(spec, storage, say)
+
+
+def _set_up(spec: StudySpec, storage: optuna.storages.BaseStorage, say: Callable[[str], None]) -> optuna.Study:
     study = optuna.create_study(study_name=spec.name, storage=storage, direction="maximize",
                                 sampler=make_sampler(spec),
                                 # Screening at the incumbent's level (ladder.Prior) is what stops a worse trial.

@@ -4,7 +4,13 @@ resume, and read-only commands that never create or alter a database. Real SQLit
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import os
+import sqlite3
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import optuna
@@ -15,8 +21,9 @@ from optuna.trial import TrialState
 from autotune.cli import main
 from autotune.config.study_file import load_study, stored_texts, study_digest
 from autotune.errors import SpecError
+from autotune.search.sqlite_file import ensure_schema, table_names
 from autotune.search.storage import open_storage, spec_from_storage
-from autotune.search.study import open_study
+from autotune.search.study import export_command, open_study
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -146,6 +153,88 @@ def test_a_storage_password_is_never_printed(work: Path, url: str, command: str)
     line = one_line(out.output)
     assert out.exit_code == 2 and "--storage" in line and "pg-s3cret" not in line, out.output
     assert files_under(work) == before
+
+
+@pytest.mark.parametrize("url", [
+    "postgresql://tuner:p@ss:w0rd-s3cret@127.0.0.1/autotune",  # an unescaped @: SQLAlchemy cannot parse it
+    "postgresql://tuner:p@ss-s3cret@127.0.0.1:9/autotune",  # parses, with part of the password as the host
+    "postgresql://tuner@127.0.0.1:9/autotune?password=p-s3cret",
+])
+def test_a_password_sqlalchemy_cannot_parse_is_masked_whole(work: Path, url: str) -> None:
+    out = CliRunner().invoke(main, ["status", "--study", "tiny-cpu", "--storage", url])
+    line = one_line(out.output)
+    assert out.exit_code == 2 and "s3cret" not in line and "***" in line, out.output
+
+
+def test_the_export_command_a_run_prints_holds_no_password(work: Path) -> None:
+    spec = load_study(work / "studies" / "tiny-cpu.toml")
+    line = export_command(spec, "postgresql://tuner:pg-s3cret@db.example/autotune")
+    assert "pg-s3cret" not in line and "postgresql://tuner:***@db.example/autotune" in line, line
+
+
+@pytest.mark.parametrize("url", ["sqlite://", "sqlite:///:memory:"])
+def test_an_in_memory_sqlite_storage_is_refused_in_one_line(work: Path, url: str) -> None:
+    before = files_under(work)
+    out = CliRunner().invoke(main, ["run", "studies/tiny-cpu.toml", "--n-trials", "1", "--storage", url])
+    line = one_line(out.output)
+    assert out.exit_code == 2 and line.startswith(f"error: --storage {url}: ") and "in-memory" in line, out.output
+    assert files_under(work) == before
+
+
+def test_a_sqlite_file_of_another_program_is_refused_and_left_as_it_was(work: Path) -> None:
+    db = work / "notes.db"
+    with contextlib.closing(sqlite3.connect(db)) as conn, conn:
+        conn.execute("CREATE TABLE notes (body TEXT)")
+    before = files_under(work)
+    out = CliRunner().invoke(main, ["run", "studies/tiny-cpu.toml", "--n-trials", "1", "--storage", f"sqlite:///{db}"])
+    line = one_line(out.output)
+    assert out.exit_code == 2 and "not an Optuna study database" in line and "notes" in line, out.output
+    assert files_under(work) == before
+
+
+OPEN_AT_ONCE = """
+import sys, time
+from pathlib import Path
+from autotune.config.study_file import load_study
+from autotune.search.sqlite_file import ensure_schema, table_names
+from autotune.search.study import export_command, open_study
+go = Path(sys.argv[1])
+while not go.exists():
+    time.sleep(0.001)
+open_study(load_study("studies/tiny-cpu.toml"))
+"""
+
+
+def test_runs_of_a_new_sqlite_study_started_at_once_all_open_it(work: Path) -> None:
+    """Real processes, released together, each creating the same new study's database as `autotune run` does."""
+    for attempt in range(3):  # the race is not won every time: three rounds of four
+        db, go = work / "studies" / "tiny-cpu.db", work / f"go-{attempt}"
+        db.unlink(missing_ok=True)
+        procs = [subprocess.Popen([sys.executable, "-c", OPEN_AT_ONCE, str(go)], cwd=work,
+                                  env={**os.environ, "PYTHONPATH": str(ROOT)}, stdout=subprocess.PIPE,
+                                  stderr=subprocess.STDOUT, text=True) for _ in range(4)]
+        time.sleep(3)  # each has imported autotune and waits for the signal to go
+        go.touch()
+        outputs = [p.communicate(timeout=120)[0] for p in procs]
+        assert [p.returncode for p in procs] == [0] * 4, "\n".join(outputs)
+        study = optuna.load_study(study_name="tiny-cpu", storage=f"sqlite:///{db}")
+        assert len(study.trials) == 2, [t.user_attrs.get("baseline") for t in study.trials]  # baselines once
+        assert [p.name for p in db.parent.iterdir() if p.name.startswith(".")] == []  # no private file left
+
+
+def test_a_new_database_interrupted_while_its_schema_is_made_is_not_left_half_made(tmp_path: Path) -> None:
+    db = tmp_path / "new.db"
+
+    def interrupted(path: Path) -> None:
+        with contextlib.closing(sqlite3.connect(path)) as conn, conn:
+            conn.execute("CREATE TABLE studies (study_id INTEGER)")  # the first of Optuna's tables
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        ensure_schema(db, interrupted, "sqlite:///new.db")
+    assert list(tmp_path.iterdir()) == []
+    open_storage(f"sqlite:///{db}")
+    assert {"studies", "trials", "version_info", "alembic_version"} <= table_names(db, "")
 
 
 # --- 7. a changed study is refused on resume; new baselines are queued and said --------------------------------
