@@ -1,14 +1,17 @@
-"""The README's worked example prints what `autotune estimate` prints today for the command it shows."""
+"""The README's worked example: its `autotune estimate` output is what the command prints today, and its study
+file loads and estimates."""
 
 from __future__ import annotations
 
 import re
 import shlex
+import shutil
 from pathlib import Path
 
 from click.testing import CliRunner
 
 from autotune.cli import main
+from autotune.config.study_file import load_study
 
 ROOT = Path(__file__).parents[2]
 README = (ROOT / "README.md").read_text()
@@ -30,3 +33,17 @@ def test_the_worked_example_shows_what_autotune_estimate_prints() -> None:
     assert out.exit_code == 0, out.output
     printed = rows(out.output)
     assert len(shown) >= 5 and {k: printed.get(k) for k in shown} == shown
+
+
+def test_the_worked_examples_study_file_loads(tmp_path: Path) -> None:
+    study = re.search(r"^```toml\n(.*?)^```", README[README.index("## Your model on your GPU"):], re.M | re.S)
+    assert study, "the worked example shows no study file"
+    text = study.group(1).replace('path = "Qwen/Qwen3-8B"', f'path = "{QWEN3_8B}"')
+    assert str(QWEN3_8B) in text
+    (tmp_path / "studies").mkdir()
+    shutil.copytree(ROOT / "objectives", tmp_path / "objectives")
+    (tmp_path / "studies" / "qwen3-8b-rtx4090.toml").write_text(text)
+    spec = load_study(tmp_path / "studies" / "qwen3-8b-rtx4090.toml")
+    assert spec.hardware == "rtx4090" and [b.name for b in spec.baselines] == ["vllm-defaults"]
+    out = CliRunner().invoke(main, ["estimate", str(tmp_path / "studies" / "qwen3-8b-rtx4090.toml"), "-n", "2"])
+    assert out.exit_code == 0 and "fits" in out.output, out.output
