@@ -47,3 +47,11 @@ def test_the_worked_examples_study_file_loads(tmp_path: Path) -> None:
     assert spec.hardware == "rtx4090" and [b.name for b in spec.baselines] == ["vllm-defaults"]
     out = CliRunner().invoke(main, ["estimate", str(tmp_path / "studies" / "qwen3-8b-rtx4090.toml"), "-n", "2"])
     assert out.exit_code == 0 and "fits" in out.output, out.output
+
+
+def test_the_readme_is_a_users_page_that_starts_with_its_two_commands() -> None:
+    lines = README.splitlines()
+    first_block = README.split("```")[1].splitlines()[1:]
+    assert [line.split()[:2] for line in first_block] == [["make", "run"], ["make", "test"]]
+    assert any(line.startswith("autotune run ") for line in lines[:40])
+    assert len(lines) <= 200, f"README.md has {len(lines)} lines; the details belong in docs/"
