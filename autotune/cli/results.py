@@ -7,7 +7,7 @@ from pathlib import Path
 
 import click
 
-from autotune.cli.console import console, err_console
+from autotune.cli.console import console, err_console, shown
 from autotune.cli.options import storage_option, stored_study, study_option
 from autotune.errors import SpecError
 
@@ -61,7 +61,7 @@ def export_command(study: str | None, storage: str | None, fmt: str, max_vram: f
 
     text, notes = export_winner(stored_study(study, storage), fmt, max_vram, max_p95_ttft_ms, unproven)
     for note in notes if fmt == "flags" else [n for n in notes if n.startswith("exported the ")]:
-        click.echo(f"# {note}", err=True)  # stdout stays a command to paste or capture; why a baseline, always
+        click.echo(f"# {shown(note)}", err=True)  # stdout stays a command to paste or capture; why a baseline, always
     click.echo(text, nl=False)
 
 

@@ -20,6 +20,7 @@ from dataclasses import asdict, dataclass
 from enum import Enum
 from pathlib import Path
 
+from autotune.engine.env import NAME as ENV_NAME
 from autotune.errors import EngineError, SpecError
 
 
@@ -53,9 +54,6 @@ STORE_TRUE_ONLY = frozenset(
 
 
 _DEST = re.compile(r"^[a-z][a-z0-9_]*$")
-
-
-_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")  # what a shell accepts before a command as NAME=value
 
 
 def option(dest: str) -> str:
@@ -124,7 +122,7 @@ def to_argv(flags: Mapping[str, object]) -> list[str]:
 def env_words(env: Mapping[str, str]) -> list[str]:
     """NAME=value words, shell-quoted, in the given order (a name a shell would not read as one is refused)."""
     for name in env:
-        if not _ENV_NAME.match(name):
+        if not ENV_NAME.fullmatch(name):
             raise ValueError(f"not an environment variable name a shell accepts: {name!r}")
     return [f"{name}={shlex.quote(str(value))}" for name, value in env.items()]
 
