@@ -47,15 +47,16 @@ class QueueWait:
 def least_queue_wait(level: float, flags: Mapping[str, object], weights_bytes: int, bandwidth_gbs: float,
                      workload: Workload, pool_seqs: int | None = None) -> QueueWait | None:
     """The least wait, or None when nothing certain can be said: a level the configuration holds, no known
-    bandwidth (the CPU build), or output lengths a dataset decides. `pool_seqs`: the most requests its KV cache
-    runs at once (estimate.max_running_seqs), when the estimator knows it."""
+    bandwidth (the CPU build), or output lengths a dataset or a replayed log decides. `pool_seqs`: the most requests
+    its KV cache runs at once (estimate.max_running_seqs), when the estimator knows it."""
     seqs = flags.get("max_num_seqs")
     bounds: list[tuple[int, str]] = []  # (slots, what holds them)
     if isinstance(seqs, int) and not isinstance(seqs, bool) and seqs >= 1:
         bounds.append((seqs, f"max_num_seqs {seqs}"))
     if pool_seqs is not None and pool_seqs >= 1:
         bounds.append((pool_seqs, "the KV cache (a block of each of its groups per request)"))
-    if not bounds or bandwidth_gbs <= 0 or weights_bytes <= 0 or workload.dataset is not None:
+    if not bounds or bandwidth_gbs <= 0 or weights_bytes <= 0 or workload.dataset is not None \
+            or workload.replay is not None:
         return None
     slots, held_by = min(bounds, key=lambda b: b[0])
     if level <= slots:

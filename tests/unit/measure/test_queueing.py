@@ -52,6 +52,7 @@ def test_nothing_is_said_without_a_certain_bound() -> None:
     assert cannot_sustain(36, {"max_num_seqs": 1}, WEIGHTS, 0.0, w, lim) is None  # no bandwidth: the CPU build
     assert cannot_sustain(36, {"max_num_seqs": 1}, WEIGHTS, 936.0, w, Limits(tpot_p95_ms=100)) is None
     assert cannot_sustain(36, {"max_num_seqs": 1}, WEIGHTS, 936.0, replace(w, dataset=Path("p.jsonl")), lim) is None
+    assert cannot_sustain(36, {"max_num_seqs": 1}, WEIGHTS, 936.0, replace(w, replay=Path("log.jsonl")), lim) is None
     # speculative decoding: up to 1 + k tokens a step, so the least service time shrinks as much
     spec = {"max_num_seqs": 18, "speculative_config": {"method": "mtp", "num_speculative_tokens": 3}}
     plain = least_queue_wait(36, {"max_num_seqs": 18}, WEIGHTS, 936.0, w)
