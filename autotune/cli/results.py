@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import sys
 from pathlib import Path
 
@@ -26,6 +27,8 @@ def status_command(study: str | None, storage: str | None, limit: int) -> None:
     from autotune.search.remeasure import best_trial, figure_line
     from autotune.show.tables import study_table
 
+    if limit < 1:
+        raise SpecError("--limit", str(limit), "must be at least 1")
     s = stored_study(study, storage)
     console.print(study_table(s.trials, limit=limit, title=f"study {s.study_name}: {len(s.trials)} trial(s)"))
     best = best_trial(s)
@@ -59,6 +62,9 @@ def export_command(study: str | None, storage: str | None, fmt: str, max_vram: f
     """
     from autotune.show.export import export_winner
 
+    for flag, bound in (("--max-vram", max_vram), ("--max-p95-ttft-ms", max_p95_ttft_ms)):
+        if bound is not None and not (math.isfinite(bound) and bound > 0):  # nan filtered out every trial silently
+            raise SpecError(flag, str(bound), "must be a positive number")
     text, notes = export_winner(stored_study(study, storage), fmt, max_vram, max_p95_ttft_ms, unproven)
     for note in notes if fmt == "flags" else [n for n in notes if n.startswith("exported the ")]:
         click.echo(f"# {shown(note)}", err=True)  # stdout stays a command to paste or capture; why a baseline, always

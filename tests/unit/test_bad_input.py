@@ -221,6 +221,9 @@ def test_bad_command_lines_fail_in_one_line_with_exit_2(quick: Path, args: list[
     (["estimate", "--model", "tiny:dense", "-n", "-1"], "-n: -1: must be between 0 and 1000"),
     (["estimate", "--model", "tiny:dense", "-n", "100000000"], "-n: 100000000: must be between 0 and 1000"),
     (["estimate", str(QUICK / "quick.toml"), "--set", "max_num_seqs=4"], "--set: max_num_seqs=4: goes with --model"),
+    (["status", "--study", "quick", "--limit", "0"], "--limit: 0: must be at least 1"),
+    (["export", "--study", "quick", "--max-vram", "nan"], "--max-vram: nan: must be a positive number"),
+    (["export", "--study", "quick", "--max-p95-ttft-ms", "-5"], "--max-p95-ttft-ms: -5.0: must be a positive"),
 ])
 def test_bad_values_of_other_commands_fail_in_one_line_with_exit_2(tmp_path: Path, args: list[str], named: str,
                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
