@@ -38,6 +38,8 @@ def _check_workload(workload: Workload, wt: _Table) -> None:
     a bad line is said now, before a server boots (the token lengths against the model: check_dataset_lengths)."""
     if workload.shared_prefix_len < 0:
         raise wt.error("shared_prefix_len", f"must be >= 0, got {workload.shared_prefix_len}")
+    if workload.seed < 0:  # numpy's generators take none (a ValueError in the first trial's requests)
+        raise wt.error("seed", f"must be >= 0, got {workload.seed}")
     if workload.turns < 1:
         raise wt.error("turns", f"must be >= 1, got {workload.turns}")
     if workload.dataset is not None and workload.replay is not None:

@@ -138,6 +138,7 @@ BAD_OBJECTIVES: dict[str, tuple[tuple[str, str], str]] = {  # (text replaced, re
     "std nan": (("input_len = 128", "input_len = { kind = 'normal', mean = 128, std = nan, min = 1, max = 256 }"),
                 "workload.input_len.std: must be a finite number"),
     "load max inf": (("max = 4", "max = inf"), "load.max: must be a finite number"),
+    "negative workload seed": (("output_len = 32", "output_len = 32\nseed = -1"), "workload.seed: must be >= 0"),
     "input_len beyond the model's positions": (("input_len = 128", "input_len = 9000"),
                                                "workload.input_len: requests of 9,000 tokens in and 32 out exceed the "
                                                "8,192 positions of tiny:dense"),
