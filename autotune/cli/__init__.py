@@ -14,6 +14,7 @@ from rich.markup import escape
 
 from autotune.cli.console import err_console
 from autotune.cli.estimate import estimate_command
+from autotune.cli.interrupt import EXIT_INTERRUPTED, stop_signals_interrupt
 from autotune.cli.results import dashboard_command, export_command, report_command, status_command
 from autotune.cli.search import run_command, worker_command
 from autotune.cli.trial import trial_command
@@ -21,14 +22,19 @@ from autotune.errors import AutotuneError
 
 
 class _Group(click.Group):
-    """Turns autotune's errors into one clear line and their exit code (2 for bad input)."""
+    """Turns autotune's errors into one clear line and their exit code (2 for bad input), and Ctrl-C or SIGTERM
+    into exit 130 (cli/interrupt.py)."""
 
     def invoke(self, ctx: click.Context):
         try:
-            return super().invoke(ctx)
+            with stop_signals_interrupt():
+                return super().invoke(ctx)
         except AutotuneError as e:
             err_console.print(f"[bold red]error:[/] {escape(str(e))}", soft_wrap=True)  # paths, TOML [tables]
             sys.exit(e.exit_code)
+        except KeyboardInterrupt:  # Ctrl-C or SIGTERM where the command had nothing of its own to stop
+            err_console.print("interrupted", soft_wrap=True)
+            sys.exit(EXIT_INTERRUPTED)
 
 
 @click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 110})

@@ -4,7 +4,6 @@ database."""
 from __future__ import annotations
 
 import re
-import signal
 import sys
 from pathlib import Path
 
@@ -169,10 +168,6 @@ def _search(spec, plan, storage: str | None, slots) -> None:
     from autotune.search.study import fetch_checkpoints, open_study, run_study
     from autotune.show.tables import LiveProgress, study_table
 
-    # Started in the background by a script, a process inherits SIGINT ignored and Python never raises
-    # KeyboardInterrupt: then `kill -INT` (the signal Ctrl-C sends) was lost and the run went on (seen: the fault
-    # suite under `make test &`). A run stops cleanly on it however it was started.
-    signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         fetch_checkpoints(spec, say=lambda line: console.print(line, markup=False))
     except KeyboardInterrupt:

@@ -360,10 +360,10 @@ def run_study(
 
 @contextlib.contextmanager
 def _ctrl_c_stops(halt: Callable[[str], None]) -> Iterator[threading.Event]:
-    """While the study runs, Ctrl-C (SIGINT) calls `halt` and sets the event it yields, and raises nothing: each
-    slot stops its server and records its trial as interrupted by the user. A KeyboardInterrupt could land
-    anywhere in the main thread, even between two waits, and escape with the trials RUNNING (seen in CI: exit 1,
-    "Aborted!").
+    """While the study runs, Ctrl-C (SIGINT) or SIGTERM (systemd, `docker stop`) calls `halt` and sets the event
+    it yields, and raises nothing: each slot stops its server and records its trial as interrupted by the user.
+    A KeyboardInterrupt could land anywhere in the main thread, even between two waits, and escape with the trials
+    RUNNING (seen in CI: exit 1, "Aborted!").
     Only the main thread may set a handler; elsewhere no signal reaches this code anyway."""
     pressed = threading.Event()
     if threading.current_thread() is not threading.main_thread():
@@ -374,11 +374,12 @@ def _ctrl_c_stops(halt: Callable[[str], None]) -> Iterator[threading.Event]:
         pressed.set()
         halt(tell.INTERRUPTED)
 
-    before = signal.signal(signal.SIGINT, handler)
+    before = {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
         yield pressed
     finally:
-        signal.signal(signal.SIGINT, before)
+        for s, previous in before.items():
+            signal.signal(s, previous)
 
 
 def _until_done(targets: list[tuple[str, Callable[[], None]]]) -> None:

@@ -10,6 +10,7 @@ import os
 import shutil
 import signal
 import socket
+import sqlite3
 import subprocess
 import sys
 import threading
@@ -248,6 +249,50 @@ def test_ctrl_c_and_kill_9_during_boots_leave_no_server_and_no_running_trial(qui
                 and resumed.user_attrs.get("baseline", {}).get("name") == "vllm-defaults")
     LEDGER.append(("kill -9 of the tuner while its server spawns the engine core", survived, 0))
     assert survived, (gone, list(servers.glob("*.json")), resumed.number, resumed.user_attrs.get("baseline"))
+
+
+def test_sigterm_during_a_boot_stops_the_run_as_ctrl_c_does(quick: Path, tmp_path: Path) -> None:
+    """SIGTERM (systemd, `docker stop`) while the server spawns its engine core: as Ctrl-C, the trial recorded as
+    interrupted, the summary printed, exit 130, no server left."""
+    home, storage = tmp_path / "home", f"sqlite:///{quick.parent / 'quick.db'}"
+    servers = home / ".cache" / "autotune" / "servers"
+    run = tuner(quick.parent, home, "--n-trials", "1")
+    pgid = engine_spawning(run, servers)
+    run.send_signal(signal.SIGTERM)
+    printed = run.communicate(timeout=300)[0]
+    study = optuna.load_study(study_name="quick", storage=storage)
+    first = study.trials[0]
+    survived = (run.returncode == 130 and first.state == TrialState.FAIL
+                and first.user_attrs.get("reason") == INTERRUPTED and "this run: " in printed
+                and group_gone(pgid) and within(60, lambda: ours() == []))
+    LEDGER.append(("SIGTERM during a boot", survived, lost(study)))
+    assert survived, (run.returncode, first.state, first.user_attrs.get("reason"), printed[-3000:])
+
+
+OPTUNA_TABLES = {"studies", "trials", "version_info", "alembic_version", "trial_values", "trial_params"}
+
+
+def test_ctrl_c_while_a_new_study_database_is_made_leaves_none_or_a_whole_one(quick: Path, tmp_path: Path) -> None:
+    """Ctrl-C the moment the new study's database begins to be written (within the run's first seconds): exit 130
+    with one line (not click's "Aborted!" and exit 1), and either no database or one with Optuna's whole schema
+    (a half-made one held two tables), which the next run opens."""
+    made = [quick.parent / "quick.db"]
+    run = tuner(quick.parent, tmp_path / "home", "--n-trials", "1")
+    while not any(p.exists() for p in made) and run.poll() is None:
+        made = [quick.parent / "quick.db", *quick.parent.glob(".quick.db.*")]
+        time.sleep(0.001)
+    run.send_signal(signal.SIGINT)
+    printed = run.communicate(timeout=300)[0]
+    db = quick.parent / "quick.db"
+    tables = set()
+    if db.exists():
+        with contextlib.closing(sqlite3.connect(db)) as conn:
+            tables = {row[0] for row in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+    leftovers = list(quick.parent.glob(".quick.db*"))
+    survived = (run.returncode == 130 and "Aborted" not in printed and "Traceback" not in printed
+                and (not db.exists() or OPTUNA_TABLES <= tables) and leftovers == [])
+    LEDGER.append(("Ctrl-C while a new study's database is made", survived, 0))
+    assert survived, (run.returncode, sorted(tables), leftovers, printed[-3000:])
 
 
 def test_a_server_answering_errors_is_recorded_with_the_reason(quick: Path) -> None:
