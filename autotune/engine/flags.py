@@ -387,7 +387,13 @@ HOST_EXPOSING = {"trust_remote_code": "it runs the model repository's own Python
                  "log_config_file": "a file of this host configures the server's logging (handlers are code)",
                  "allowed_local_media_path": "requests could read this host's files",
                  "allowed_origins": _CORS, "allowed_methods": _CORS, "allowed_headers": _CORS,
-                 "allow_credentials": _CORS}
+                 "allow_credentials": _CORS, "logits_processors": _CODE,
+                 "download_dir": "the server would write weights into a folder the study names",
+                 "otlp_traces_endpoint": "the server would send its traces to another host"}
+
+# A key of a JSON-valued flag that names a path, a module or a class (compilation_config's cache_dir,
+# kv_transfer_config's kv_connector_module_path): the server would load code or compiled artifacts from it.
+_LOADING_KEY = re.compile(r".*(path|dir|module|cls|class)$")
 
 
 def exposure_problem(dest: str, value: object, allowed: Iterable[str] = ()) -> str | None:
@@ -399,8 +405,13 @@ def exposure_problem(dest: str, value: object, allowed: Iterable[str] = ()) -> s
         return f"cannot be set: {UNMEASURABLE[dest]}"
     if dest == "chat_template" and "{" in str(value):
         return None
-    if dest in HOST_EXPOSING and dest not in set(allowed):
+    if dest in set(allowed):
+        return None
+    if dest in HOST_EXPOSING:
         return f"cannot be set from a study: {HOST_EXPOSING[dest]} (pass --allow-flag {dest} to let it through)"
+    if isinstance(value, Mapping) and (key := next((k for k in value if _LOADING_KEY.fullmatch(str(k))), None)):
+        return (f"cannot be set from a study with {key!r}: the server would load code or files from where it names "
+                f"(pass --allow-flag {dest} to let it through)")
     return None
 
 

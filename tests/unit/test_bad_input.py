@@ -127,6 +127,15 @@ BAD_STUDIES: dict[str, tuple[str | bytes, str]] = {
                                    "space.trust_remote_code.type: cannot be set from a study"),
     "chat_template path": (QUICK_HEAD + "[engine]\nchat_template = '/etc/passwd'\n",
                            "engine.chat_template: cannot be set from a study: a template file"),
+    "a compile cache folder in compilation_config": (QUICK_HEAD + "[engine]\ncompilation_config = { cache_dir = "
+                                                      "'/tmp/evil' }\n", "engine.compilation_config: cannot be set "
+                                                                          "from a study with 'cache_dir'"),
+    "a connector module in kv_transfer_config": (QUICK_HEAD + "[engine.kv_transfer_config]\nkv_connector = 'X'\n"
+                                                 "kv_connector_module_path = 'evil'\nkv_role = 'kv_both'\n",
+                                                 "engine.kv_transfer_config: cannot be set from a study with "
+                                                 "'kv_connector_module_path'"),
+    "download_dir": (QUICK_HEAD + "[engine]\ndownload_dir = '/home/someone/.ssh'\n",
+                     "engine.download_dir: cannot be set from a study"),
     "allowed_origins": (QUICK_HEAD + "[engine]\nallowed_origins = ['*']\n",
                         "engine.allowed_origins: cannot be set from a study: it widens who may call"),
 }
