@@ -6,14 +6,14 @@
     │                             measure/workload.py (datasets and length tables), engine/flags.py (flag names
     │                             and values), engine/models.py and fit/model_shape.py (a model's config.json),
     │                             fit/hardware.py (GPU profile names), fit/memcap.py (the memory cap),
-    │                             fit/estimate.py (a configuration's values), cli.py (options)
+    │                             fit/estimate.py (a configuration's values), cli/ (options)
     ├── ModelError                exit 2; also a ValueError: a model name that names nothing to serve
     │                             (engine/models.py: an unknown tiny:KIND)
     ├── EngineError               exit 1; the vLLM server or build itself, not a configuration's failure:
     │                             engine/server.py (start, stop), engine/flags.py (build, version, the server's
-    │                             argument parser), search/study.py (a model vLLM cannot find, a GPU held by another
+    │                             argument parser), search/one_trial.py (a model vLLM cannot find, a GPU held by another
     │                             process)
-    └── StorageError              exit 2; the study storage cannot be reached or opened: search/storage.py, cli.py
+    └── StorageError              exit 2; the study storage cannot be reached or opened: search/storage.py, cli/$
 
 A configuration that fails to boot or run is not an exception here: it is a FailureKind recorded on its trial.
 """

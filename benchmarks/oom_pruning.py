@@ -146,7 +146,7 @@ def estimate_times(calls: int) -> str:
 
 def record_time(model: str, profile: GpuProfile, flags: Mapping[str, object], env: Mapping[str, str],
                 calls: int) -> float:
-    """Median of the whole pruned trial as _one_trial runs it: ask, judge, attributes, tell_rejected (SQLite)."""
+    """Median of the whole pruned trial as one_trial.py runs it: ask, judge, attributes, tell_rejected (SQLite)."""
     with tempfile.TemporaryDirectory() as tmp:
         optuna.logging.set_verbosity(optuna.logging.WARNING)
         study = optuna.create_study(storage=f"sqlite:///{tmp}/prune.db")

@@ -62,9 +62,9 @@ from autotune.measure.trial import configured
 from autotune.search import start
 from autotune.search import tell as search_tell
 from autotune.search.samplers import sampler_for
+from autotune.search.screen import runs_at_once, screen_before_boot
 from autotune.search.space import suggest
 from autotune.search.start import START_CANDIDATES, Capacity
-from autotune.search.study import runs_at_once, screen_before_boot
 from benchmarks.record_surface import (
     AS_PLANNED,
     device_vllm,
@@ -148,7 +148,7 @@ def tell(study: optuna.Study, trial: optuna.Trial, point: Point, method: Method,
         return Step(point, point.screened_cost_s(screen_at), 0.0, True)
     plan = point.schedule()
     for k, (best, _) in enumerate(plan):
-        trial.report(best * gain, k)  # as study._one_trial does: the best passing throughput so far, per level
+        trial.report(best * gain, k)  # as search/one_trial.py does: the best passing throughput so far, per level
         if k < len(plan) - 1 and method.pruner is not None and trial.should_prune():
             if method.constraints:
                 search_tell.set_constraints(trial, latency=0.0 if best > 0 else 1.0)
@@ -207,7 +207,7 @@ def as_recorded(surface: Surface) -> contextlib.AbstractContextManager[None]:
 
 
 def before_boot_screen(surface: Surface) -> Screen:
-    """autotune's screen before boot (search/study.py screen_before_boot: a sampled configuration that must miss
+    """autotune's screen before boot (search/screen.py screen_before_boot: a sampled configuration that must miss
     the incumbent's level by Little's law on the card's bandwidth, with what max_num_seqs and its KV cache run at
     once, is screened out without a boot), judged with what the surface recorded: each configuration's flags (with
     its logical gpu_memory_utilization, as the study judges it on the capped card), the device's bandwidth, the
@@ -262,7 +262,7 @@ Refusal = Callable[[Mapping[str, object]], bool]
 
 def refusal_now(surface: Surface, capacity: Capacity | None = None) -> Refusal | None:
     """Whether autotune refuses a configuration before boot today (vLLM's argument checks and the estimator, as
-    study._one_trial judges it), for a planned surface; None for the CPU grid, whose every point is recorded.
+    search/one_trial.py judges it), for a planned surface; None for the CPU grid, whose every point is recorded.
     The replay maps a sampled configuration to the nearest recorded one that autotune judges alike: the plain
     nearest one, left one out, gets feasibility right for 6 of the GPU surface's 19 configurations (it maps a
     configuration the estimator accepts to a refused neighbour that failed, and the reverse), the one judged alike
@@ -321,7 +321,7 @@ def replay(surface: Surface, method: Method, seed: int, target: float, max_boote
     reached = False
     incumbent: Step | None = None  # the best measured so far: its best level is where sampled ones are screened
     for _ in range(20 * max_booted):  # proposals; refusals before boot cost nothing but are bounded
-        if method.start_picks and capacity is not None:  # as study._one_trial does before it asks
+        if method.start_picks and capacity is not None:  # as search/one_trial.py does before it asks
             start.queue_pick(study, surface.space, capacity, seed, method.start_candidates, method.start_picks)
         trial = study.ask()
         params = suggest(trial, surface.space)

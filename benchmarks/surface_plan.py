@@ -40,8 +40,8 @@ from autotune.fit import feasibility, memcap
 from autotune.fit.hardware import GpuProfile, get_profile
 from autotune.measure.trial import configured
 from autotune.search import start
+from autotune.search.screen import runs_at_once
 from autotune.search.space import baseline_params, condition_met, engine_config
-from autotune.search.study import runs_at_once
 from benchmarks.catalogue import DATA
 from benchmarks.record_surface import DEVICE_VLLM, GPU_OUT, device_vllm, save
 from benchmarks.surface import space_as_json
@@ -138,7 +138,7 @@ def plan() -> dict[str, object]:
 
 def start_picks(seeds: int = PICK_SEEDS) -> list[dict[str, object]]:
     """Source 4: what the replay's seed s boots first without baselines, search/start.py's pick from the draw
-    study._one_trial makes (candidates of seed s * 10_007 with no trial yet), judged on the capped card."""
+    search/one_trial.py makes (candidates of seed s * 10_007 with no trial yet), judged on the capped card."""
     spec, space, profile = planned_for()
     out = []
     for seed in range(seeds):

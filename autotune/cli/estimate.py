@@ -35,7 +35,7 @@ def estimate_command(study_file: Path | None, model: str | None, hardware: str |
     from autotune.config.study_file import load_study
     from autotune.engine.flags import check_given
     from autotune.fit import feasibility
-    from autotune.search.study import estimate_profile, preview_estimates
+    from autotune.search.preview import estimate_profile, preview_estimates
     from autotune.show.tables import breakdown_table, calibration_text, estimates_json, estimates_table
 
     if (study_file is None) == (model is None):

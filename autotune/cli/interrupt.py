@@ -19,7 +19,7 @@ EXIT_INTERRUPTED = 130
 @contextlib.contextmanager
 def stop_signals_interrupt() -> Iterator[None]:
     """While the block runs, SIGINT and SIGTERM raise KeyboardInterrupt in the main thread (a study in progress
-    replaces this with its own handler: search/study.py's _ctrl_c_stops)."""
+    replaces this with its own handler: search/threads.py's ctrl_c_stops)."""
     if threading.current_thread() is not threading.main_thread():  # only the main thread may set handlers
         yield
         return

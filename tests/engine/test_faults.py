@@ -26,7 +26,8 @@ from processes import group_gone, vllm_processes, within
 from autotune.config.study_file import load_study
 from autotune.engine import server
 from autotune.search.budget import Budget
-from autotune.search.study import NoProgress, run_study
+from autotune.search.one_trial import NoProgress
+from autotune.search.study import run_study
 from autotune.search.tell import INTERRUPTED
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -54,7 +54,7 @@ def add(study: optuna.Study, attrs: dict[str, object], state: TrialState = Trial
 
 
 def booted(model: str, flags: dict[str, object], result: TrialResult, env: dict[str, str] | None = None) -> dict:
-    """A booted trial's attributes as _one_trial and tell_result write them: config, prediction, result."""
+    """A booted trial's attributes as search/one_trial.py and tell_result write them: config, prediction, result."""
     verdict = judge(model, CPU, flags, env or {})
     return {**record.config_attrs(model, flags), **prediction_attrs(verdict.estimate), **record.result_attrs(result)}
 

@@ -19,7 +19,7 @@ from autotune.measure.ladder import Prior
 from autotune.measure.queueing import cannot_sustain, holds_too_few, least_queue_wait
 from autotune.measure.stats import Limits
 from autotune.search import record, tell
-from autotune.search.study import screen_before_boot
+from autotune.search.screen import screen_before_boot
 from autotune.units import GiB
 
 ROOT = Path(__file__).resolve().parents[3]

@@ -10,8 +10,8 @@ from autotune.config.study_file import load_study
 from autotune.fit import feasibility
 from autotune.fit.estimate import estimate
 from autotune.fit.hardware import PROFILES, GpuInfo, held_by_others
+from autotune.search.gpu_wait import taken_since_start
 from autotune.search.slots import Slot, slot_gpus
-from autotune.search.study import taken_since_start
 from autotune.units import GiB, MiB
 from benchmarks import estimator_accuracy as acc
 

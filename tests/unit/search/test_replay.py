@@ -15,8 +15,8 @@ import pytest
 
 from autotune.engine.flags import Build, installed_vllm
 from autotune.measure.stats import Limits
+from autotune.search.screen import runs_at_once
 from autotune.search.start import candidates
-from autotune.search.study import runs_at_once
 from benchmarks import search_efficiency as se
 from benchmarks.catalogue import dataset
 from benchmarks.surface import load_surface, rejudge

@@ -11,8 +11,8 @@ import pytest
 from autotune.config.study_file import load_study
 from autotune.fit.hardware import PROFILES
 from autotune.search import start
+from autotune.search.screen import runs_at_once
 from autotune.search.space import condition_met
-from autotune.search.study import runs_at_once
 
 ROOT = Path(__file__).resolve().parents[3]
 SPEC = load_study(ROOT / "studies" / "qwen3.5-27b-rtx3090.toml")

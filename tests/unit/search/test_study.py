@@ -25,8 +25,9 @@ from autotune.search import record, tell
 from autotune.search.budget import Budget
 from autotune.search.record import REMEASURE_ATTR, feasible, trial_baseline
 from autotune.search.remeasure import best_trial
+from autotune.search.screen import load_prior
 from autotune.search.space import suggest
-from autotune.search.study import load_prior, open_study
+from autotune.search.study import open_study
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -418,7 +419,7 @@ def test_ctrl_c_while_slots_run_stops_them_and_raises_nothing_in_the_main_thread
     import threading
     import time
 
-    from autotune.search.study import _ctrl_c_stops, _until_done
+    from autotune.search.threads import ctrl_c_stops, until_done
 
     stop, sent = threading.Event(), []
 
@@ -438,8 +439,8 @@ def test_ctrl_c_while_slots_run_stops_them_and_raises_nothing_in_the_main_thread
     reasons: set[str] = set()
     outer = signal.signal(signal.SIGINT, before)
     try:
-        with _ctrl_c_stops(halt) as pressed:
-            _until_done([("slot", slot)])
+        with ctrl_c_stops(halt) as pressed:
+            until_done([("slot", slot)])
         restored = signal.getsignal(signal.SIGINT)
         time.sleep(0.2)  # a system call: a signal still pending is delivered now, to `before`
     finally:
@@ -451,11 +452,11 @@ def test_ctrl_c_while_slots_run_stops_them_and_raises_nothing_in_the_main_thread
 def test_without_ctrl_c_the_stop_event_is_untouched() -> None:
     import threading
 
-    from autotune.search.study import _ctrl_c_stops, _until_done
+    from autotune.search.threads import ctrl_c_stops, until_done
 
     stop, ran = threading.Event(), []
-    with _ctrl_c_stops(lambda why: stop.set()) as pressed:
-        _until_done([("a", lambda: ran.append("a")), ("b", lambda: ran.append("b"))])
+    with ctrl_c_stops(lambda why: stop.set()) as pressed:
+        until_done([("a", lambda: ran.append("a")), ("b", lambda: ran.append("b"))])
     assert sorted(ran) == ["a", "b"] and not pressed.is_set() and not stop.is_set()
 
 
@@ -464,9 +465,9 @@ def test_the_first_reason_to_stop_is_what_the_trials_in_flight_are_recorded_with
     (a later Ctrl-C changes nothing), in the real SQLite study."""
     import threading
 
-    from autotune.search.study import _Run
+    from autotune.search.one_trial import StudyRun
 
-    run = _Run(*([None] * 8), stop=threading.Event())  # type: ignore[arg-type]
+    run = StudyRun(*([None] * 8), stop=threading.Event())  # type: ignore[arg-type]
     run.halt("stopped when slot gpu1 failed: GPU memory is held by another process")
     run.halt(tell.INTERRUPTED)
     assert run.stop.is_set() and run.why_stopped.startswith("stopped when slot gpu1 failed")
