@@ -338,6 +338,8 @@ def value_problem(flag: FlagType, value: object) -> str | None:
     if flag.many and isinstance(value, list):
         return next((p for v in value if (p := value_problem(FlagType(flag.kind, flag.choices), v))), None)
     text = str(value)
+    if "\0" in text:
+        return "contains a NUL byte, which no command line can hold"
     if flag.kind == "int" and not (isinstance(value, int) or re.fullmatch(r"-?\d+", text)):
         return "must be an integer"
     if flag.kind == "float" and not isinstance(value, int | float):

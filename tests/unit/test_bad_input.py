@@ -76,6 +76,8 @@ BAD_STUDIES: dict[str, tuple[str | bytes, str]] = {
     "env name empty": (QUICK_HEAD + "[engine.env]\n'' = '1'\n", "is not an environment variable name"),
     "env value with a NUL byte": (QUICK_HEAD + "[engine.env]\nVLLM_LOGGING_LEVEL = \"INFO\\u0000x\"\n",
                                   "engine.env.VLLM_LOGGING_LEVEL: contains a NUL byte"),
+    "flag value with a NUL byte": (QUICK_HEAD + "[engine]\ntokenizer_revision = \"a\\u0000b\"\n",
+                                   "engine.tokenizer_revision: contains a NUL byte"),
     "negative seed": (QUICK_HEAD + "[sampler]\nseed = -1\n", "sampler.seed: must be >= 0"),
     "seed beyond numpy's": (QUICK_HEAD + f"[sampler]\nseed = {2**63 - 1}\n", "sampler.seed: must be <="),
     "baseline 0 on a log-scale parameter": (QUICK_HEAD + "[space.max_num_seqs]\ntype = 'int'\nlow = 2\nhigh = 16\n"
