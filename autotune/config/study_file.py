@@ -24,6 +24,7 @@ from autotune.engine.flags import (
     RESERVED_REASONS,
     SPEC_TOKENS,
     check_exposure,
+    exposure_problem,
     invalid_reason,
     pseudo_param_problem,
     spec_tokens_problem,
@@ -413,6 +414,20 @@ def check_host_trust(spec: StudySpec, allow_flags: typing.Iterable[str] = (),
     it. Checked before anything is written: a study file may come from a shared database."""
     check_exposure(study_flag_values(spec), allow_flags)
     check_env(spec.env, str(spec.path), "engine.env", allow_env)
+
+
+def foreign_config_problem(spec: StudySpec, model: str, flags: typing.Mapping[str, object]) -> str | None:
+    """Why a configuration a stored trial asks to boot goes beyond what the study file sets, or None. A shared
+    database holds trials anyone who can write it may add; the study file is what this host was given (and
+    checked with check_host_trust): a model it does not name, or a flag that runs code or exposes the host that it
+    does not set, is not booted."""
+    if model not in study_models(spec):
+        return f"the model {model!r} is not one the study file names"
+    own = {name for _, name in study_flag_names(spec)}
+    for dest, value in flags.items():
+        if problem := exposure_problem(dest, value, own):
+            return f"{dest} {problem}"
+    return None
 
 
 def study_digest(study_text: str, objective_text: str) -> str:

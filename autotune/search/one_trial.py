@@ -13,7 +13,7 @@ import optuna
 from optuna.artifacts import FileSystemArtifactStore
 from optuna.trial import TrialState
 
-from autotune.config.study_file import StudySpec
+from autotune.config.study_file import StudySpec, foreign_config_problem
 from autotune.engine.flags import invalid_reason, value_text
 from autotune.errors import EngineError
 from autotune.fit import feasibility
@@ -187,6 +187,10 @@ def _judge_before_boot(run: StudyRun, trial: optuna.Trial, c: _Candidate) -> _Cl
     """Refuse, told at once and without a boot, what vLLM would reject, what is predicted not to fit, and what
     screening at the incumbent's level says must fail there."""
     spec, study = run.spec, run.study
+    if reason := foreign_config_problem(spec, c.model, c.flags):  # a trial someone added to a shared database
+        tell.tell_rejected(study, trial, f"not booted: {reason}")
+        run.ended(trial, TrialState.COMPLETE, f"rejected before boot: {reason}")
+        return None
     if reason := invalid_reason(c.flags):
         tell.tell_rejected(study, trial, f"vLLM would reject it: {reason}")
         run.ended(trial, TrialState.COMPLETE, f"rejected before boot: {reason}")

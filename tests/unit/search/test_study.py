@@ -476,3 +476,36 @@ def test_the_first_reason_to_stop_is_what_the_trials_in_flight_are_recorded_with
     tell.tell_interrupted(study, trial, run.why_stopped)
     got = study.trials[0]
     assert got.state == TrialState.FAIL and got.user_attrs["reason"] == run.why_stopped
+
+
+def test_a_trial_added_to_a_shared_database_boots_nothing_the_study_file_does_not_set(tmp_path: Path,
+                                                                                      monkeypatch) -> None:
+    """Whoever can write a shared database can queue trials, and a worker boots what it asks (a baseline's flags
+    travel in the trial): only flags and models the study file it was given sets are booted; the rest is told
+    rejected, unbooted."""
+    import shutil
+
+    from autotune.search import one_trial
+    from autotune.search.study import run_study
+
+    shutil.copy(ROOT / "tests" / "data" / "quick" / "quick-objective.toml", tmp_path)
+    study_file = tmp_path / "plain.toml"
+    study_file.write_text("name = 'plain'\nobjective = 'quick-objective.toml'\nhardware = 'cpu'\n[model]\n"
+                          "path = 'tiny:dense'\n[engine]\ndtype = 'float32'\n[engine.env]\n"
+                          "VLLM_CPU_KVCACHE_SPACE = '1'\n[space.max_num_seqs]\ntype = 'int'\nlow = 2\nhigh = 8\n")
+    spec = load_study(study_file)
+    study = open_study(spec)
+    study.enqueue_trial({}, user_attrs={"baseline": {"name": "added", "flags": {
+        "compilation_config": {"cache_dir": str(tmp_path / "compiled-elsewhere")}}}})
+    booted: list[dict[str, object]] = []
+
+    def run_trial(plan, **kwargs) -> TrialResult:  # no server: what would boot is all this test needs
+        booted.append(dict(plan.engine.flags))
+        return TrialResult("failed", failure=Failure(FailureKind.INVALID_CONFIG, "not booted in this test"))
+
+    monkeypatch.setattr(one_trial, "run_trial", run_trial)
+    run_study(spec, Budget(trials=1))
+    added = open_study(spec).trials[0]
+    assert added.user_attrs["booted"] is False, added.user_attrs
+    assert "not booted: compilation_config cannot be set from a study with 'cache_dir'" in added.user_attrs["reason"]
+    assert booted and not [flags for flags in booted if "compilation_config" in flags]  # the next trial booted
