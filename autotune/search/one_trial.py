@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
@@ -37,7 +38,7 @@ from autotune.search.remeasure import best_trial
 from autotune.search.screen import load_prior, runs_at_once, screen_before_boot
 from autotune.search.slots import Slot
 from autotune.search.space import engine_config, suggest
-from autotune.search.storage import attach_log, heartbeat
+from autotune.search.storage import attach_log, heartbeat, unwritable
 
 PREDICTED_NOT_TO_FIT = "predicted not to fit"  # the reason's head of a trial refused on the memory estimate
 
@@ -74,6 +75,7 @@ class StudyRun:
     # NVML's used bytes per GPU before the run's first server: not ours to wait for (gpu_wait.taken_since_start)
     used_at_start: dict[int, int] = field(default_factory=dict)
     why_stopped: str = ""  # what the trials in flight when it stopped are recorded as (tell.tell_interrupted)
+    say: Callable[[str], object] = field(default=lambda line: None)  # warnings that do not stop the run
     booted: int = 0  # trials of the search that booted, counted by the slots under `asking`
     refused: int = 0  # refused before boot, likewise
     reasons: list[str] = field(default_factory=list)  # why each slot stopped searching, this search
@@ -99,8 +101,9 @@ class StudyRun:
         return None
 
     def raise_first_error(self) -> None:
+        """The first slot's failure, as one line where it is the database's (storage.unwritable)."""
         if self.errors:
-            raise self.errors[0]
+            raise unwritable(self.errors[0]) or self.errors[0]
 
 
 @dataclass(frozen=True)
@@ -241,11 +244,11 @@ def _boot_and_measure(run: StudyRun, trial: optuna.Trial, plan: TrialPlan, log_p
             result = run_trial(plan, on_level=run.why_stop_early, cancel=run.stop,
                                on_stage=lambda text: run.progress.stage(trial.number, text))
     except EngineError as e:
-        attach_log(run.study, trial, log_path, run.store)
+        attach_log(run.study, trial, log_path, run.store, run.say)
         tell.tell_engine_error(run.study, trial, e)
         run.ended(trial, TrialState.FAIL, str(e))
         raise
-    attach_log(run.study, trial, log_path, run.store)
+    attach_log(run.study, trial, log_path, run.store, run.say)  # a full disk: said; the result is still told
     return result
 
 

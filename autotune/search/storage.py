@@ -13,7 +13,7 @@ import threading
 import tomllib
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import cast
+from typing import BinaryIO, cast
 from urllib.parse import quote
 
 import optuna
@@ -24,6 +24,7 @@ from optuna.artifacts import (
 from optuna.storages._heartbeat import BaseHeartbeat
 from optuna.trial import FrozenTrial, TrialState
 from sqlalchemy.engine import URL, make_url
+from sqlalchemy.exc import SQLAlchemyError
 
 from autotune.config.study_file import StudySpec, check_study_name, load_study, study_digest
 from autotune.errors import SpecError, StorageError
@@ -33,23 +34,45 @@ from autotune.search.sqlite_file import ensure_schema
 STORE_DIR = "store"  # inside the study's artifacts directory, beside the log files
 
 
+class WholeFileStore(FileSystemArtifactStore):
+    """Optuna's file store, but an artifact it cannot write whole (a full disk) leaves no partial file behind."""
+
+    def write(self, artifact_id: str, content_body: BinaryIO) -> None:
+        try:
+            super().write(artifact_id, content_body)
+        except OSError:
+            self._get_filepath(artifact_id).unlink(missing_ok=True)
+            raise
+
+
 def open_artifact_store(artifacts_dir: Path) -> FileSystemArtifactStore:
     """The store for a study whose logs are written to `artifacts_dir` (study.py's artifacts_dir)."""
     path = Path(artifacts_dir) / STORE_DIR
     path.mkdir(parents=True, exist_ok=True)
-    return FileSystemArtifactStore(str(path))
+    return WholeFileStore(str(path))
 
 
-def attach_log(study: optuna.Study, trial: optuna.Trial, log_path: Path,
-               artifact_store: FileSystemArtifactStore) -> str | None:
-    """Attach a trial's server log; returns the artifact id, or None when the server never wrote one.
+LOG_NOT_KEPT_ATTR = "log_not_kept"  # why a trial's server log is not in the artifact store
+
+
+def attach_log(study: optuna.Study, trial: optuna.Trial, log_path: Path, artifact_store: FileSystemArtifactStore,
+               warn: Callable[[str], object] = lambda line: None) -> str | None:
+    """Attach a trial's server log; returns the artifact id, or None when the server never wrote one or it could
+    not be copied (a full disk: said through `warn` and recorded on the trial, whose measurement is still told).
 
     Optuna refuses to change a finished trial, so call this before the trial is told."""
     log_path = Path(log_path)
     if not log_path.is_file():
         return None
-    return upload_artifact(artifact_store=artifact_store, file_path=str(log_path), study_or_trial=trial,
-                           mimetype="text/plain", encoding="utf-8")
+    try:
+        return upload_artifact(artifact_store=artifact_store, file_path=str(log_path), study_or_trial=trial,
+                               mimetype="text/plain", encoding="utf-8")
+    except OSError as e:
+        why = f"{e.strerror or e}"
+        trial.set_user_attr(LOG_NOT_KEPT_ATTR, why)
+        warn(f"warning: trial {trial.number}'s server log was not copied into the artifact store ({why}); it stays "
+             f"at {log_path} if that could be written")
+        return None
 
 
 def find_artifact_store(study: optuna.Study, storage_url: str) -> FileSystemArtifactStore | None:
@@ -170,6 +193,19 @@ def sqlite_path(url: str) -> Path | None:
     """The file of a SQLite storage URL; None for another database."""
     parsed = make_url(url)
     return Path(parsed.database) if parsed.get_backend_name() == "sqlite" and parsed.database else None
+
+
+def unwritable(error: BaseException) -> StorageError | None:
+    """The one line a run stops with when its database cannot be written (a full disk, a lost server): Optuna
+    wraps the driver's error, which is what a user needs to read. None for any other error."""
+    if not isinstance(error, optuna.exceptions.StorageInternalError | SQLAlchemyError):
+        return None
+    cause: BaseException = error
+    while (cause.__cause__ or cause.__context__) is not None:
+        cause = cause.__cause__ or cause.__context__  # type: ignore[assignment]
+    reason = (str(cause).splitlines() or [type(cause).__name__])[0]
+    return StorageError(f"cannot write the study's database: {reason}; the trials told before are kept, the one in "
+                        "flight is measured again when the run resumes")
 
 
 def _make_schema(database: URL, path: Path) -> None:

@@ -233,7 +233,7 @@ def _start_run(spec: StudySpec, study: optuna.Study, budget: Budget, progress: P
             f"{format_gib(profile.usable_bytes, 2)} they leave")
     return StudyRun(spec, study, budget, progress, artifacts_dir, profile, real_profile,
                     open_artifact_store(artifacts_dir), threading.Event(),
-                    used_at_start={g.index: g.used_bytes for g in gpus})
+                    used_at_start={g.index: g.used_bytes for g in gpus}, say=say)
 
 
 def _search(run: StudyRun, slots: tuple[Slot, ...]) -> remeasure.Searched:

@@ -6,6 +6,7 @@ faults injected, survived, trials lost (must be 0).
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import shutil
 import signal
@@ -20,6 +21,7 @@ from pathlib import Path
 import optuna
 import psutil
 import pytest
+from optuna.artifacts import FileSystemArtifactStore
 from optuna.trial import TrialState
 from processes import group_gone, vllm_processes, within
 
@@ -122,9 +124,9 @@ class Inject(NoProgress):
         return (self.missed.get(number), [text for n, text in self.stages if n == number])
 
 
-def run_with(quick: Path, progress, trials: int = 2) -> optuna.Study:
+def run_with(quick: Path, progress, trials: int = 2, say=lambda line: None) -> optuna.Study:
     spec = load_study(quick)
-    run_study(spec, Budget(trials=trials), progress=progress)
+    run_study(spec, Budget(trials=trials), progress=progress, say=say)
     return optuna.load_study(study_name=spec.name, storage=f"sqlite:///{quick.parent / 'quick.db'}")
 
 
@@ -320,6 +322,52 @@ def test_a_full_disk_for_logs_stops_the_run_cleanly(quick: Path) -> None:
     LEDGER.append(("disk full for server logs", survived, lost(study)))
     assert survived, out.stderr[-2000:]
     assert len([line for line in out.stderr.splitlines() if line.startswith("error:")]) == 1
+
+
+@contextlib.contextmanager
+def full_filesystem(path: Path):
+    """`path` on a small tmpfs filled to the last byte, where this machine allows a mount (root); else None, and
+    the caller fills the disk through the artifact store's own error path."""
+    path.mkdir(parents=True)
+    try:
+        subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(path)], check=True,
+                       capture_output=True)
+    except (OSError, subprocess.CalledProcessError):
+        yield False
+        return
+    try:
+        with contextlib.suppress(OSError), open(path / "filler", "wb") as f:
+            while True:
+                f.write(b"x" * 4096)
+                f.flush()
+        yield True
+    finally:
+        subprocess.run(["umount", str(path)], check=False)
+
+
+def test_a_full_disk_for_the_log_copy_after_a_trial_was_measured_keeps_the_measurement(
+        quick: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The artifact store (where the server log is copied before the tell) on a full filesystem: the trial's
+    measurement is told all the same, the log that could not be copied is a warning and a note on the trial, and
+    no partial copy is left in the store."""
+    store = quick.parent / "quick-artifacts" / "store"
+    said: list[str] = []
+    with full_filesystem(store) as mounted:
+        if not mounted:
+            def no_space(self, artifact_id: str, content_body) -> None:
+                (store / artifact_id).write_bytes(content_body.read(100))  # a partial copy, then the disk is full
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+            monkeypatch.setattr(FileSystemArtifactStore, "write", no_space)
+        before = sorted(p.name for p in store.iterdir())
+        study = run_with(quick, NoProgress(), trials=1, say=said.append)
+        after = sorted(p.name for p in store.iterdir())
+    t = study.trials[0]
+    survived = (t.state == TrialState.COMPLETE and t.user_attrs.get("kv_cache_tokens") == 262_144
+                and "No space left on device" in t.user_attrs.get("log_not_kept", "")
+                and any(line.startswith("warning: trial 0's server log") for line in said)
+                and after == before and ours() == [])
+    LEDGER.append(("disk full when the server log is copied after a measured trial", survived, lost(study)))
+    assert survived, (t.state, t.user_attrs, said, before, after)
 
 
 def test_zz_fault_count(capsys: pytest.CaptureFixture[str]) -> None:
