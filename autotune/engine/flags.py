@@ -127,10 +127,20 @@ def env_words(env: Mapping[str, str]) -> list[str]:
     return [f"{name}={shlex.quote(str(value))}" for name, value in env.items()]
 
 
+# Where every server autotune boots listens, and so where every command and file it prints has it listen: vLLM's
+# own default is every interface, which would widen what was measured. Serving other machines is the user's choice.
+HOST = "127.0.0.1"
+
+
+def served_argv(flags: Mapping[str, object]) -> list[str]:
+    """The flags as a server autotune printed would take them: on the host it was measured on, then to_argv."""
+    return ["--host", HOST, *to_argv(flags)]
+
+
 def serve_command(model: str, flags: Mapping[str, object], env: Mapping[str, str] | None = None,
                   program: Sequence[str] = ("vllm", "serve")) -> str:
-    """A shell-quoted command line a user can paste, prefixed with the server's environment."""
-    return " ".join([*env_words(env or {}), shlex.join([*program, model, *to_argv(flags)])])
+    """A shell-quoted command line a user can paste, prefixed with the server's environment, listening on HOST."""
+    return " ".join([*env_words(env or {}), shlex.join([*program, model, *served_argv(flags)])])
 
 
 MODEL = "model"

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import IO
 
 from autotune.engine.compile_cache import cache_env, keep_triton_cache
-from autotune.engine.flags import CACHE_DIR, Build, detect_build, to_argv
+from autotune.engine.flags import CACHE_DIR, HOST, Build, detect_build, to_argv
 from autotune.engine.logs import (
     _ENGINE_DIED,
     BootInfo,
@@ -39,8 +39,6 @@ from autotune.engine.logs import (
     watch_line,
 )
 from autotune.errors import EngineError
-
-HOST = "127.0.0.1"
 
 
 @dataclass(frozen=True)

@@ -15,12 +15,13 @@ import optuna
 import yaml
 
 from autotune.engine.flags import (
+    HOST,
     STORE_TRUE_ONLY,
     _rounded,
     env_words,
     option,
     serve_command,
-    to_argv,
+    served_argv,
 )
 from autotune.errors import AutotuneError, SpecError
 from autotune.measure.memory import over_cap, over_cap_text
@@ -30,10 +31,12 @@ from autotune.search.remeasure import best_trial
 
 
 def to_yaml(flags: Mapping[str, object], model: str | None = None, env: Mapping[str, str] | None = None) -> str:
-    """A file for `vllm serve --config FILE` (keys with dashes; false -> --no-KEY; tables -> JSON).
+    """A file for `vllm serve --config FILE` (keys with dashes; false -> --no-KEY; tables -> JSON), on the host
+    the server was measured on.
     Store-true-only flags set to false are left out, as vLLM's loader would skip them anyway. The environment
     goes in a comment header: vLLM's loader makes a flag of every key, and has none for the environment."""
     doc: dict[str, object] = {"model": model} if model is not None else {}
+    doc["host"] = HOST  # as measured (engine/flags.HOST)
     for dest, value in flags.items():
         if value is None or (value is False and dest in STORE_TRUE_ONLY):
             continue
@@ -48,8 +51,9 @@ def to_yaml(flags: Mapping[str, object], model: str | None = None, env: Mapping[
 
 def to_json(model: str, flags: Mapping[str, object], metrics: Mapping[str, object],
             env: Mapping[str, str] | None = None) -> str:
-    """Everything about one configuration, for scripts: flags, environment, argv, the command and its measurements."""
-    doc = {"model": model, "flags": _rounded(dict(flags)), "env": dict(env or {}), "argv": to_argv(flags),
+    """Everything about one configuration, for scripts: flags, environment, argv (with the measured host), the
+    command and its measurements."""
+    doc = {"model": model, "flags": _rounded(dict(flags)), "env": dict(env or {}), "argv": served_argv(flags),
            "command": serve_command(model, flags, env), "metrics": dict(metrics)}
     return json.dumps(doc, indent=2, sort_keys=False)
 

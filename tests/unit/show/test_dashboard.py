@@ -33,7 +33,7 @@ def test_trial_notes_say_the_result_in_words(demo_study_db) -> None:
         "**Feasible**: 900 output tok/s at concurrency 4 (p95 TTFT 300 ms, p95 TPOT 20.0 ms); "
         "peak 3.20 GiB host memory (RSS of the server's processes)"
         "\n\nBaseline **vllm-defaults**, booted as:\n\n```\nvllm serve tiny:dense \\\n"
-        "  --dtype float32 \\\n  --enforce-eager \\\n  --load-format dummy")
+        "  --host 127.0.0.1 \\\n  --dtype float32 \\\n  --enforce-eager \\\n  --load-format dummy")
     assert trial_note(t[4]).startswith("**Not feasible: missed the latency limits**. no load level met the limits")
     assert trial_note(t[6]).startswith("**Not feasible: rejected before boot**. predicted not to fit")
     assert "attached below" in get_note(optuna.Trial(study, t[2]._trial_id))

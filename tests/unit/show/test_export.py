@@ -60,16 +60,18 @@ def test_serve_command_quoting_round_trips() -> None:
     model = "/models/my model's dir"
     flags = {"served_model_name": ['a "quoted" name'], "max_num_seqs": 4, "chat_template": "{{ x }} $HOME; rm -rf"}
     command = serve_command(model, flags)
-    assert shlex.split(command) == ["vllm", "serve", model, *to_argv(flags)]
-    assert command.startswith("vllm serve '/models/my model'\"'\"'s dir' --served-model-name ")
+    assert shlex.split(command) == ["vllm", "serve", model, "--host", "127.0.0.1", *to_argv(flags)]
+    assert command.startswith("vllm serve '/models/my model'\"'\"'s dir' --host 127.0.0.1 --served-model-name ")
 
 
 def test_to_json() -> None:
     doc = json.loads(to_json("org/m", {"max_num_seqs": 8, "enforce_eager": True}, {"output_tok_s": 123.5},
                              {"VLLM_USE_FLASHINFER_SAMPLER": "0"}))
     assert doc == {"model": "org/m", "flags": {"max_num_seqs": 8, "enforce_eager": True},
-                   "env": {"VLLM_USE_FLASHINFER_SAMPLER": "0"}, "argv": ["--max-num-seqs", "8", "--enforce-eager"],
-                   "command": "VLLM_USE_FLASHINFER_SAMPLER=0 vllm serve org/m --max-num-seqs 8 --enforce-eager",
+                   "env": {"VLLM_USE_FLASHINFER_SAMPLER": "0"},
+                   "argv": ["--host", "127.0.0.1", "--max-num-seqs", "8", "--enforce-eager"],
+                   "command": "VLLM_USE_FLASHINFER_SAMPLER=0 vllm serve org/m --host 127.0.0.1 --max-num-seqs 8 "
+                              "--enforce-eager",
                    "metrics": {"output_tok_s": 123.5}}
 
 
@@ -78,8 +80,8 @@ def test_serve_command_sets_the_environment_in_a_real_shell() -> None:
     command = serve_command("org/model", {"max_num_seqs": 4}, ENV, program=SHOW)
     assert command.startswith("VLLM_USE_FLASHINFER_SAMPLER=0 VLLM_CPU_KVCACHE_SPACE=1 ODD=")
     seen = json.loads(subprocess.run(["bash", "-c", command], capture_output=True, text=True, check=True).stdout)
-    assert seen == {"env": ENV, "argv": ["org/model", "--max-num-seqs", "4"]}
-    assert serve_command("org/m", {"max_num_seqs": 4}, {}) == "vllm serve org/m --max-num-seqs 4"
+    assert seen == {"env": ENV, "argv": ["org/model", "--host", "127.0.0.1", "--max-num-seqs", "4"]}
+    assert serve_command("org/m", {"max_num_seqs": 4}, {}) == "vllm serve org/m --host 127.0.0.1 --max-num-seqs 4"
     with pytest.raises(ValueError, match="not an environment variable name"):
         serve_command("org/m", {}, {"A-B": "1"})  # a shell would run `A-B=1` as the command
 
@@ -87,7 +89,7 @@ def test_serve_command_sets_the_environment_in_a_real_shell() -> None:
 def test_to_yaml_shape() -> None:
     doc = yaml.safe_load(to_yaml({"max_num_seqs": 8, "enable_prefix_caching": False, "disable_log_stats": False,
                                   "speculative_config": {"method": "mtp"}}, model="org/m"))
-    assert doc == {"model": "org/m", "max-num-seqs": 8, "enable-prefix-caching": False,
+    assert doc == {"model": "org/m", "host": "127.0.0.1", "max-num-seqs": 8, "enable-prefix-caching": False,
                    "speculative-config": {"method": "mtp"}}
 
 
@@ -145,6 +147,21 @@ def test_vllm_reads_yaml_config_with_the_environment_in_its_header(vllm_parser: 
     with_env_key.write_text(yaml.safe_dump({"max-num-seqs": 3, "env": {"VLLM_CPU_KVCACHE_SPACE": "1"}}))
     with pytest.raises(SystemExit):  # why the header is a comment: vLLM has no place for it
         vllm_parser.parse_args(["org/model", "--config", str(with_env_key)])
+
+
+def test_every_export_listens_where_the_server_was_measured(vllm_parser: argparse.ArgumentParser,
+                                                            tmp_path: Path) -> None:
+    """The measured server listened on 127.0.0.1; vLLM's default (no --host) is every interface. The command,
+    the YAML and the JSON's argv, read back by vLLM's own parser, keep the server on 127.0.0.1."""
+    words = shlex.split(serve_command("org/model", FLAGS))
+    config = tmp_path / "best.yaml"
+    config.write_text(to_yaml(FLAGS, model="org/model"))
+    argv = json.loads(to_json("org/model", FLAGS, {}))["argv"]
+    for ns in (vllm_parser.parse_args(words[2:]), vllm_parser.parse_args(["--config", str(config)]),
+               vllm_parser.parse_args(["org/model", *argv])):
+        assert ns.host == "127.0.0.1"
+        _assert_parsed(ns, FLAGS)
+    assert vllm_parser.parse_args(["org/model"]).host is None  # what no --host gives: every interface
 
 
 def test_store_true_only_matches_vllm(vllm_parser: argparse.ArgumentParser) -> None:

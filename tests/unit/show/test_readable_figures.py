@@ -30,7 +30,7 @@ def test_floats_are_printed_for_people_wherever_flags_are_printed():
     assert float_text(0.15547130205719425) == "0.155471302"  # a memory cap's utilization: within 1e-9
     assert float_text(2.0) == "2.0" and float_text(1e-5) == "1e-05"
     flags = {"gpu_memory_utilization": SUM, "max_num_seqs": 8}
-    assert serve_command("m", flags) == "vllm serve m --gpu-memory-utilization 0.92 --max-num-seqs 8"
+    assert serve_command("m", flags) == "vllm serve m --host 127.0.0.1 --gpu-memory-utilization 0.92 --max-num-seqs 8"
     assert yaml.safe_load(to_yaml(flags))["gpu-memory-utilization"] == 0.92
     assert "0.92" in to_yaml(flags) and "0.9199" not in to_yaml(flags)
     assert "0.9199" not in to_json("m", flags, {})
