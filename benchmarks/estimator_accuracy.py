@@ -119,6 +119,16 @@ def _log_boot(path: Path, source: str, model: str, profile: GpuProfile) -> Boot 
                 int(tokens.group(1).replace(",", "")))
 
 
+# vLLM's CPU build says this at boot when the CPU has AVX512-BF16 and the model has GDN layers (platforms/cpu.py)
+ACCELERATED_GDN = "Reset SSM cache type to float32 for accelerated GDN"
+
+
+def recorded_cpu(log: Path) -> GpuProfile:
+    """The CPU a log was recorded on, as far as the estimate depends on it: AVX512-BF16 as the log shows it (a
+    dense model's log does not, and its estimate does not depend on it), never the CPU replaying it."""
+    return cpu_profile(avx512_bf16=ACCELERATED_GDN in log.read_text(errors="replace"))
+
+
 def log_boots() -> list[Boot]:
     out = [b for p in sorted((DATA / "gpu").glob("cuda-*.log")) if (b := _log_boot(p, "gpu", str(CONFIG), h200()))]
     from autotune.engine.models import tiny_model_dir  # writes the tiny models' config (no weights)
@@ -126,7 +136,7 @@ def log_boots() -> list[Boot]:
     for p in sorted((DATA / "logs").glob("cpu-*.log")):
         m = ARGS.search(p.read_text(errors="replace"))
         kind = m and ast.literal_eval(m.group(1)).get("model", "").rsplit("/", 1)[-1]
-        if kind in ("dense", "hybrid") and (b := _log_boot(p, "cpu", str(tiny_model_dir(kind)), cpu_profile())):
+        if kind in ("dense", "hybrid") and (b := _log_boot(p, "cpu", str(tiny_model_dir(kind)), recorded_cpu(p))):
             out.append(b)
     return out
 

@@ -44,7 +44,7 @@ from autotune.engine.defaults import (
     profiling_kv_per_sequence,
     unset_flag_value,
 )
-from autotune.fit.hardware import GpuProfile, host_has_avx512_bf16
+from autotune.fit.hardware import GpuProfile
 from autotune.fit.model_shape import (
     _QUANT_ALIASES,
     DTYPE_BYTES,
@@ -188,7 +188,7 @@ def estimate(
         rules.append("speculative_config asks for MTP but the model has no MTP layers")
     weights = _weights(shape, quant, DTYPE_BYTES.get(shape.dtype, 2), s.mtp and shape.num_mtp_layers > 0, s.vision,
                        kernel_bytes_per_group(profile, quant, disabled_kernels))
-    lay = _layout(shape, s, cpu, str(config.get("mamba_ssm_cache_dtype") or "auto"))
+    lay = _layout(shape, s, profile, str(config.get("mamba_ssm_cache_dtype") or "auto"))
     if cpu and shape.is_hybrid and shape.dtype != "bfloat16":
         # model_executor/layers/mamba/ops/cpu/gdn_attention.py asserts it at the first request (vLLM 0.32): the
         # server boots, then dies serving (seen with --dtype float32 on tiny:hybrid)
@@ -428,8 +428,9 @@ class _Layout:
     state_seq: int  # unpadded GDN state of one sequence
 
 
-def _layout(shape: ModelShape, s: Settings, cpu: bool, ssm_asked: str) -> _Layout:
+def _layout(shape: ModelShape, s: Settings, profile: GpuProfile, ssm_asked: str) -> _Layout:
     """Block size, block bytes and groups as _align_hybrid_block_size and get_kv_cache_groups derive them."""
+    cpu = profile.kind == "cpu"
     n_attn = shape.num_full_attention_layers + (shape.num_mtp_layers if s.mtp else 0)
     attn_1tok = s.kv_token_bytes  # settings.kv_bytes_per_token: the KV dtype's layout, scales included
     block = s.user_block if s.user_block is not None else (128 if cpu else 16)
@@ -440,7 +441,7 @@ def _layout(shape: ModelShape, s: Settings, cpu: bool, ssm_asked: str) -> _Layou
         # (models/config.py) and the conv state's dtype otherwise.
         conv = shape.dtype if s.mamba_dtype == "auto" else s.mamba_dtype
         ssm = shape.mamba_ssm_dtype if ssm_asked == "auto" and shape.mamba_ssm_dtype else ssm_asked
-        if cpu and host_has_avx512_bf16() and ssm not in ("float16", "bfloat16", "float32"):
+        if cpu and profile.avx512_bf16 and ssm not in ("float16", "bfloat16", "float32"):
             ssm = "float32"  # platforms/cpu.py: the accelerated GDN path resets "auto" to float32
         conv_e, rec_e = shape.gdn_state_elems(s.num_spec)
         mamba_page = conv_e * DTYPE_BYTES.get(conv, 2) + rec_e * DTYPE_BYTES.get(ssm if ssm != "auto" else conv, 2)

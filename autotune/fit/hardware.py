@@ -48,6 +48,9 @@ class GpuProfile:
     # What other processes held on the card when the study began (a desktop's display server): vLLM still budgets
     # a share of the whole card, but its startup check and every peak must fit in what they leave (held_by_others).
     held_bytes: int = 0
+    # The CPU build only: whether the CPU has AVX512-BF16 (its accelerated GDN path resets the SSM state dtype).
+    # A machine's fact: a recorded boot is replayed with its own machine's, never with the one running the replay.
+    avx512_bf16: bool = False
 
     @property
     def cuda_total_bytes(self) -> int:
@@ -96,9 +99,11 @@ def _node_memory_bytes() -> int:
     return total
 
 
-def cpu_profile() -> GpuProfile:
-    """The CPU build's 'device': the memory vLLM budgets from (its KV cache comes out of this)."""
-    return GpuProfile("cpu", _node_memory_bytes(), 0.0, (0, 0), 0.0, False, "cpu")
+def cpu_profile(avx512_bf16: bool | None = None) -> GpuProfile:
+    """The CPU build's 'device': the memory vLLM budgets from (its KV cache comes out of this), and whether the
+    CPU has AVX512-BF16 (None: this machine's)."""
+    bf16 = host_has_avx512_bf16() if avx512_bf16 is None else avx512_bf16
+    return GpuProfile("cpu", _node_memory_bytes(), 0.0, (0, 0), 0.0, False, "cpu", avx512_bf16=bf16)
 
 
 # Figures from NVIDIA's own documents; memory_bytes is the NVML/nvidia-smi total for the board.
