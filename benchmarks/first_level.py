@@ -23,7 +23,7 @@ from pathlib import Path
 
 from autotune.config.study_file import load_study
 from autotune.engine.server import launch
-from autotune.measure.trial import configured, plan_trial
+from autotune.measure.plan import configured, plan_trial
 from autotune.search.space import engine_config
 from benchmarks.engine_lock import engine_lock
 from benchmarks.trial_cost import measure_with

@@ -111,15 +111,9 @@ from autotune.fit.hardware import GpuProfile, get_profile
 from autotune.measure.client import Abandon, Enough, LevelRun, LoadLevel, RequestRecord, measure_level
 from autotune.measure.ladder import LoadSearch, Prior, StopRule, capacity, first_level
 from autotune.measure.memory import MemorySampler
+from autotune.measure.plan import Objective, TrialPlan, configured, plan_first_boot, warm_kv_blocks
 from autotune.measure.stats import Limits, judge, level_stats
-from autotune.measure.trial import (
-    Objective,
-    TrialPlan,
-    configured,
-    plan_first_boot,
-    server_memory_watch,
-    warm_kv_blocks,
-)
+from autotune.measure.trial import server_memory_watch
 from autotune.measure.workload import Workload
 from autotune.search.space import engine_config
 from autotune.units import GiB

@@ -38,7 +38,7 @@ from autotune.config.study_file import StudySpec, load_study
 from autotune.engine.flags import invalid_reason
 from autotune.fit import feasibility, memcap
 from autotune.fit.hardware import GpuProfile, get_profile
-from autotune.measure.trial import configured
+from autotune.measure.plan import configured
 from autotune.search import start
 from autotune.search.screen import runs_at_once
 from autotune.search.space import baseline_params, condition_met, engine_config

@@ -40,8 +40,9 @@ from autotune.fit import feasibility
 from autotune.fit.hardware import GpuProfile
 from autotune.measure import ladder
 from autotune.measure.client import LoadLevel, measure_level
+from autotune.measure.plan import TrialPlan, configured, plan_trial
 from autotune.measure.stats import judge, level_stats
-from autotune.measure.trial import LevelOutcome, TrialPlan, configured, plan_trial
+from autotune.measure.trial import LevelOutcome
 from autotune.measure.workload import prompt_decoder
 from autotune.search.space import engine_config
 from benchmarks.engine_lock import engine_lock

@@ -42,7 +42,7 @@ def configured_model_option(model: str, sets: tuple[str, ...]) -> tuple[str, dic
     unresolvable hub id as a one-line error naming the flag (said before a bad --set, as it always was)."""
     from autotune.errors import ModelUnavailable
     from autotune.fit import feasibility
-    from autotune.measure.trial import configured
+    from autotune.measure.plan import configured
 
     try:
         configured(model, {})

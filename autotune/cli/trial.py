@@ -50,7 +50,8 @@ def trial_command(model: str, objective_path: Path, sets: tuple[str, ...], envs:
     from autotune.engine.env import check_env
     from autotune.engine.weights import fetch_named
     from autotune.fit import memcap
-    from autotune.measure.trial import plan_trial, run_trial
+    from autotune.measure.plan import plan_trial
+    from autotune.measure.trial import run_trial
     from autotune.search.slots import Slot, check_slots_fit, gpu_indices
     from autotune.show.tables import print_trial
 

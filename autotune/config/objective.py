@@ -8,8 +8,8 @@ from pathlib import Path
 from autotune.config.toml import _MISSING, _build, _read, _Table
 from autotune.measure.datasets import read_dataset, read_request_log
 from autotune.measure.ladder import LoadSearch
+from autotune.measure.plan import Objective
 from autotune.measure.stats import Limits
-from autotune.measure.trial import Objective
 from autotune.measure.workload import LengthDist, Workload
 
 

@@ -34,7 +34,7 @@ from autotune.engine.models import KINDS as TINY_KINDS
 from autotune.errors import SpecError
 from autotune.fit.hardware import PROFILES
 from autotune.fit.memcap import MemoryCap, parse_cap
-from autotune.measure.trial import Objective
+from autotune.measure.plan import Objective
 
 DEFAULT_TOP = 3  # [budget] remeasure: how many configurations to re-measure (0: none)
 

@@ -58,7 +58,7 @@ from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Generic, Literal, TypeVar
@@ -349,6 +349,27 @@ def _check(search: LoadSearch) -> None:
         raise ValueError(f"tolerance must be > 0 (>= 0 for concurrency), got {search.tolerance}")
 
 
+class Ladder(Generic[T]):
+    """The load search as ask and tell: `next` is the (level, exact) to measure next, None once the search is
+    done (then `result`); `tell` gives it what that level measured. The caller owns the loop, so it can end the
+    search between any two levels (a server that died, a pruner) by not telling it more."""
+
+    def __init__(self, passed: Callable[[T], bool], search: LoadSearch, prior: Prior = NO_PRIOR):
+        self._walk = _Walk(passed, search, prior).run()
+        self.result: SlaResult[T] | None = None
+        self.next: tuple[float, bool] | None = self._advance(None)
+
+    def tell(self, outcome: T) -> None:
+        self.next = self._advance(outcome)
+
+    def _advance(self, outcome: T | None) -> tuple[float, bool] | None:
+        try:
+            return self._walk.send(outcome)  # type: ignore[arg-type]  # the first send starts the walk: None
+        except StopIteration as done:
+            self.result = done.value
+            return None
+
+
 def find_sustainable(
     measure: Callable[[float, bool], T], passed: Callable[[T], bool], search: LoadSearch, prior: Prior = NO_PRIOR
 ) -> SlaResult[T]:
@@ -358,62 +379,83 @@ def find_sustainable(
     Concurrency levels are integers (each step at least one away from the last, within [ceil(start), floor(max)]).
     In a non-monotone response only measured levels count: the search never skips past a failure.
     """
-    _check(search)
-    ints = search.mode == "concurrency"
-    bottom = max(1, math.ceil(search.start)) if ints else search.start
-    top = math.floor(search.max) if ints else search.max
-    if bottom > top:
-        raise ValueError(f"no integer concurrency in [{search.start}, {search.max}]")
-    steps: list[SlaStep[T]] = []
+    ladder = Ladder(passed, search, prior)
+    while ladder.next is not None:
+        ladder.tell(measure(*ladder.next))
+    assert ladder.result is not None  # the walk ends with its result
+    return ladder.result
 
-    def step(x: float, exact: bool) -> bool:
-        outcome = measure(x, exact)
-        ok = bool(passed(outcome))
-        steps.append(SlaStep(x, outcome, ok, exact))
+
+class _Walk(Generic[T]):
+    """find_sustainable's search as a generator: each step yields (level, exact) and is sent what it measured."""
+
+    def __init__(self, passed: Callable[[T], bool], search: LoadSearch, prior: Prior):
+        _check(search)
+        self.passed, self.search, self.prior = passed, search, prior
+        self.ints = search.mode == "concurrency"
+        self.bottom = max(1, math.ceil(search.start)) if self.ints else search.start
+        self.top = math.floor(search.max) if self.ints else search.max
+        if self.bottom > self.top:
+            raise ValueError(f"no integer concurrency in [{search.start}, {search.max}]")
+        self.steps: list[SlaStep[T]] = []
+
+    def run(self) -> Generator[tuple[float, bool], T, SlaResult[T]]:
+        level = min(max(first_level(self.search, self.prior), self.bottom), self.top)
+        lo: float | None
+        hi: float | None
+        if (yield from self.step(level, self.prior.exact_first)):
+            lo, hi = yield from self.climb(level)
+        elif self.prior.screen:
+            return SlaResult(tuple(self.steps), screened_out=True)
+        else:
+            lo, hi = yield from self.descend(level)
+        while lo is not None:
+            lo, hi = yield from self.bisect(lo, hi)
+            if next(s for s in reversed(self.steps) if s.level == lo).exact or (yield from self.step(lo, True)):
+                break
+            # The best level passed only by the sequential verdict failed when measured exactly: below it again.
+            latest = {s.level: s.passed for s in self.steps}
+            below = [x for x, ok in latest.items() if ok and x < lo]
+            lo, hi = (max(below), lo) if below else (yield from self.descend(lo))
+        return SlaResult(tuple(self.steps))
+
+    def step(self, x: float, exact: bool) -> Generator[tuple[float, bool], T, bool]:
+        outcome = yield x, exact
+        ok = bool(self.passed(outcome))
+        self.steps.append(SlaStep(x, outcome, ok, exact))
         return ok
 
-    def up(x: float) -> float:
-        return min(top, max(x + 1, math.ceil(x * search.factor)) if ints else x * search.factor)
+    def up(self, x: float) -> float:
+        return min(self.top, max(x + 1, math.ceil(x * self.search.factor)) if self.ints else x * self.search.factor)
 
-    def down(x: float) -> float:
-        return max(bottom, min(x - 1, math.floor(x / search.factor)) if ints else x / search.factor)
+    def down(self, x: float) -> float:
+        return max(self.bottom, min(x - 1, math.floor(x / self.search.factor)) if self.ints else x / self.search.factor)
 
-    def descend(fail: float) -> tuple[float | None, float]:
+    def climb(self, lo: float) -> Generator[tuple[float, bool], T, tuple[float, float | None]]:
+        """Up from a pass while levels pass: (the highest pass, the first failure above it or None at the top)."""
+        while lo < self.top:
+            nxt = self.up(lo)
+            if not (yield from self.step(nxt, False)):
+                return lo, nxt
+            lo = nxt
+        return lo, None
+
+    def descend(self, fail: float) -> Generator[tuple[float, bool], T, tuple[float | None, float]]:
         """Down from a failure until a level passes: (that level or None when `bottom` fails too, the lowest
         failure)."""
-        while fail > bottom:
-            x = down(fail)
-            if step(x, False):
+        while fail > self.bottom:
+            x = self.down(fail)
+            if (yield from self.step(x, False)):
                 return x, fail
             fail = x
         return None, fail
 
-    level = min(max(first_level(search, prior), bottom), top)
-    lo: float | None = None
-    hi: float | None = None
-    if step(level, prior.exact_first):
-        lo = level
-        while lo < top:
-            nxt = up(lo)
-            if not step(nxt, False):
-                hi = nxt
-                break
-            lo = nxt
-    else:
-        if prior.screen:
-            return SlaResult(tuple(steps), screened_out=True)
-        lo, hi = descend(level)
-    while lo is not None:
-        while hi is not None and hi - lo > max(search.tolerance * lo, 1 if ints else 0):
-            mid = (lo + hi) // 2 if ints else (lo + hi) / 2
-            if step(mid, False):  # judged sequentially: only the answer needs an exact figure
+    def bisect(self, lo: float, hi: float | None) -> Generator[tuple[float, bool], T, tuple[float, float | None]]:
+        """Halve the gap between the highest pass and the lowest failure down to the search's tolerance."""
+        while hi is not None and hi - lo > max(self.search.tolerance * lo, 1 if self.ints else 0):
+            mid = (lo + hi) // 2 if self.ints else (lo + hi) / 2
+            if (yield from self.step(mid, False)):  # judged sequentially: only the answer needs an exact figure
                 lo = mid
             else:
                 hi = mid
-        if next(s for s in reversed(steps) if s.level == lo).exact or step(lo, True):
-            break
-        # The best level passed only by the sequential verdict failed when measured exactly: below it again.
-        latest = {s.level: s.passed for s in steps}
-        below = [x for x, ok in latest.items() if ok and x < lo]
-        lo, hi = (max(below), lo) if below else descend(lo)
-    return SlaResult(tuple(steps))
+        return lo, hi

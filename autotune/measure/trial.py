@@ -7,12 +7,11 @@ stop the server. Every way this can go wrong becomes a field of the result, neve
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
@@ -21,39 +20,21 @@ from autotune.engine.compile_cache import (
     boot_again_before_measuring,
     boot_again_warm,
     compile_cache_state,
-    compile_key,
-    key_is_new,
-    remember_key,
 )
 from autotune.engine.flags import (
     Build,
     detect_build,
 )
 from autotune.engine.logs import BootInfo, Failure, FailureKind
-from autotune.engine.models import model_vocab_size, resolve_model
-from autotune.engine.server import BootFailed, EngineSpec, Server, server_env
-from autotune.fit import memcap
-from autotune.fit.estimate import Estimate
-from autotune.fit.hardware import GpuProfile, detect_gpus
+from autotune.engine.server import BootFailed, EngineSpec, Server
+from autotune.fit.hardware import detect_gpus
 from autotune.measure.client import STALLED, LoadLevel, measure_level
 from autotune.measure.energy import PowerSampler
-from autotune.measure.ladder import NO_PRIOR, LoadSearch, Prior, find_sustainable, first_level
+from autotune.measure.ladder import Ladder, SlaResult
 from autotune.measure.memory import MemoryPeak, MemorySampler, MemoryWatch, memory_watch
-from autotune.measure.stats import LevelStats, Limits, Verdict, judge, level_stats
-from autotune.measure.workload import Workload, tokenizer_of
-
-
-@dataclass(frozen=True)
-class Objective:
-    """What "good" means: the workload sent and the p95 limits it must meet, and how load rises."""
-
-    name: str
-    path: Path
-    description: str
-    workload: Workload
-    limits: Limits
-    load: LoadSearch
-
+from autotune.measure.plan import FirstBoot, TrialPlan, given_blocks, kv_may_bind, plan_first_boot
+from autotune.measure.stats import LevelStats, Verdict, judge, level_stats
+from autotune.measure.workload import tokenizer_of
 
 Status = Literal["ok", "infeasible", "failed", "stopped"]
 
@@ -67,37 +48,6 @@ class LevelOutcome:
     verdict: Verdict
     hung: bool = False  # the server sent nothing on any connection for the stall timeout (load.HUNG)
 
-
-@dataclass(frozen=True)
-class TrialPlan:
-    engine: EngineSpec
-    objective: Objective
-    vocab_size: int
-    log_path: Path
-    gpu_indices: tuple[int, ...] = ()  # the slot's GPUs (NVML indices); empty: every GPU the server may use
-    prior: Prior = NO_PRIOR  # where the load search starts, and whether it screens at the incumbent's level
-    warm_kv_blocks: int | None = None  # the estimator's KV blocks for a warm boot: what a compiling boot is given
-
-
-def configured(model: str, flags: Mapping[str, object]) -> tuple[str, dict[str, object]]:
-    """(model path, flags) as a trial boots them and the estimator judges them: the model's own defaults (a tiny
-    model's) under the given flags. `autotune trial`, `autotune estimate --model` and the loop all start here."""
-    path, defaults = resolve_model(model)
-    return path, {**defaults, **flags}
-
-
-def plan_trial(model_path: str, flags: Mapping[str, object], objective: Objective, log_path: Path, *,
-               env: Mapping[str, str], boot_timeout_s: float, gpu_indices: tuple[int, ...] = (),
-               memory_cap: memcap.MemoryCap | None = None, real_gpu: GpuProfile | None = None,
-               prior: Prior = NO_PRIOR, warm_kv_blocks: int | None = None) -> TrialPlan:
-    """The one assembly of a trial from a configured model and flags: under a memory cap the flags are translated
-    for the card present (`real_gpu`), so that the server behaves as on the capped card."""
-    if memory_cap is not None:
-        assert real_gpu is not None, "a memory cap is translated for the card present"
-        flags = memcap.engine_flags(flags, memory_cap, real_gpu)
-    engine = EngineSpec(model=model_path, flags=flags, env=env, boot_timeout_s=boot_timeout_s,
-                        cuda_visible_devices=",".join(map(str, gpu_indices)) if gpu_indices else None)
-    return TrialPlan(engine, objective, model_vocab_size(model_path), log_path, gpu_indices, prior, warm_kv_blocks)
 
 
 @dataclass(frozen=True)
@@ -155,20 +105,6 @@ SCREENED = "screened out: did not sustain the incumbent's load level"
 CANCELLED = "cancelled"  # a level's stop reason once the caller's cancel is set: its requests in flight end it
 
 
-class ServerDied(Exception):
-    def __init__(self, failure: Failure):
-        super().__init__(failure.reason)
-        self.failure = failure
-
-
-class _Stop(Exception):
-    pass
-
-
-class _BootWarm(Exception):
-    """A level passed on a cold CUDA server: measure the configuration on a warm boot instead."""
-
-
 def run_trial(
     plan: TrialPlan,
     *,
@@ -176,245 +112,251 @@ def run_trial(
     on_stage: Stage | None = None,
     cancel: threading.Event | None = None,
 ) -> TrialResult:
-    stage = on_stage or (lambda _s: None)
+    """Boot (again, where _boot_again says), climb the load ladder, classify how the last server ended. The server
+    is stopped however the trial ends."""
     t0 = time.monotonic()
-    build = detect_build()
-    # A boot that will compile is given the KV cache its warm boots get (compile_cache: vLLM profiles memory while
-    # it compiles, 1-2 GiB short), so that one boot measures the configuration; vLLM's own sizing comes back on
-    # any boot after.
-    first = plan_first_boot(plan, build)
-    blocks = first.blocks
-    server = Server(first.engine, plan.log_path)
+    servers = _Servers.first(plan, detect_build(), on_stage or (lambda _s: None), cancel)
+    servers.stage("booting")
+    try:
+        climb = _boot_and_climb(servers, on_level)
+        return _classify(servers, climb, time.monotonic() - t0)
+    finally:
+        servers.stage("stopping")
+        servers.stop()
+
+
+@dataclass(frozen=True)
+class _Again:
+    """Boot the configuration again: why (said as a stage), and the first boot kept as the trial's ColdBoot (None:
+    the port was taken, which says nothing of the configuration)."""
+
+    why: str
+    cold: ColdBoot | None = None
+
+
+@dataclass
+class _Servers:
+    """The trial's server, one at a time, with its memory sampler. A trial boots again only through boot_again,
+    when _boot_again says: the next server is sized by vLLM, and the first one's log is kept beside the trial's."""
+
+    plan: TrialPlan
+    build: Build
+    first_boot: FirstBoot
+    watch: MemoryWatch
+    stage: Stage
+    cancel: threading.Event | None
+    server: Server
+    blocks: int | None  # the KV blocks the server was given (warm_kv_blocks); None: sized by vLLM
     sampler: MemorySampler | None = None
     memory: MemoryPeak | None = None
-    levels: list[tuple[float, LevelOutcome]] = []
-    cold: ColdBoot | None = None
-    cold_log = plan.log_path.with_suffix(".cold.log")
+    cold: ColdBoot | None = None  # the first boot, once the trial booted again after it
+    boot_lines: list[str] = field(default_factory=list)  # the server's log when it came up or failed to
+    hung: bool = False  # the last server measured went silent: nothing to drain when it stops
 
-    def done(status: Status, **kw) -> TrialResult:
-        nonlocal memory
-        if sampler is not None and memory is None:
-            memory = sampler.stop()
-        return TrialResult(status, levels=tuple(levels), duration_s=time.monotonic() - t0,
-                           log_path=plan.log_path, memory=memory, log_error=server.log_error,
-                           compile_cache=compile_cache_state(list(server.lines)), cold_boot=cold,
-                           kv_blocks_set=blocks, **kw)
+    @classmethod
+    def first(cls, plan: TrialPlan, build: Build, stage: Stage, cancel: threading.Event | None) -> _Servers:
+        # A boot that will compile is given the KV cache its warm boots get (compile_cache: vLLM profiles memory
+        # while it compiles, 1-2 GiB short), so that one boot measures the configuration; vLLM's own sizing comes
+        # back on any boot after.
+        first = plan_first_boot(plan, build)
+        server = Server(first.engine, plan.log_path)
+        watch = server_memory_watch(plan.engine, build, plan.gpu_indices)
+        return cls(plan, build, first, watch, stage, cancel, server, first.blocks)
 
-    def again(why: str, first_boot: ColdBoot | None = None) -> None:
+    @property
+    def cold_log(self) -> Path:
+        return self.plan.log_path.with_suffix(".cold.log")
+
+    def start(self) -> None:
+        self.server.start()
+        self.sampler = MemorySampler(root_pid=self.server.pid, gpu_indices=self.watch.gpu_indices or None,
+                                     source=self.watch.source).start()
+
+    def note_boot(self) -> None:
+        """The log as the boot left it; a boot that compiled or loaded its key makes the key's next boot warm."""
+        self.boot_lines = list(self.server.lines)
+        self.first_boot.note(self.boot_lines)
+
+    def boot_again(self, again: _Again) -> None:
         """Stop this server and make the next; a first boot's log is kept beside the trial's, and the next one
         is sized by vLLM."""
-        nonlocal server, cold, blocks
-        assert sampler is not None
-        sampler.stop()
-        server.stop()
-        if first_boot is not None:
-            cold, blocks = first_boot, None
-            plan.log_path.replace(cold_log)
-        server = Server(_given_blocks(plan.engine, blocks), plan.log_path)
-        stage(why)
+        assert self.sampler is not None
+        self.sampler.stop()
+        self.server.stop()
+        if again.cold is not None:
+            self.cold, self.blocks = again.cold, None
+            self.plan.log_path.replace(self.cold_log)
+        self.server = Server(given_blocks(self.plan.engine, self.blocks), self.plan.log_path)
+        self.stage(again.why)
 
-    def compiled() -> list[str]:
-        lines = list(server.lines)
-        first.note(lines)
-        return lines
+    def result(self, status: Status, levels: Sequence[tuple[float, LevelOutcome]], duration_s: float,
+               **kw) -> TrialResult:
+        if self.sampler is not None and self.memory is None:
+            self.memory = self.sampler.stop()
+        return TrialResult(status, levels=tuple(levels), duration_s=duration_s, log_path=self.plan.log_path,
+                           memory=self.memory, log_error=self.server.log_error,
+                           compile_cache=compile_cache_state(list(self.server.lines)), cold_boot=self.cold,
+                           kv_blocks_set=self.blocks, **kw)
 
-    def boot_server() -> BootInfo | TrialResult:
-        """The server up (its BootInfo), or the trial's result if it cannot boot."""
-        nonlocal sampler
-        port_retried = False
-        while True:
-            server.start()
-            sampler = MemorySampler(root_pid=server.pid, gpu_indices=watch.gpu_indices or None,
-                                    source=watch.source).start()
-            try:
-                boot = server.wait_ready(cancel)
-                lines = compiled()
-                if blocks is not None or cold is not None or not boot_again_before_measuring(build, lines) \
-                        or not _kv_may_bind(plan, boot):
-                    assert sampler is not None
-                    sampler.serving()
-                    return boot
-                again("booting again: a cold boot (compiling) has less KV cache than this configuration; warm now",
-                      ColdBoot(None, boot.boot_s, cold_log))
-            except BootFailed as e:
-                lines = compiled()
-                if e.failure.kind is FailureKind.PORT_IN_USE and not port_retried:
-                    # Another program took the free port between our check and the server's bind: once more.
-                    port_retried = True
-                    again("booting (the port was taken; on another one)")
-                elif blocks is not None and e.failure.kind.is_memory:
-                    again(_ran_out(blocks), ColdBoot(e.failure, e.boot_s, cold_log))
-                elif cold is None and boot_again_warm(e.failure, lines):
-                    # A cold compile's memory failure is no verdict: the cache is warm now (compile_cache.py).
-                    again("booting again: the cold boot (compiling) ran out of memory; the cache is warm now",
-                          ColdBoot(e.failure, e.boot_s, cold_log))
-                else:
-                    status: Status = "infeasible" if e.failure.kind.is_memory else "failed"
-                    return done(status, failure=e.failure)
-
-    def boot_anew(why: str, first_boot: ColdBoot) -> BootInfo | TrialResult:
-        """The same flags booted again, sized by vLLM, after a first server whose figures are not this
-        configuration's: they are dropped."""
-        levels.clear()
-        again(why, first_boot)
-        return boot_server()
-
-    hung = False
-    watch = server_memory_watch(plan.engine, build, plan.gpu_indices)
-    stage("booting")
-    try:
-        booted = boot_server()
-        if isinstance(booted, TrialResult):
-            return booted
-        boot = booted
-        # A cold CUDA server whose KV cache holds the first level judges a failure there as well as a warm one; a
-        # pass is measured further, where its short KV cache would bind: on a warm boot (compile_cache.py).
-        warm_for_passes = cold is None and blocks is None and boot_again_before_measuring(build, list(server.lines))
-
-        def measure(value: float, exact: bool) -> LevelOutcome:
-            k = len(levels)
-            stage(f"level {k + 1}: {plan.objective.load.mode} {value:g}")
-            outcome = _measure(server, plan, value, seed_offset=k, cancel=cancel, exact=exact,
-                               power_gpus=watch.gpu_indices if watch.source == "nvml" else ())
-            levels.append((value, outcome))
-            refused = any(e.startswith("connection error") for e in outcome.stats.errors)
-            if (failure := server.died(grace_s=3.0 if refused else 0.0)) is not None:
-                raise ServerDied(failure)
-            at = f"{plan.objective.load.mode} {value:g}"
-            if outcome.stats.completed == 0 and outcome.stats.failed > 0:
-                top = next(iter(outcome.stats.errors), "")
-                raise ServerDied(Failure(FailureKind.UNRESPONSIVE, f"no request completed at {at}: {top}"))
-            if outcome.hung:  # alive, but silent: whatever the requests before it did, the trial ends here
-                stalled = next((e for e in outcome.stats.errors if e.startswith(STALLED)), "")
-                raise ServerDied(Failure(FailureKind.UNRESPONSIVE, f"the server hung at {at}: {stalled}"))
-            if warm_for_passes and outcome.verdict.passed:
-                raise _BootWarm
-            if on_level is not None and (why := on_level(k, value, outcome)):
-                raise _Stop(why)
-            return outcome
-
-        while True:
-            try:
-                sla = find_sustainable(measure, lambda o: o.verdict.passed, plan.objective.load, plan.prior)
-                break
-            except _BootWarm:
-                warm_for_passes = False
-                booted = boot_anew("booting again: it passed on a cold boot, whose KV cache is short; measuring it "
-                                   "warm", ColdBoot(None, boot.boot_s, cold_log))
-                if isinstance(booted, TrialResult):
-                    return booted
-                boot = booted
-            except ServerDied as e:
-                hung = e.failure.kind is FailureKind.UNRESPONSIVE
-                # Requests that all failed can be seen before the log's cause: an out-of-memory line, once there,
-                # wins.
-                seen = server.died()
-                failure = seen if seen is not None and seen.kind.is_memory else e.failure
-                if blocks is not None and failure.kind.is_memory:  # the estimate's KV cache, not vLLM's, ran out
-                    booted = boot_anew(_ran_out(blocks), ColdBoot(failure, boot.boot_s, cold_log))
-                    if isinstance(booted, TrialResult):
-                        return booted
-                    boot = booted
-                    continue
-                status: Status = "infeasible" if failure.kind.is_memory else "failed"
-                return done(status, boot=boot, failure=failure)
-            except _Stop as e:
-                return done("stopped", boot=boot, stop_reason=str(e))
-        if sla.screened_out:
-            return done("stopped", boot=boot, stop_reason=SCREENED)
-        if sla.best is None:
-            lowest = min(levels, key=lambda lv: lv[0])[1].verdict  # the search may have come down to it
-            return done("infeasible", boot=boot, miss_ratio=max(lowest.misses.values(), default=None))
-        return done("ok", boot=boot, throughput_tok_s=sla.best.stats.output_tok_s, best_level=sla.best_level)
-    finally:
-        stage("stopping")
-        if sampler is not None and memory is None:
-            sampler.stop()
+    def stop(self) -> None:
+        if self.sampler is not None and self.memory is None:
+            self.sampler.stop()
         # A failed boot or a hung server has nothing to drain.
-        server.stop(grace_s=15.0 if server.healthy() and not hung else 3.0)
+        self.server.stop(grace_s=15.0 if self.server.healthy() and not self.hung else 3.0)
+
+
+def _boot_again(s: _Servers, boot_s: float, *, failure: Failure | None = None, booting: bool = False,
+                port_retried: bool = False, boot: BootInfo | None = None, passed: bool = False) -> _Again | None:
+    """The boot-again policy, all of it: whether the configuration boots again, and why. Asked once a server is
+    up (`boot`), once it failed to boot (`booting`, with its `failure`), and during its load search (a `failure`
+    under load, or a level `passed`). The first server's figures are then not the configuration's:
+      - the port was taken between our check and the server's bind (once per boot);
+      - given the estimate's KV blocks (a boot that compiles), it ran out of memory, at boot or under load;
+      - a cold compile (CUDA) ran out of memory at boot: the cache is warm now (compile_cache.boot_again_warm);
+      - a cold CUDA server's KV cache, short by what compiling held, may not hold the first level, or a level
+        passed on it, above which it would bind (compile_cache.boot_again_before_measuring).
+    A server after the first, or one given the estimate's blocks, is otherwise measured as it is."""
+    if failure is not None and booting and failure.kind is FailureKind.PORT_IN_USE and not port_retried:
+        return _Again("booting (the port was taken; on another one)")
+    if failure is not None and failure.kind.is_memory and s.blocks is not None:
+        return _Again(_ran_out(s.blocks), ColdBoot(failure, boot_s, s.cold_log))
+    if s.cold is not None or s.blocks is not None:
+        return None
+    if failure is not None:
+        if booting and boot_again_warm(failure, s.boot_lines):
+            return _Again("booting again: the cold boot (compiling) ran out of memory; the cache is warm now",
+                          ColdBoot(failure, boot_s, s.cold_log))
+        return None
+    if not boot_again_before_measuring(s.build, s.boot_lines):
+        return None
+    if passed:
+        return _Again("booting again: it passed on a cold boot, whose KV cache is short; measuring it warm",
+                      ColdBoot(None, boot_s, s.cold_log))
+    if boot is not None and kv_may_bind(s.plan, boot):
+        return _Again("booting again: a cold boot (compiling) has less KV cache than this configuration; warm now",
+                      ColdBoot(None, boot_s, s.cold_log))
+    return None
+
+
+@dataclass(frozen=True)
+class _Climb:
+    """How a server's load search ended: the levels it measured, and the ladder's result, or the server's
+    failure, or the caller's reason to stop, or a reason to boot again (whose levels are then dropped)."""
+
+    boot: BootInfo | None
+    levels: tuple[tuple[float, LevelOutcome], ...] = ()
+    sla: SlaResult[LevelOutcome] | None = None
+    failure: Failure | None = None
+    stop_reason: str = ""
+    again: _Again | None = None
+
+
+def _boot_and_climb(s: _Servers, on_level: Callable[[int, float, LevelOutcome], str | None] | None) -> _Climb:
+    """Boot, then climb the load ladder, until a server's climb needs no boot again."""
+    while True:
+        booted = _boot(s)
+        if isinstance(booted, Failure):
+            return _Climb(None, failure=booted)
+        climb = _climb(s, booted, on_level)
+        if climb.again is None:
+            return climb
+        s.boot_again(climb.again)
+
+
+def _boot(s: _Servers) -> BootInfo | Failure:
+    """The server up (its BootInfo), booted again where _boot_again says; or why it cannot boot."""
+    port_retried = False
+    while True:
+        s.start()
+        try:
+            boot = s.server.wait_ready(s.cancel)
+        except BootFailed as e:
+            s.note_boot()
+            again = _boot_again(s, e.boot_s, failure=e.failure, booting=True, port_retried=port_retried)
+            if again is None:
+                return e.failure
+            port_retried = port_retried or e.failure.kind is FailureKind.PORT_IN_USE
+        else:
+            s.note_boot()
+            again = _boot_again(s, boot.boot_s, boot=boot)
+            if again is None:
+                assert s.sampler is not None
+                s.sampler.serving()
+                return boot
+        s.boot_again(again)
+
+
+def _climb(s: _Servers, boot: BootInfo, on_level: Callable[[int, float, LevelOutcome], str | None] | None) -> _Climb:
+    """Measure the ladder's levels on this server until the ladder is done, the server fails, the caller stops
+    the trial (on_level), or the configuration must boot again."""
+    plan = s.plan
+    ladder = Ladder(_passed, plan.objective.load, plan.prior)
+    levels: list[tuple[float, LevelOutcome]] = []
+    while ladder.next is not None:
+        value, exact = ladder.next
+        s.stage(f"level {len(levels) + 1}: {plan.objective.load.mode} {value:g}")
+        outcome = _measure(s.server, plan, value, seed_offset=len(levels), cancel=s.cancel, exact=exact,
+                           power_gpus=s.watch.gpu_indices if s.watch.source == "nvml" else ())
+        levels.append((value, outcome))
+        if (failure := _failed_at(s, value, outcome)) is not None:
+            again = _boot_again(s, boot.boot_s, failure=failure)
+            return _Climb(boot, tuple(levels), failure=failure, again=again)
+        if outcome.verdict.passed and (again := _boot_again(s, boot.boot_s, passed=True)) is not None:
+            return _Climb(boot, tuple(levels), again=again)
+        if on_level is not None and (why := on_level(len(levels) - 1, value, outcome)):
+            return _Climb(boot, tuple(levels), stop_reason=why)
+        ladder.tell(outcome)
+    return _Climb(boot, tuple(levels), sla=ladder.result)
+
+
+def _passed(outcome: LevelOutcome) -> bool:
+    return outcome.verdict.passed
+
+
+def _failed_at(s: _Servers, value: float, outcome: LevelOutcome) -> Failure | None:
+    """Why the server can measure no further after this level: it died, no request completed, or it hung (then
+    nothing is drained when it stops). Requests that all failed can be seen before the log's cause: an
+    out-of-memory line, once there, wins."""
+    server, stats = s.server, outcome.stats
+    refused = any(e.startswith("connection error") for e in stats.errors)
+    at = f"{s.plan.objective.load.mode} {value:g}"
+    if (failure := server.died(grace_s=3.0 if refused else 0.0)) is not None:
+        pass
+    elif stats.completed == 0 and stats.failed > 0:
+        failure = Failure(FailureKind.UNRESPONSIVE, f"no request completed at {at}: {next(iter(stats.errors), '')}")
+    elif outcome.hung:  # alive, but silent: whatever the requests before it did, the trial ends here
+        stalled = next((e for e in stats.errors if e.startswith(STALLED)), "")
+        failure = Failure(FailureKind.UNRESPONSIVE, f"the server hung at {at}: {stalled}")
+    else:
+        return None
+    s.hung = failure.kind is FailureKind.UNRESPONSIVE
+    seen = server.died()
+    return seen if seen is not None and seen.kind.is_memory else failure
+
+
+def _classify(s: _Servers, climb: _Climb, duration_s: float) -> TrialResult:
+    """The trial's result from how its last server ended: failed to boot or died (infeasible when for memory),
+    stopped by the caller, screened out at the incumbent's level, no level passed, or its best level."""
+    levels, boot = climb.levels, climb.boot
+    if climb.failure is not None:
+        status: Status = "infeasible" if climb.failure.kind.is_memory else "failed"
+        return s.result(status, levels, duration_s, boot=boot, failure=climb.failure)
+    if climb.stop_reason:
+        return s.result("stopped", levels, duration_s, boot=boot, stop_reason=climb.stop_reason)
+    sla = climb.sla
+    assert sla is not None  # a climb that neither failed nor stopped ran the ladder to its end
+    if sla.screened_out:
+        return s.result("stopped", levels, duration_s, boot=boot, stop_reason=SCREENED)
+    if sla.best is None:
+        lowest = min(levels, key=lambda lv: lv[0])[1].verdict  # the search may have come down to it
+        return s.result("infeasible", levels, duration_s, boot=boot,
+                        miss_ratio=max(lowest.misses.values(), default=None))
+    return s.result("ok", levels, duration_s, boot=boot, throughput_tok_s=sla.best.stats.output_tok_s,
+                    best_level=sla.best_level)
 
 
 def _ran_out(blocks: int) -> str:
     return f"booting again: given the estimate's {blocks:,} KV blocks it ran out of memory; now sized by vLLM"
-
-
-def _compile_key(plan: TrialPlan) -> tuple[Path, str]:
-    """The compile cache's folder the server will use, and the trial's key in it (compile_cache.compile_key)."""
-    env = server_env(plan.engine, os.environ)
-    return Path(env["VLLM_CACHE_ROOT"]), compile_key(plan.engine.model, plan.engine.flags, env)
-
-
-@dataclass(frozen=True)
-class FirstBoot:
-    """How a configuration's first server boots (plan_first_boot): its engine, given the estimate's KV blocks where
-    it will compile (`blocks`; None: sized by vLLM), and its compile key in the cache, noted once a boot has compiled
-    or loaded it. Shared by run_trial and benchmarks/record_surface.py."""
-
-    engine: EngineSpec
-    blocks: int | None
-    cache_root: Path
-    key: str
-
-    def note(self, lines: list[str]) -> None:
-        """After a boot: one that compiled or loaded the key leaves its artifacts in the cache, so the key's next
-        boot is warm (and sized by vLLM)."""
-        if compile_cache_state(lines) is not None:
-            remember_key(self.cache_root, self.key)
-
-
-def plan_first_boot(plan: TrialPlan, build: Build) -> FirstBoot:
-    """The first boot of `plan`: given plan.warm_kv_blocks where its compile key is new (blocks_for_first_boot)."""
-    cache_root, key = _compile_key(plan)
-    blocks = blocks_for_first_boot(plan, build, key_is_new(cache_root, key))
-    return FirstBoot(_given_blocks(plan.engine, blocks), blocks, cache_root, key)
-
-
-def warm_kv_blocks(estimate: Estimate, cuda: bool) -> int | None:
-    """The KV blocks the estimator predicts for a warm boot, which a boot that compiles is given (TrialPlan's
-    warm_kv_blocks): on a GPU, where the central prediction fits, or where only a boot peak is in doubt (inside the
-    band, not refused), which the blocks given do not move: vLLM sizing a boot that compiles leaves it 1-2 GiB short
-    (h100-as-rtx3090-awq-marlin: the recipe, held down to a 3090's total, was left 36 Mamba blocks for 48 sequences
-    and failed, then served warm with one block more than predicted). A KV cache that fits only at the band's optimistic
-    end is left to vLLM."""
-    usable = estimate.kv_fits and not estimate.refused  # an estimate that fits does both
-    return estimate.num_blocks if cuda and usable and estimate.num_blocks > 0 else None
-
-
-def blocks_for_first_boot(plan: TrialPlan, build: Build, compiles: bool) -> int | None:
-    """The KV blocks a trial's first boot is given: the estimate's for a warm boot, where the boot will compile on
-    the CUDA build (the CPU build's KV cache is VLLM_CPU_KVCACHE_SPACE either way) and the configuration does not
-    size its KV cache itself."""
-    if build is not Build.CUDA or not compiles or any(plan.engine.flags.get(f) for f in _OWN_KV_SIZE):
-        return None
-    return plan.warm_kv_blocks
-
-
-_OWN_KV_SIZE = ("num_gpu_blocks_override", "kv_cache_memory_bytes")  # a configuration that sizes its KV cache itself
-
-
-def _given_blocks(engine: EngineSpec, blocks: int | None) -> EngineSpec:
-    """The engine with its KV cache set to `blocks`: vLLM still profiles (and compiles), then logs the figure it
-    overrides ("Overriding num_gpu_blocks=X with num_gpu_blocks_override=Y"); the flag is in no compile key
-    (config/cache.py, 0.25.0 and 0.32.0), so the next boot finds the artifacts this one compiled."""
-    if blocks is None:
-        return engine
-    return dataclasses.replace(engine, flags={**engine.flags, "num_gpu_blocks_override": blocks})
-
-
-def _kv_may_bind(plan: TrialPlan, boot: BootInfo) -> bool:
-    """Whether a server's KV cache might not hold the search's first level at once (at most max_num_seqs of its
-    requests run together). vLLM prints how many requests of max_model_len tokens it holds ("Maximum concurrency
-    for N tokens per request"); shorter ones never need more. Its token count says less for a hybrid model, whose
-    blocks hold 800-1568 tokens: 22,755 tokens held only 6 chat requests of ~700
-    (benchmarks/data/h200-as-rtx3090-chat-cold-then-warm, trial 2). Not printed, or rate mode: it might."""
-    search = plan.objective.load
-    if search.mode != "concurrency" or not boot.max_concurrency:
-        return True
-    seqs = plan.engine.flags.get("max_num_seqs")
-    running = first_level(search, plan.prior)
-    if isinstance(seqs, int | float) and seqs > 0:
-        running = min(running, float(seqs))
-    return boot.max_concurrency < running
 
 
 def server_memory_watch(engine: EngineSpec, build: Build, gpu_indices: Sequence[int] = ()) -> MemoryWatch:

@@ -21,15 +21,8 @@ from autotune.fit import feasibility
 from autotune.fit.estimate import Estimate
 from autotune.fit.hardware import GpuProfile
 from autotune.measure.ladder import Prior
-from autotune.measure.trial import (
-    LevelOutcome,
-    TrialPlan,
-    TrialResult,
-    configured,
-    plan_trial,
-    run_trial,
-    warm_kv_blocks,
-)
+from autotune.measure.plan import TrialPlan, configured, plan_trial, warm_kv_blocks
+from autotune.measure.trial import LevelOutcome, TrialResult, run_trial
 from autotune.search import record, remeasure, start, tell
 from autotune.search.budget import Budget
 from autotune.search.gpu_wait import still_taken

@@ -13,7 +13,7 @@ from autotune.errors import StorageError
 from autotune.fit import feasibility
 from autotune.fit.hardware import GpuProfile
 from autotune.fit.memcap import MemoryCap
-from autotune.measure.trial import configured
+from autotune.measure.plan import configured
 from autotune.search.slots import present_gpus
 from autotune.search.space import EngineConfig, engine_config, suggest
 from autotune.search.storage import default_storage, load_existing_study

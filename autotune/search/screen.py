@@ -14,8 +14,8 @@ from autotune.fit import feasibility
 from autotune.fit.estimate import Estimate
 from autotune.fit.hardware import GpuProfile
 from autotune.measure.ladder import Prior, capacity
+from autotune.measure.plan import configured
 from autotune.measure.queueing import cannot_sustain, holds_too_few
-from autotune.measure.trial import configured
 from autotune.search.record import REMEASURE_ATTR, feasible, trial_baseline, view
 from autotune.search.remeasure import best_trial
 from autotune.search.space import engine_config

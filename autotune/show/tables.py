@@ -15,7 +15,8 @@ from rich.text import Text
 from autotune.fit.estimate import Estimate
 from autotune.measure.energy import energy_text
 from autotune.measure.memory import memory_text, peak_text
-from autotune.measure.trial import Objective, TrialResult
+from autotune.measure.plan import Objective
+from autotune.measure.trial import TrialResult
 from autotune.search.budget import Budget
 from autotune.search.record import TrialView, view
 from autotune.search.remeasure import Best

@@ -195,7 +195,8 @@ def library_trial(name: str, flags: dict[str, object]) -> None:
     from autotune.engine.models import model_vocab_size
     from autotune.engine.server import EngineSpec
     from autotune.fit import memcap
-    from autotune.measure.trial import TrialPlan, run_trial
+    from autotune.measure.plan import TrialPlan
+    from autotune.measure.trial import run_trial
 
     real = memcap.present_gpu(0)
     cap = memcap.parse_cap(24)

@@ -17,8 +17,9 @@ from autotune.engine.server import EngineSpec, launch
 from autotune.fit.feasibility import judge
 from autotune.fit.hardware import cpu_profile
 from autotune.measure.client import LoadLevel, measure_level
+from autotune.measure.plan import TrialPlan
 from autotune.measure.stats import Limits, level_stats
-from autotune.measure.trial import LevelOutcome, TrialPlan, run_trial
+from autotune.measure.trial import LevelOutcome, run_trial
 from autotune.measure.workload import LengthDist, Workload, prompt_decoder
 
 ROOT = Path(__file__).resolve().parents[2]

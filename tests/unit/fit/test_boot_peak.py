@@ -16,7 +16,7 @@ import pytest
 from autotune.engine.logs import FailureKind, classify_log
 from autotune.fit.estimate import Estimate, disabled_kernels_in, estimate
 from autotune.fit.hardware import PROFILES
-from autotune.measure.trial import warm_kv_blocks
+from autotune.measure.plan import warm_kv_blocks
 from autotune.units import GiB
 from benchmarks import estimator_accuracy as acc
 from benchmarks.catalogue import read_log

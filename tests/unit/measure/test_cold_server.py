@@ -13,7 +13,7 @@ from autotune.engine.flags import Build, to_argv
 from autotune.engine.logs import BootInfo
 from autotune.engine.server import EngineSpec
 from autotune.measure.ladder import Prior
-from autotune.measure.trial import TrialPlan, _given_blocks, _kv_may_bind, blocks_for_first_boot, plan_first_boot
+from autotune.measure.plan import TrialPlan, blocks_for_first_boot, given_blocks, kv_may_bind, plan_first_boot
 from benchmarks.catalogue import log_lines
 
 CHAT = Path(__file__).parents[3] / "objectives" / "chat-p95.toml"
@@ -34,11 +34,11 @@ def plan(max_num_seqs: int) -> TrialPlan:
 def test_the_kv_cache_binds_unless_it_holds_the_first_levels_running_requests_at_full_length(
         seqs: int, max_concurrency: float, binds: bool) -> None:
     boot = BootInfo(100.0, kv_cache_tokens=22_755, max_concurrency=max_concurrency)
-    assert _kv_may_bind(plan(seqs), boot) is binds
+    assert kv_may_bind(plan(seqs), boot) is binds
 
 
 def test_a_capacity_the_server_did_not_print_might_bind() -> None:
-    assert _kv_may_bind(plan(1), BootInfo(100.0, kv_cache_tokens=500_000))
+    assert kv_may_bind(plan(1), BootInfo(100.0, kv_cache_tokens=500_000))
 
 
 def chat_plan(flags: dict[str, object], blocks: int | None = 1500) -> TrialPlan:
@@ -58,8 +58,8 @@ def test_a_cuda_boot_that_compiles_is_given_the_estimates_warm_kv_cache() -> Non
 
 def test_the_blocks_go_to_vllm_as_its_override_flag() -> None:
     engine = EngineSpec("m", flags={"max_num_seqs": 18})
-    assert _given_blocks(engine, None) == engine
-    assert to_argv(_given_blocks(engine, 1500).flags) == ["--max-num-seqs", "18", "--num-gpu-blocks-override", "1500"]
+    assert given_blocks(engine, None) == engine
+    assert to_argv(given_blocks(engine, 1500).flags) == ["--max-num-seqs", "18", "--num-gpu-blocks-override", "1500"]
 
 
 S20 = Path(__file__).parents[3] / "benchmarks" / "data" / "h200-as-rtx3090-chat-kv-blocks-given"
