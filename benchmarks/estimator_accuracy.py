@@ -27,9 +27,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
 
-from autotune.fit.estimate import Estimate, disabled_kernels_in, estimate
+from autotune.fit.estimate import Estimate, estimate
 from autotune.fit.hardware import GpuInfo, GpuProfile, cpu_profile, profile_for
 from autotune.fit.model_shape import ModelShape
+from autotune.fit.weight_bytes import disabled_kernels_in
 from benchmarks.catalogue import read_log
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -28,7 +28,7 @@ from autotune.engine.defaults import (
 from autotune.engine.logs import MEMORY_FAILURE_KINDS
 from autotune.engine.models import model_config
 from autotune.fit import memcap
-from autotune.fit.estimate import Corrections, Estimate, disabled_kernels_in, estimate
+from autotune.fit.estimate import Corrections, Estimate, estimate
 from autotune.fit.hardware import (
     GpuInfo,
     GpuProfile,
@@ -41,6 +41,7 @@ from autotune.fit.hardware import (
 )
 from autotune.fit.memcap import MemoryCap
 from autotune.fit.model_shape import ModelShape
+from autotune.fit.weight_bytes import disabled_kernels_in
 from autotune.units import GiB, MiB
 
 # Flags where a larger value needs more memory, and where a smaller one does.

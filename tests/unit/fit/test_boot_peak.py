@@ -14,8 +14,9 @@ import statistics
 import pytest
 
 from autotune.engine.logs import FailureKind, classify_log
-from autotune.fit.estimate import Estimate, disabled_kernels_in, estimate
+from autotune.fit.estimate import Estimate, estimate
 from autotune.fit.hardware import PROFILES
+from autotune.fit.weight_bytes import disabled_kernels_in
 from autotune.measure.plan import warm_kv_blocks
 from autotune.units import GiB
 from benchmarks import estimator_accuracy as acc

@@ -16,10 +16,11 @@ from pathlib import Path
 import pytest
 
 from autotune.errors import SpecError
-from autotune.fit.estimate import MARLIN_EXTRA_BYTES_PER_GROUP, estimate
+from autotune.fit.estimate import estimate
 from autotune.fit.hardware import get_profile
 from autotune.fit.model_shape import ModelShape
 from autotune.fit.settings import KV_CACHE_DTYPES
+from autotune.fit.weight_bytes import MARLIN_EXTRA_BYTES_PER_GROUP
 
 ROOT = Path(__file__).resolve().parents[3]
 CONFIGS = ROOT / "autotune" / "engine" / "known_models"
