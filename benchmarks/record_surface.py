@@ -38,7 +38,7 @@ recorded level nothing was measured) or looser than the recorded ones (above the
 what every search does: a level above one that misses misses too, and one below a level that passes passes.
 Requests per level. max(72, 3 x concurrency) (the objective's min_requests, as autotune's trials; a closed loop
 needs three rounds), kept request by request so the replay can judge them again. Why no fewer: a p95 from n requests
-is an order statistic, and its distribution-free 90% interval (ladder.order_stat_ranks) runs from the 8th slowest to
+is an order statistic, and its distribution-free 90% interval (stop_rule.order_stat_ranks) runs from the 8th slowest to
 the slowest of 72 requests (ranks 65-72); below 59 requests it has no upper end at all (48: from the 6th slowest,
 unbounded above), so no p95 could be shown to meet a limit. The tail is steep: on the device a level's TTFT p99
 stood 24-37% above its p95 (the recipe at 15: 1,758 / 2,182 ms; s64-fp8-32k at 37: 1,438 / 1,970 ms), so a p95 near
@@ -109,10 +109,11 @@ from autotune.engine.server import BootFailed, EngineSpec, Server
 from autotune.fit import feasibility, memcap, vllm_memory
 from autotune.fit.hardware import GpuProfile, get_profile
 from autotune.measure.client import Abandon, Enough, LevelRun, LoadLevel, RequestRecord, measure_level
-from autotune.measure.ladder import LoadSearch, Prior, StopRule, capacity, first_level
+from autotune.measure.ladder import LoadSearch, Prior, capacity, first_level
 from autotune.measure.memory import MemorySampler
 from autotune.measure.plan import Objective, TrialPlan, configured, plan_first_boot, warm_kv_blocks
 from autotune.measure.stats import Limits, judge, level_stats
+from autotune.measure.stop_rule import StopRule
 from autotune.measure.trial import server_memory_watch
 from autotune.measure.workload import Workload
 from autotune.search.space import engine_config

@@ -56,9 +56,10 @@ from autotune.config.study_file import StudySpec, load_study
 from autotune.fit import feasibility, memcap
 from autotune.fit.estimate import Estimate
 from autotune.fit.hardware import PROFILES, GpuProfile
-from autotune.measure.ladder import Prior, percentile_interval
+from autotune.measure.ladder import Prior
 from autotune.measure.plan import configured
 from autotune.measure.stats import Limits
+from autotune.measure.stop_rule import percentile_interval
 from autotune.search import start
 from autotune.search import tell as search_tell
 from autotune.search.samplers import sampler_for

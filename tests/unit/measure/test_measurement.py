@@ -9,17 +9,17 @@ import numpy as np
 import pytest
 
 from autotune.measure.client import DROPPED, Abandon, LevelRun, LoadLevel, RequestRecord
-from autotune.measure.ladder import (
+from autotune.measure.ladder import LoadSearch
+from autotune.measure.stats import Limits, judge, level_stats, steady_window
+from autotune.measure.stop_rule import (
     INSIDE_P,
     OUTSIDE_P,
-    LoadSearch,
     StopRule,
-    _looks,
+    looks,
     order_stat_ranks,
     percentile_interval,
     sequential_verdict,
 )
-from autotune.measure.stats import Limits, judge, level_stats, steady_window
 
 
 def binom_cdf(k: int, n: int, q: float) -> float:
@@ -76,7 +76,7 @@ def stop_count(rule: StopRule, ttfts, limits: Limits) -> tuple[int, str]:
 
 
 def test_the_rule_looks_at_geometric_counts_only():
-    assert sorted(_looks(32, 200)) == [32, 40, 50, 63, 79, 98, 123, 153, 191]  # ceil(32 * 1.25^k)
+    assert sorted(looks(32, 200)) == [32, 40, 50, 63, 79, 98, 123, 153, 191]  # ceil(32 * 1.25^k)
 
 
 def test_a_level_far_below_its_limit_stops_at_the_first_look_with_an_upper_bound():
