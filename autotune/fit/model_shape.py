@@ -131,48 +131,28 @@ class ModelShape:
     @classmethod
     def from_config(cls, config: Mapping) -> ModelShape:
         text = dict(config.get("text_config") or config)
-        get = lambda key, default=None: text.get(key, config.get(key, default))  # noqa: E731
         arch = (config.get("architectures") or text.get("architectures") or ["?"])[0]
         model_type = str(text.get("model_type", config.get("model_type", "")))
-        for key in ("hidden_size", "num_hidden_layers", "num_attention_heads", "vocab_size"):
-            if not isinstance(text.get(key), int):
-                raise SpecError("config.json", key, "missing or not an integer")
-        h, n_layers, heads = text["hidden_size"], text["num_hidden_layers"], text["num_attention_heads"]
+        h, n_layers, heads, vocab = _required(text)
         kv_heads = int(text.get("num_key_value_heads") or heads)
         head_dim = int(text.get("head_dim") or h // heads)
-        vocab = text["vocab_size"]
-        dtype = str(get("torch_dtype") or get("dtype") or "bfloat16").replace("torch.", "")
+        dtype = str(text.get("torch_dtype", config.get("torch_dtype")) or text.get("dtype", config.get("dtype"))
+                    or "bfloat16").replace("torch.", "")
         qwen_next = model_type.startswith(("qwen3_next", "qwen3_5"))
 
-        layer_types = text.get("layer_types")
-        if layer_types is None and qwen_next:
-            interval = int(text.get("full_attention_interval", 4))
-            layer_types = ["full_attention" if (i + 1) % interval == 0 else "linear_attention" for i in range(n_layers)]
-        layer_types = list(layer_types or ["full_attention"] * n_layers)
+        layer_types = _layer_types(text, n_layers, qwen_next)
         n_linear = sum(t == "linear_attention" for t in layer_types)
         n_full = n_layers - n_linear
 
         gate = qwen_next and bool(text.get("attn_output_gate", True))
-        q_out, kv_out = heads * head_dim, kv_heads * head_dim
-        attn = h * q_out * (2 if gate else 1) + 2 * h * kv_out + q_out * h
-        if text.get("attention_bias") or model_type == "qwen2":
-            attn += q_out * (2 if gate else 1) + 2 * kv_out
+        attn = _attention_params(text, model_type, h, heads * head_dim, kv_heads * head_dim, gate)
         qk_norm = 2 * head_dim if model_type.startswith(("qwen3", "qwen3_5")) else 0
 
-        nk, nv = int(text.get("linear_num_key_heads", 0)), int(text.get("linear_num_value_heads", 0))
-        dk, dv = int(text.get("linear_key_head_dim", 0)), int(text.get("linear_value_head_dim", 0))
-        kernel = int(text.get("linear_conv_kernel_dim", 0))
-        kd, vd = nk * dk, nv * dv
-        gdn = h * (2 * kd + vd) + h * vd + 2 * h * nv + vd * h if n_linear else 0
-        gdn_small = (2 * kd + vd) * kernel + 2 * nv + dv if n_linear else 0
+        g = _Gdn.of(text)
 
         inter = int(text.get("intermediate_size") or 0)
-        experts = int(text.get("num_experts") or text.get("num_local_experts") or 0)
-        moe_inter = int(text.get("moe_intermediate_size") or 0)
-        shared_inter = int(text.get("shared_expert_intermediate_size") or 0)
-        sparse_step = int(text.get("decoder_sparse_step") or 1)
-        mlp_only = set(text.get("mlp_only_layers") or [])
-        moe_layers = [i for i in range(n_layers) if experts and i not in mlp_only and (i + 1) % sparse_step == 0]
+        experts, moe_inter, shared_inter = _moe_sizes(text)
+        moe_layers = _moe_layers(text, n_layers, experts)
         moe = experts * 3 * h * moe_inter + 3 * h * shared_inter
         router = h * experts + (h if shared_inter else 0)
 
@@ -181,8 +161,6 @@ class ModelShape:
         mtp_mlp = moe if moe_layers else 3 * h * inter
         vision, vh, vi, merge = _vision_params(config.get("vision_config"), h)
 
-        conv_elems = (2 * kd + vd) * (kernel - 1)
-        rec_elems = nv * dv * dk
         ssm_dtype = text.get("mamba_ssm_dtype") if model_type.startswith("qwen3_5") else None
         return cls(
             architecture=str(arch), model_type=model_type, dtype=dtype, hidden_size=h, num_layers=n_layers,
@@ -190,8 +168,8 @@ class ModelShape:
             num_attention_heads=heads, num_kv_heads=kv_heads, head_dim=head_dim,
             num_full_attention_layers=n_full, num_linear_attention_layers=n_linear,
             embedding_params=vocab * h, lm_head_params=0 if tied else vocab * h, tied_embeddings=tied,
-            attention_params_per_layer=attn, linear_attention_params_per_layer=gdn,
-            linear_attention_small_params_per_layer=gdn_small,
+            attention_params_per_layer=attn, linear_attention_params_per_layer=g.params(h) if n_linear else 0,
+            linear_attention_small_params_per_layer=g.small_params if n_linear else 0,
             mlp_params_per_layer=3 * h * inter, num_dense_mlp_layers=n_layers - len(moe_layers),
             moe_params_per_layer=moe if moe_layers else 0, moe_router_params_per_layer=router if moe_layers else 0,
             num_moe_layers=len(moe_layers),
@@ -200,15 +178,89 @@ class ModelShape:
             mtp_small_params=(2 * h * h + 3 * h + n_mtp * (2 * h + qk_norm)) if n_mtp else 0,
             intermediate_size=inter, num_experts=experts,
             num_experts_per_tok=int(text.get("num_experts_per_tok") or 0), moe_intermediate_size=moe_inter,
-            shared_expert_intermediate_size=shared_inter, linear_num_key_heads=nk, linear_num_value_heads=nv,
-            linear_key_head_dim=dk, linear_value_head_dim=dv, linear_conv_kernel_dim=kernel,
+            shared_expert_intermediate_size=shared_inter, linear_num_key_heads=g.nk, linear_num_value_heads=g.nv,
+            linear_key_head_dim=g.dk, linear_value_head_dim=g.dv, linear_conv_kernel_dim=g.kernel,
             mamba_ssm_dtype=ssm_dtype,
-            conv_state_bytes_per_seq=n_linear * conv_elems * DTYPE_BYTES.get(dtype, 2),
-            recurrent_state_bytes_per_seq=n_linear * rec_elems * DTYPE_BYTES.get(ssm_dtype or dtype, 2),
+            conv_state_bytes_per_seq=n_linear * g.conv_elems * DTYPE_BYTES.get(dtype, 2),
+            recurrent_state_bytes_per_seq=n_linear * g.rec_elems * DTYPE_BYTES.get(ssm_dtype or dtype, 2),
             quantization=parse_quantization(config.get("quantization_config") or text.get("quantization_config")),
             vision_hidden_size=vh, vision_intermediate_size=vi, vision_merge=merge,
             modules=_modules(config, text, layer_types, n_mtp, moe_layers, qwen_next and gate),
         )
+
+
+def _required(text: Mapping) -> tuple[int, int, int, int]:
+    """hidden_size, num_hidden_layers, num_attention_heads and vocab_size, which every shape needs."""
+    for key in ("hidden_size", "num_hidden_layers", "num_attention_heads", "vocab_size"):
+        if not isinstance(text.get(key), int):
+            raise SpecError("config.json", key, "missing or not an integer")
+    return text["hidden_size"], text["num_hidden_layers"], text["num_attention_heads"], text["vocab_size"]
+
+
+@dataclass(frozen=True)
+class _Gdn:
+    """A Gated DeltaNet layer's heads and conv kernel, as config.json names them (zeros: no such layers)."""
+
+    nk: int
+    nv: int
+    dk: int
+    dv: int
+    kernel: int
+
+    @classmethod
+    def of(cls, text: Mapping) -> _Gdn:
+        return cls(int(text.get("linear_num_key_heads", 0)), int(text.get("linear_num_value_heads", 0)),
+                   int(text.get("linear_key_head_dim", 0)), int(text.get("linear_value_head_dim", 0)),
+                   int(text.get("linear_conv_kernel_dim", 0)))
+
+    def params(self, h: int) -> int:
+        """The layer's projections: in_proj_qkv, in_proj_z, in_proj_b and in_proj_a, out_proj."""
+        kd, vd = self.nk * self.dk, self.nv * self.dv
+        return h * (2 * kd + vd) + h * vd + 2 * h * self.nv + vd * h
+
+    @property
+    def small_params(self) -> int:
+        """conv1d, A_log and dt_bias, the norm: kept in the model dtype."""
+        return (2 * self.nk * self.dk + self.nv * self.dv) * self.kernel + 2 * self.nv + self.dv
+
+    @property
+    def conv_elems(self) -> int:
+        return (2 * self.nk * self.dk + self.nv * self.dv) * (self.kernel - 1)
+
+    @property
+    def rec_elems(self) -> int:
+        return self.nv * self.dv * self.dk
+
+
+def _layer_types(text: Mapping, n_layers: int, qwen_next: bool) -> list[str]:
+    """Each layer's kind; Qwen3-Next / Qwen3.5 without `layer_types` put full attention every
+    full_attention_interval-th layer and Gated DeltaNet between."""
+    layer_types = text.get("layer_types")
+    if layer_types is None and qwen_next:
+        interval = int(text.get("full_attention_interval", 4))
+        layer_types = ["full_attention" if (i + 1) % interval == 0 else "linear_attention" for i in range(n_layers)]
+    return list(layer_types or ["full_attention"] * n_layers)
+
+
+def _attention_params(text: Mapping, model_type: str, h: int, q_out: int, kv_out: int, gate: bool) -> int:
+    """One attention layer's q/k/v/o projections (q doubled by an output gate), with their biases if any."""
+    attn = h * q_out * (2 if gate else 1) + 2 * h * kv_out + q_out * h
+    if text.get("attention_bias") or model_type == "qwen2":
+        attn += q_out * (2 if gate else 1) + 2 * kv_out
+    return attn
+
+
+def _moe_sizes(text: Mapping) -> tuple[int, int, int]:
+    """(experts, an expert's intermediate size, the shared expert's): zeros for a dense model."""
+    return (int(text.get("num_experts") or text.get("num_local_experts") or 0),
+            int(text.get("moe_intermediate_size") or 0), int(text.get("shared_expert_intermediate_size") or 0))
+
+
+def _moe_layers(text: Mapping, n_layers: int, experts: int) -> list[int]:
+    """The layers whose MLP is a mixture of experts (every decoder_sparse_step-th, less mlp_only_layers)."""
+    sparse_step = int(text.get("decoder_sparse_step") or 1)
+    mlp_only = set(text.get("mlp_only_layers") or [])
+    return [i for i in range(n_layers) if experts and i not in mlp_only and (i + 1) % sparse_step == 0]
 
 
 def _vision_params(vc: Mapping | None, text_hidden: int) -> tuple[int, int, int, int]:
@@ -241,9 +293,7 @@ def _modules(config: Mapping, text: Mapping, layer_types: list[str], n_mtp: int,
     nk, nv = int(text.get("linear_num_key_heads", 0)), int(text.get("linear_num_value_heads", 0))
     kd, vd = nk * int(text.get("linear_key_head_dim", 0)), nv * int(text.get("linear_value_head_dim", 0))
     inter = int(text.get("intermediate_size") or 0)
-    experts = int(text.get("num_experts") or text.get("num_local_experts") or 0)
-    moe_inter = int(text.get("moe_intermediate_size") or 0)
-    shared_inter = int(text.get("shared_expert_intermediate_size") or 0)
+    experts, moe_inter, shared_inter = _moe_sizes(text)
 
     def attention(prefix: str) -> list[WeightModule]:
         return [WeightModule(f"{prefix}.self_attn.q_proj", h * q_out * (2 if gate else 1), h),
@@ -269,11 +319,7 @@ def _modules(config: Mapping, text: Mapping, layer_types: list[str], n_mtp: int,
     for i, layer_type in enumerate(layer_types):
         prefix = f"{root}.layers.{i}"
         if layer_type == "linear_attention":
-            mods += [WeightModule(f"{prefix}.linear_attn.in_proj_qkv", h * (2 * kd + vd), h),
-                     WeightModule(f"{prefix}.linear_attn.in_proj_z", h * vd, h),
-                     WeightModule(f"{prefix}.linear_attn.in_proj_b", h * nv, h),
-                     WeightModule(f"{prefix}.linear_attn.in_proj_a", h * nv, h),
-                     WeightModule(f"{prefix}.linear_attn.out_proj", vd * h, vd)]
+            mods += _gdn_modules(prefix, h, kd, vd, nv)
         else:
             mods += attention(prefix)
         mods += mlp(prefix, i in moe_layers)
@@ -282,24 +328,40 @@ def _modules(config: Mapping, text: Mapping, layer_types: list[str], n_mtp: int,
                  for m in attention(f"mtp.layers.{j}") + mlp(f"mtp.layers.{j}", bool(moe_layers))]
     if n_mtp:
         mods.append(WeightModule("mtp.fc", 2 * h * h, 2 * h, "mtp"))
-    vc = config.get("vision_config")
-    if vc:
-        vh, vi = int(vc.get("hidden_size", 1152)), int(vc.get("intermediate_size", 4304))
-        depth = int(vc.get("depth", 27))
-        merge, out_h = int(vc.get("spatial_merge_size", 2)), int(vc.get("out_hidden_size", h))
-        hs = vh * merge * merge
-        for k in range(depth):
-            b = f"model.visual.blocks.{k}"
-            mods += [WeightModule(f"{b}.attn.qkv", 3 * vh * vh, vh, "vision"),
-                     WeightModule(f"{b}.attn.proj", vh * vh, vh, "vision"),
-                     WeightModule(f"{b}.mlp.linear_fc1", vh * vi, vh, "vision"),
-                     WeightModule(f"{b}.mlp.linear_fc2", vi * vh, vi, "vision")]
-        mergers = ["model.visual.merger"] + [f"model.visual.deepstack_merger_list.{d}"
-                                            for d in range(len(vc.get("deepstack_visual_indexes") or []))]
-        for m in mergers:
-            mods += [WeightModule(f"{m}.linear_fc1", hs * hs, hs, "vision"),
-                     WeightModule(f"{m}.linear_fc2", hs * out_h, hs, "vision")]
+    mods += _vision_modules(config.get("vision_config"), h)
     return tuple(mods)
+
+
+def _gdn_modules(prefix: str, h: int, kd: int, vd: int, nv: int) -> list[WeightModule]:
+    """A Gated DeltaNet layer's projections (Qwen3-Next / Qwen3.5 linear attention)."""
+    return [WeightModule(f"{prefix}.linear_attn.in_proj_qkv", h * (2 * kd + vd), h),
+            WeightModule(f"{prefix}.linear_attn.in_proj_z", h * vd, h),
+            WeightModule(f"{prefix}.linear_attn.in_proj_b", h * nv, h),
+            WeightModule(f"{prefix}.linear_attn.in_proj_a", h * nv, h),
+            WeightModule(f"{prefix}.linear_attn.out_proj", vd * h, vd)]
+
+
+def _vision_modules(vc: Mapping | None, h: int) -> list[WeightModule]:
+    """The vision tower's blocks and patch merger(s), under model.visual."""
+    if not vc:
+        return []
+    mods: list[WeightModule] = []
+    vh, vi = int(vc.get("hidden_size", 1152)), int(vc.get("intermediate_size", 4304))
+    depth = int(vc.get("depth", 27))
+    merge, out_h = int(vc.get("spatial_merge_size", 2)), int(vc.get("out_hidden_size", h))
+    hs = vh * merge * merge
+    for k in range(depth):
+        b = f"model.visual.blocks.{k}"
+        mods += [WeightModule(f"{b}.attn.qkv", 3 * vh * vh, vh, "vision"),
+                 WeightModule(f"{b}.attn.proj", vh * vh, vh, "vision"),
+                 WeightModule(f"{b}.mlp.linear_fc1", vh * vi, vh, "vision"),
+                 WeightModule(f"{b}.mlp.linear_fc2", vi * vh, vi, "vision")]
+    mergers = ["model.visual.merger"] + [f"model.visual.deepstack_merger_list.{d}"
+                                        for d in range(len(vc.get("deepstack_visual_indexes") or []))]
+    for m in mergers:
+        mods += [WeightModule(f"{m}.linear_fc1", hs * hs, hs, "vision"),
+                 WeightModule(f"{m}.linear_fc2", hs * out_h, hs, "vision")]
+    return mods
 
 
 _QUANT_ALIASES = {"gptq": "gptq", "gptq_marlin": "gptq", "awq": "awq", "awq_marlin": "awq", "fp8": "fp8",
