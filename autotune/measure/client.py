@@ -98,12 +98,8 @@ class Abandon(str):
     level whose verdict was clear after the first few)."""
 
 
-GIVE_UP_AFTER = 4
-
-
+GIVE_UP_AFTER = 4  # requests that all failed: a server answering errors has said all a level can say
 STALLED = "no data for"  # the error of a request the server stopped sending to
-
-
 HUNG = "the server hung"  # a level's stop reason when no request received anything for the stall timeout
 
 
@@ -144,23 +140,12 @@ class _Finished:
                 self.abandoned.set()
 
 
-_DATA = b"data:"
-
-
-_DONE = b"[DONE]"
-
-
-# A chunk with a non-empty `choices` list and no usage carries a token: recognised without parsing its JSON.
-# (Inside JSON strings quotes are escaped, so these byte patterns cannot come from generated text.)
-_TOKEN = b'"choices":[{'
-
-
-_USAGE = b'"usage":{'
-
-
+# The server-sent events' markers. A chunk with a non-empty `choices` list and no usage carries a token: recognised
+# without parsing its JSON (inside JSON strings quotes are escaped, so these byte patterns cannot come from generated
+# text); a chat stream's first chunk names the speaker (_ROLE) and carries none.
+_DATA, _DONE = b"data:", b"[DONE]"
+_TOKEN, _USAGE = b'"choices":[{', b'"usage":{'
 _ROLE = b'"delta":{"role":"assistant","content":""}'
-
-
 COMPLETIONS_PATH, CHAT_PATH = "/v1/completions", "/v1/chat/completions"
 
 
@@ -188,75 +173,97 @@ async def _send(
     body = request_body(model, spec, chat=url.endswith(CHAT_PATH))
     rec = RequestRecord(time.perf_counter(), None, [], 0.0, spec.prompt_len, 0, None)
     finished.sent(rec)
-    itl = rec.itl
-    last = rec.start
-    chunks = 0
-    usage_tokens: int | None = None
-    done = False
+    stream = _Stream(last=rec.start)
     try:
-        async with session.post(
-            url, data=body, headers={"Content-Type": "application/json"}, timeout=timeout
-        ) as resp:
+        async with session.post(url, data=body, headers={"Content-Type": "application/json"},
+                                timeout=timeout) as resp:
             if resp.status != 200:
                 text = (await resp.text(errors="replace")).strip()
                 rec.error = f"HTTP {resp.status}: {text[:300]}"
             else:
-                buf = b""
-                async for got in resp.content.iter_any():
-                    now = finished.heard_at = time.perf_counter()  # events that arrive in one read share it
-                    buf += got
-                    *lines, buf = buf.split(b"\n")
-                    for raw in lines:
-                        if not raw.startswith(_DATA):
-                            continue  # blank separators, comments (": ping"), event/id fields
-                        payload = raw[5:].strip()
-                        if _ROLE in payload and _USAGE not in payload:
-                            continue  # a chat stream's first chunk names the speaker and carries no token
-                        if _TOKEN in payload and _USAGE not in payload:
-                            data = None  # fast path: a token chunk; its content is not needed
-                        elif payload == _DONE:
-                            done = True
-                            break
-                        else:
-                            data = json.loads(payload)
-                            if err := data.get("error"):
-                                msg = err.get("message", err) if isinstance(err, dict) else err
-                                rec.error = f"stream error: {msg}"
-                                break
-                            if usage := data.get("usage"):
-                                usage_tokens = usage.get("completion_tokens")
-                                rec.prompt_tokens = usage.get("prompt_tokens") or rec.prompt_tokens
-                        if data is None or data.get("choices"):
-                            if chunks:
-                                itl.append(now - last)
-                            else:
-                                rec.ttft = now - rec.start
-                            last = now
-                            chunks += 1
-                    if done or rec.error:
-                        break
-    except aiohttp.ServerTimeoutError:  # sock_read: the server sent nothing for stall_timeout_s (hung)
-        rec.error = f"{STALLED} {timeout.sock_read:g} s"
-    except TimeoutError:
-        rec.error = f"timeout after {timeout.total:g} s"
-    except aiohttp.ClientResponseError as e:
-        rec.error = f"HTTP {e.status}: {e.message}"
-    except aiohttp.ClientError as e:
-        rec.error = f"connection error: {type(e).__name__}: {e}"
-    except (ValueError, AttributeError) as e:  # a line that is not the JSON vLLM sends
-        rec.error = f"bad stream data: {e}"
+                await _read_stream(resp, rec, stream, finished)
     except Exception as e:  # noqa: BLE001 - a request must come back as a record, whatever went wrong
-        rec.error = f"{type(e).__name__}: {e}"
-    rec.output_tokens = usage_tokens if usage_tokens is not None else chunks
+        rec.error = _request_error(e, timeout)
+    _settle(rec, stream, spec)
+    return rec
+
+
+@dataclass
+class _Stream:
+    """What a response stream carried so far: token chunks, the server's count of them, the last one's time."""
+
+    last: float
+    chunks: int = 0
+    usage_tokens: int | None = None
+    done: bool = False
+
+
+async def _read_stream(resp: aiohttp.ClientResponse, rec: RequestRecord, stream: _Stream,
+                       finished: _Finished) -> None:
+    """Time each token chunk of the server-sent events as it arrives, until [DONE] or an error event."""
+    buf = b""
+    async for got in resp.content.iter_any():
+        now = finished.heard_at = time.perf_counter()  # events that arrive in one read share it
+        buf += got
+        *lines, buf = buf.split(b"\n")
+        for raw in lines:
+            if not raw.startswith(_DATA):
+                continue  # blank separators, comments (": ping"), event/id fields
+            payload = raw[5:].strip()
+            if _ROLE in payload and _USAGE not in payload:
+                continue  # a chat stream's first chunk names the speaker and carries no token
+            if _TOKEN in payload and _USAGE not in payload:
+                data = None  # fast path: a token chunk; its content is not needed
+            elif payload == _DONE:
+                stream.done = True
+                break
+            else:
+                data = json.loads(payload)
+                if err := data.get("error"):
+                    msg = err.get("message", err) if isinstance(err, dict) else err
+                    rec.error = f"stream error: {msg}"
+                    break
+                if usage := data.get("usage"):
+                    stream.usage_tokens = usage.get("completion_tokens")
+                    rec.prompt_tokens = usage.get("prompt_tokens") or rec.prompt_tokens
+            if data is None or data.get("choices"):
+                if stream.chunks:
+                    rec.itl.append(now - stream.last)
+                else:
+                    rec.ttft = now - rec.start
+                stream.last = now
+                stream.chunks += 1
+        if stream.done or rec.error:
+            return
+
+
+def _request_error(e: Exception, timeout: aiohttp.ClientTimeout) -> str:
+    """A request's failure in one line."""
+    if isinstance(e, aiohttp.ServerTimeoutError):  # sock_read: the server sent nothing for stall_timeout_s (hung)
+        return f"{STALLED} {timeout.sock_read:g} s"
+    if isinstance(e, TimeoutError):
+        return f"timeout after {timeout.total:g} s"
+    if isinstance(e, aiohttp.ClientResponseError):
+        return f"HTTP {e.status}: {e.message}"
+    if isinstance(e, aiohttp.ClientError):
+        return f"connection error: {type(e).__name__}: {e}"
+    if isinstance(e, ValueError | AttributeError):  # a line that is not the JSON vLLM sends
+        return f"bad stream data: {e}"
+    return f"{type(e).__name__}: {e}"
+
+
+def _settle(rec: RequestRecord, stream: _Stream, spec: RequestSpec) -> None:
+    """The record's output tokens (the server's usage count, else the chunks seen), what a stream that ended
+    without an error lacked, and its end: the last token's time, or now for a failed request."""
+    rec.output_tokens = stream.usage_tokens if stream.usage_tokens is not None else stream.chunks
     if rec.error is None:
-        if not done:
+        if not stream.done:
             rec.error = "stream ended without [DONE]"
         elif rec.ttft is None:
             rec.error = "stream carried no tokens"
         elif rec.output_tokens < spec.max_tokens:
             rec.error = f"short output: {rec.output_tokens} of {spec.max_tokens} tokens"
-    rec.end = last if rec.error is None else time.perf_counter()
-    return rec
+    rec.end = stream.last if rec.error is None else time.perf_counter()
 
 
 def conversations(specs: Sequence[RequestSpec]) -> list[list[int]]:
