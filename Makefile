@@ -21,11 +21,13 @@ $(STAMP): pyproject.toml
 run: setup
 	$(BIN)/autotune run studies/tiny-cpu.toml --budget $(BUDGET)
 
-# Style, types and layers first (under a minute on a cold mypy cache), so a finding fails before the tests run.
+# Style, types, layers and size (scripts/check_size.py: no module of autotune/ over 450 lines, no function over 60)
+# first (under a minute on a cold mypy cache), so a finding fails before the tests run.
 lint: setup
 	$(BIN)/ruff check autotune tests benchmarks
 	$(BIN)/mypy
 	$(BIN)/lint-imports
+	$(BIN)/python scripts/check_size.py
 
 test: lint
 	$(BIN)/python -m pytest
