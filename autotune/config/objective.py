@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
-from autotune.config.toml import _MISSING, _build, _read, _Table
+from autotune.config.toml import UNSET, TomlTable, build_dataclass, read_toml
 from autotune.measure.datasets import read_dataset, read_request_log
 from autotune.measure.ladder import LoadSearch
 from autotune.measure.plan import Objective
@@ -13,15 +13,15 @@ from autotune.measure.stats import Limits
 from autotune.measure.workload import LengthDist, Workload
 
 
-def _length(t: _Table, name: str) -> LengthDist:
-    v = t.get(name, _MISSING)
+def _length(t: TomlTable, name: str) -> LengthDist:
+    v = t.get(name, UNSET)
     if isinstance(v, int) and not isinstance(v, bool):
         if v < 1:
             raise t.error(name, f"must be >= 1, got {v}")
         return LengthDist(kind="fixed", mean=v, min=v, max=v)
     t.expect(name, isinstance(v, dict), "an integer or a table like { kind = \"normal\", mean = 512, std = 128 }", v)
-    sub = _Table(v, t.source, t.key(name))
-    dist = _build(LengthDist, sub)
+    sub = TomlTable(v, t.source, t.key(name))
+    dist = build_dataclass(LengthDist, sub)
     if dist.mean < 1 or dist.min < 1:
         raise sub.error("mean" if dist.mean < 1 else "min", "must be >= 1")
     if dist.std < 0:
@@ -33,7 +33,7 @@ def _length(t: _Table, name: str) -> LengthDist:
     return dist
 
 
-def _check_workload(workload: Workload, wt: _Table) -> None:
+def _check_workload(workload: Workload, wt: TomlTable) -> None:
     """What the workload's values mean together, and its dataset or request log read and checked line by line:
     a bad line is said now, before a server boots (the token lengths against the model: check_dataset_lengths)."""
     if workload.shared_prefix_len < 0:
@@ -56,7 +56,7 @@ def load_objective(path: str | Path) -> Objective:
     """Read and validate an objective file."""
     source = str(path)
     path = Path(path)
-    top = _Table(_read(path, source), source)
+    top = TomlTable(read_toml(path, source), source)
     name = top.label("name", path.stem)
     description = top.label("description", "", lines=True)
 
@@ -68,12 +68,13 @@ def load_objective(path: str | Path) -> Objective:
             raise wt.error(key, f"file not found: {p}")
         return p
 
-    workload = _build(Workload, wt, {"input_len": lambda k: _length(wt, k), "output_len": lambda k: _length(wt, k),
-                                     "dataset": data_file, "replay": data_file})
+    workload = build_dataclass(Workload, wt, {"input_len": lambda k: _length(wt, k),
+                                              "output_len": lambda k: _length(wt, k),
+                                              "dataset": data_file, "replay": data_file})
     _check_workload(workload, wt)
 
     lt = top.table("limits", required=True)
-    limits = _build(Limits, lt)
+    limits = build_dataclass(Limits, lt)
     set_limits = {f.name: getattr(limits, f.name) for f in dataclasses.fields(Limits)
                   if getattr(limits, f.name) is not None}
     if not set_limits:
@@ -83,7 +84,7 @@ def load_objective(path: str | Path) -> Objective:
             raise lt.error(k, f"must be > 0, got {v}")
 
     ld = top.table("load")
-    load = _build(LoadSearch, ld)
+    load = build_dataclass(LoadSearch, ld)
     if workload.replay is not None and load.mode != "rate":
         raise ld.error("mode", 'a replayed log needs mode = "rate": its arrival times are scaled to each level\'s '
                                "rate (the level at the log's own mean rate replays it as recorded)")

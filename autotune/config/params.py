@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from autotune.config.toml import _show, _suggest, _Table
+from autotune.config.toml import TomlTable, did_you_mean, shown_value
 
 ParamType = Literal["int", "float", "categorical", "bool"]
 
@@ -65,11 +65,11 @@ def is_scalar(v: object) -> bool:
     return isinstance(v, str | int | float | bool)
 
 
-def read_param(t: _Table, name: str) -> Param:
+def read_param(t: TomlTable, name: str) -> Param:
     """One [space.NAME] table: its type, range or choices, `when` and `default`, each checked."""
     kind = t.get("type")
     if kind not in PARAM_TYPES:
-        raise t.error("type", f"unknown type {_show(kind)}{_suggest(str(kind), PARAM_TYPES)} "
+        raise t.error("type", f"unknown type {shown_value(kind)}{did_you_mean(str(kind), PARAM_TYPES)} "
                               f"(one of {', '.join(PARAM_TYPES)})")
     fields: dict[str, Any] = {"name": name, "type": kind}
     if kind in ("int", "float"):
@@ -104,7 +104,7 @@ def read_param(t: _Table, name: str) -> Param:
     return Param(**fields)
 
 
-def in_dependency_order(params: dict[str, Param], st: _Table) -> tuple[Param, ...]:
+def in_dependency_order(params: dict[str, Param], st: TomlTable) -> tuple[Param, ...]:
     """Declaration order, except that a param comes after the params its `when` reads."""
     done: dict[str, Param] = {}
     visiting: set[str] = set()

@@ -110,29 +110,29 @@ def _default(table: str, name: str, asked: object) -> object:
 
 @contextmanager
 def _recording() -> Iterator[dict[str, Key]]:
-    """Every key a _Table is asked for (get) or knows when it is done, while the block runs, in the order asked."""
+    """Every key a TomlTable is asked for (get) or knows when it is done, while the block runs, in the order asked."""
     keys: dict[str, Key] = {}
-    get, done = toml._Table.get, toml._Table.done
+    get, done = toml.TomlTable.get, toml.TomlTable.done
 
-    def note(table: toml._Table, name: str, default: object) -> None:
+    def note(table: toml.TomlTable, name: str, default: object) -> None:
         prefix = _table_name(table.prefix)
         key = Key(prefix, name, _default(prefix, name, default))
         keys.setdefault(key.dotted, key)
 
-    def recording_get(self: toml._Table, name: str, default: Any = toml._MISSING) -> Any:
-        note(self, name, REQUIRED if default is toml._MISSING else default)
+    def recording_get(self: toml.TomlTable, name: str, default: Any = toml.UNSET) -> Any:
+        note(self, name, REQUIRED if default is toml.UNSET else default)
         return get(self, name, default)
 
-    def recording_done(self: toml._Table) -> None:
+    def recording_done(self: toml.TomlTable) -> None:
         for name in sorted(self.known):
             note(self, name, REQUIRED)
         done(self)
 
-    toml._Table.get, toml._Table.done = recording_get, recording_done  # type: ignore[method-assign]
+    toml.TomlTable.get, toml.TomlTable.done = recording_get, recording_done  # type: ignore[method-assign]
     try:
         yield keys
     finally:
-        toml._Table.get, toml._Table.done = get, done  # type: ignore[method-assign]
+        toml.TomlTable.get, toml.TomlTable.done = get, done  # type: ignore[method-assign]
 
 
 def asked_keys(load: Callable[[Path], object], paths: list[Path]) -> list[Key]:

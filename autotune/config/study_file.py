@@ -16,7 +16,7 @@ from pathlib import Path
 
 from autotune.config.objective import load_objective
 from autotune.config.params import Baseline, Param, in_dependency_order, is_scalar, read_param
-from autotune.config.toml import _read, _show, _suggest, _Table, parse_duration
+from autotune.config.toml import TomlTable, did_you_mean, parse_duration, read_toml, shown_value
 from autotune.engine.env import check_env
 from autotune.engine.flags import (
     MODEL,
@@ -192,13 +192,13 @@ def study_model_keys(spec: StudySpec) -> list[tuple[str, str]]:
               for i, b in enumerate(spec.baselines) if MODEL in b.flags)]
 
 
-def _resolve_model(t: _Table, key: str, value: str, base: Path) -> str:
+def _resolve_model(t: TomlTable, key: str, value: str, base: Path) -> str:
     """tiny:KIND stays, ./ ../ / ~ paths resolve against the study file, anything else is a hub id."""
     if value.startswith("tiny:"):
         kind = value.removeprefix("tiny:")
         if kind not in TINY_KINDS:
             known = [f"tiny:{k}" for k in TINY_KINDS]
-            raise t.error(key, f"unknown tiny model '{value}'{_suggest(value, known)} (known: {', '.join(known)})")
+            raise t.error(key, f"unknown tiny model '{value}'{did_you_mean(value, known)} (known: {', '.join(known)})")
         return value
     if value.startswith((".", "/", "~")):
         path = (base / Path(value).expanduser()).resolve()
@@ -208,21 +208,21 @@ def _resolve_model(t: _Table, key: str, value: str, base: Path) -> str:
     return value
 
 
-def _flag_name(t: _Table, name: str) -> None:
+def _flag_name(t: TomlTable, name: str) -> None:
     if not _NAME.match(name):
         fixed = name.replace("-", "_").lower()
         hint = f"; did you mean '{fixed}'?" if _NAME.match(fixed) else ""
         raise t.error(name, f"flag names are vLLM dest names (lowercase, underscores){hint}")
 
 
-def _space(top: _Table, engine: dict[str, object], base: Path, model_path: str) -> tuple[Param, ...]:
+def _space(top: TomlTable, engine: dict[str, object], base: Path, model_path: str) -> tuple[Param, ...]:
     st = top.table("space")
     params: dict[str, Param] = {}
     for name in st.data:
         _flag_name(st, name)
         st.expect(name, isinstance(st.data[name], dict), "a table with a type", st.data[name])
         st.known.add(name)
-        pt = _Table(st.data[name], st.source, st.key(name))
+        pt = TomlTable(st.data[name], st.source, st.key(name))
         p = read_param(pt, name)
         if name in engine:
             raise st.error(name, "is both fixed in [engine] and searched in [space]; keep one")
@@ -241,13 +241,14 @@ def _space(top: _Table, engine: dict[str, object], base: Path, model_path: str) 
     if problem := spec_tokens_problem(set(params), engine):
         raise st.error(SPEC_TOKENS, problem)
     for p in params.values():
-        wt = _Table(p.when, st.source, st.key(f"{p.name}.when"))
+        wt = TomlTable(p.when, st.source, st.key(f"{p.name}.when"))
         for other, wanted in p.when.items():
             if other == p.name or other not in params:
-                raise wt.error(other, f"names no other parameter of [space]{_suggest(other, set(params) - {p.name})}")
+                hint = did_you_mean(other, set(params) - {p.name})
+                raise wt.error(other, f"names no other parameter of [space]{hint}")
             options = wanted if isinstance(wanted, list) else [wanted]
             if not options or not all(is_scalar(w) for w in options):
-                raise wt.error(other, f"must be a value or a non-empty list of values, got {_show(wanted)}")
+                raise wt.error(other, f"must be a value or a non-empty list of values, got {shown_value(wanted)}")
             if not any(params[other].holds(w) for w in options):
                 raise wt.error(other, f"{other} can never be {wanted!r}, so {p.name} would never be searched")
         # A numeric default may lie outside [low, high] (vLLM's own default often does): Optuna records it.
@@ -256,7 +257,7 @@ def _space(top: _Table, engine: dict[str, object], base: Path, model_path: str) 
     return in_dependency_order(params, st)
 
 
-def _flags_table(t: _Table, base: Path, allow_model: bool) -> dict[str, object]:
+def _flags_table(t: TomlTable, base: Path, allow_model: bool) -> dict[str, object]:
     out: dict[str, object] = {}
     for name, v in t.data.items():
         _flag_name(t, name)
@@ -270,7 +271,7 @@ def _flags_table(t: _Table, base: Path, allow_model: bool) -> dict[str, object]:
     return out
 
 
-def _model(top: _Table, base: Path) -> ModelSpec:
+def _model(top: TomlTable, base: Path) -> ModelSpec:
     mt = top.table("model", required=True)
     model = ModelSpec(path=_resolve_model(mt, "path", mt.text("path"), base), load_format=mt.text("load_format", None),
                       quantization=mt.text("quantization", None), revision=mt.text("revision", None),
@@ -279,7 +280,7 @@ def _model(top: _Table, base: Path) -> ModelSpec:
     return model
 
 
-def _engine(top: _Table, base: Path) -> tuple[dict[str, object], dict[str, str]]:
+def _engine(top: TomlTable, base: Path) -> tuple[dict[str, object], dict[str, str]]:
     """[engine] fixed flags and [engine.env] (values become strings: `X = 1` is natural in TOML)."""
     et = top.table("engine")
     env_table = et.table("env")
@@ -288,7 +289,7 @@ def _engine(top: _Table, base: Path) -> tuple[dict[str, object], dict[str, str]]
         env_table.expect(k, is_scalar(v) and not isinstance(v, bool), "a string or a number", v)
         env[k] = str(v)
     check_env(env, et.source, env_table.prefix, allowed=None)  # whether this host lets them through: check_inputs
-    engine = _flags_table(_Table({k: v for k, v in et.data.items() if k != "env"}, et.source, "engine"), base,
+    engine = _flags_table(TomlTable({k: v for k, v in et.data.items() if k != "env"}, et.source, "engine"), base,
                           allow_model=False)
     for k in MODEL_FLAGS:
         if k in engine:
@@ -296,7 +297,7 @@ def _engine(top: _Table, base: Path) -> tuple[dict[str, object], dict[str, str]]
     return engine, env
 
 
-def _baselines(top: _Table, base: Path, fixed: dict[str, object]) -> tuple[Baseline, ...]:
+def _baselines(top: TomlTable, base: Path, fixed: dict[str, object]) -> tuple[Baseline, ...]:
     """[[baselines]], each checked against the rules vLLM enforces before booting."""
     items = top.get("baselines", [])
     top.expect("baselines", isinstance(items, list), "an array of tables ([[baselines]])", items)
@@ -304,7 +305,7 @@ def _baselines(top: _Table, base: Path, fixed: dict[str, object]) -> tuple[Basel
     for i, item in enumerate(items):
         if not isinstance(item, dict):
             raise SpecError(top.source, f"baselines[{i}]", "must be a table with a name and flags")
-        t = _Table(item, top.source, f"baselines[{i}]")
+        t = TomlTable(item, top.source, f"baselines[{i}]")
         name = t.label("name")
         if any(b.name == name for b in baselines):
             raise t.error("name", f"baseline '{name}' is defined twice")
@@ -320,18 +321,18 @@ def _baselines(top: _Table, base: Path, fixed: dict[str, object]) -> tuple[Basel
     return tuple(baselines)
 
 
-def _sampler(top: _Table) -> SamplerSpec:
+def _sampler(top: TomlTable) -> SamplerSpec:
     st = top.table("sampler")
     name = st.text("name", "tpe")
     if name not in SAMPLERS:
-        raise st.error("name", f"unknown sampler '{name}'{_suggest(name, SAMPLERS)} (one of {', '.join(SAMPLERS)})")
+        raise st.error("name", f"unknown sampler '{name}'{did_you_mean(name, SAMPLERS)} (one of {', '.join(SAMPLERS)})")
     # numpy's generators (TPE, random) take seeds in [0, 2**32)
     sampler = SamplerSpec(name=name, seed=st.integer("seed", None, minimum=0, maximum=2**32 - 1))
     st.done()
     return sampler
 
 
-def _budget(top: _Table) -> tuple[float, float | None, int | None, int]:
+def _budget(top: TomlTable) -> tuple[float, float | None, int | None, int]:
     """[budget]: boot timeout (default 10m), default run time, default trial count, configurations re-measured."""
     bu = top.table("budget")
     boot_timeout = parse_duration(bu.get("boot_timeout", "10m"), bu.key("boot_timeout"), bu.source)
@@ -348,7 +349,7 @@ def load_study(path: str | Path) -> StudySpec:
     source = str(path)
     path = Path(path)
     base = path.parent
-    top = _Table(_read(path, source), source)
+    top = TomlTable(read_toml(path, source), source)
     name = check_study_name(top.text("name", path.stem), source, "name")
     description = top.label("description", "", lines=True)
     objective_path = base / top.text("objective")
@@ -357,7 +358,7 @@ def load_study(path: str | Path) -> StudySpec:
     objective = load_objective(objective_path)
     hardware = top.text("hardware", "auto")
     if hardware != "auto" and hardware.strip().lower() not in PROFILES:
-        raise top.error("hardware", f"unknown GPU profile {hardware!r}{_suggest(hardware.lower(), PROFILES)} "
+        raise top.error("hardware", f"unknown GPU profile {hardware!r}{did_you_mean(hardware.lower(), PROFILES)} "
                                     f"(known: auto, {', '.join(sorted(PROFILES))})")
     storage = top.text("storage", None)
     model = _model(top, base)

@@ -18,23 +18,23 @@ from typing import Any, Literal
 
 from autotune.errors import SpecError
 
-_MISSING: Any = object()
+UNSET: Any = object()
 
 MAX_FILE_BYTES = 1 << 20  # a study or objective file is a few KiB: more is not one (or is /dev/zero)
 
 LONGEST_S = 366 * 86400.0  # a duration beyond a year is a slip (and overflows the clocks that wait on it)
 
 
-def _show(value: object) -> str:
+def shown_value(value: object) -> str:
     return repr(value) if not isinstance(value, dict) else "a table"
 
 
-def _suggest(key: str, known: typing.Iterable[str]) -> str:
+def did_you_mean(key: str, known: typing.Iterable[str]) -> str:
     near = difflib.get_close_matches(key, list(known), n=1, cutoff=0.6)
     return f"; did you mean '{near[0]}'?" if near else ""
 
 
-class _Table:
+class TomlTable:
     """One TOML table being read: typed accessors that remember which keys are known."""
 
     def __init__(self, data: dict[str, Any], source: str, prefix: str = ""):
@@ -47,11 +47,11 @@ class _Table:
     def error(self, name: str | None, message: str) -> SpecError:
         return SpecError(self.source, self.key(name) if name else (self.prefix or None), message)
 
-    def get(self, name: str, default: Any = _MISSING) -> Any:
+    def get(self, name: str, default: Any = UNSET) -> Any:
         self.known.add(name)
         if name in self.data:
             return self.data[name]
-        if default is _MISSING:
+        if default is UNSET:
             for k in self.data:  # a misspelling of this key is the likelier story
                 if k not in self.known and difflib.get_close_matches(name, [k], cutoff=0.6):
                     raise self.error(k, f"unknown key; did you mean '{name}'?")
@@ -60,14 +60,14 @@ class _Table:
 
     def expect(self, name: str, ok: bool, what: str, value: object) -> None:
         if not ok:
-            raise self.error(name, f"must be {what}, got {_show(value)}")
+            raise self.error(name, f"must be {what}, got {shown_value(value)}")
 
-    def text(self, name: str, default: Any = _MISSING) -> Any:
+    def text(self, name: str, default: Any = UNSET) -> Any:
         v = self.get(name, default)
         self.expect(name, v is default or (isinstance(v, str) and v != ""), "a non-empty string", v)
         return v
 
-    def label(self, name: str, default: Any = _MISSING, lines: bool = False) -> Any:
+    def label(self, name: str, default: Any = UNSET, lines: bool = False) -> Any:
         """A name or description people read on a terminal: no control characters (an escape sequence would
         retitle or redraw their terminal); a description (`lines`) may hold line breaks and tabs."""
         v = self.get(name, default)
@@ -77,7 +77,7 @@ class _Table:
             raise self.error(name, f"contains the control character {bad!r}; names are printed on terminals")
         return v
 
-    def integer(self, name: str, default: Any = _MISSING, minimum: int | None = None,
+    def integer(self, name: str, default: Any = UNSET, minimum: int | None = None,
                 maximum: int | None = None) -> Any:
         v = self.get(name, default)
         if v is default:
@@ -89,28 +89,28 @@ class _Table:
             raise self.error(name, f"must be <= {maximum}, got {v}")
         return v
 
-    def number(self, name: str, default: Any = _MISSING) -> Any:
+    def number(self, name: str, default: Any = UNSET) -> Any:
         """A finite number: TOML's nan and inf are numbers no limit, range or length can mean."""
         v = self.get(name, default)
         self.expect(name, v is default or (isinstance(v, int | float) and not isinstance(v, bool)), "a number", v)
         self.expect(name, v is default or math.isfinite(v), "a finite number", v)
         return v
 
-    def boolean(self, name: str, default: Any = _MISSING) -> Any:
+    def boolean(self, name: str, default: Any = UNSET) -> Any:
         v = self.get(name, default)
         self.expect(name, v is default or isinstance(v, bool), "true or false", v)
         return v
 
-    def table(self, name: str, required: bool = False) -> _Table:
-        v = self.get(name, _MISSING if required else {})
+    def table(self, name: str, required: bool = False) -> TomlTable:
+        v = self.get(name, UNSET if required else {})
         self.expect(name, isinstance(v, dict), "a table", v)
-        return _Table(v, self.source, self.key(name))
+        return TomlTable(v, self.source, self.key(name))
 
     def done(self) -> None:
         """Refuse keys nobody asked for."""
         for k in self.data:
             if k not in self.known:
-                raise self.error(k, f"unknown key{_suggest(k, self.known)}")
+                raise self.error(k, f"unknown key{did_you_mean(k, self.known)}")
 
 
 def is_control(c: str) -> bool:
@@ -118,7 +118,7 @@ def is_control(c: str) -> bool:
     return unicodedata.category(c) == "Cc"
 
 
-def _read(path: Path, source: str) -> dict[str, Any]:
+def read_toml(path: Path, source: str) -> dict[str, Any]:
     data = _read_bytes(path, source)
     if data.startswith(codecs.BOM_UTF8):  # TOML has no place for one: tomllib says only "Invalid statement"
         raise SpecError(source, None, "begins with a byte-order mark (BOM); save it as UTF-8 without BOM")
@@ -164,7 +164,7 @@ def parse_duration(text: object, key: str = "duration", source: str = "command l
     return seconds
 
 
-def _hint_value(t: _Table, name: str, hint: Any) -> Any:
+def _hint_value(t: TomlTable, name: str, hint: Any) -> Any:
     """Read a field by its type hint (for fields the owning module may add later)."""
     args = typing.get_args(hint)
     if typing.get_origin(hint) in (typing.Union, types.UnionType):
@@ -175,8 +175,8 @@ def _hint_value(t: _Table, name: str, hint: Any) -> Any:
     if typing.get_origin(hint) is Literal:
         v = t.get(name)
         if v not in args:
-            raise t.error(name, f"must be one of {', '.join(map(repr, args))}, got {_show(v)}"
-                          + (_suggest(v, map(str, args)) if isinstance(v, str) else ""))
+            raise t.error(name, f"must be one of {', '.join(map(repr, args))}, got {shown_value(v)}"
+                          + (did_you_mean(v, map(str, args)) if isinstance(v, str) else ""))
         return v
     readers = {bool: t.boolean, int: t.integer, float: t.number, str: t.text}
     if hint in readers:
@@ -185,7 +185,7 @@ def _hint_value(t: _Table, name: str, hint: Any) -> Any:
     raise t.error(name, f"cannot be set from a file (type {hint})")
 
 
-def _build(cls: type, t: _Table, special: dict[str, Any] | None = None) -> Any:
+def build_dataclass(cls: type, t: TomlTable, special: dict[str, Any] | None = None) -> Any:
     """A dataclass from a table: `special` readers for some fields, type hints for the rest."""
     special = special or {}
     hints = typing.get_type_hints(cls)

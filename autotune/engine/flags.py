@@ -80,20 +80,20 @@ def float_text(x: float) -> str:
 def value_text(value: object) -> str:
     """The one way a flag's or parameter's value is printed: in commands, labels, tables and exports."""
     if isinstance(value, Mapping):
-        return json.dumps(_rounded(value), separators=(",", ":"))
+        return json.dumps(rounded_value(value), separators=(",", ":"))
     if isinstance(value, float):
         return float_text(value)
     return str(value)
 
 
-def _rounded(value: object) -> object:
+def rounded_value(value: object) -> object:
     """The same value with its floats as value_text prints them (for YAML and JSON)."""
     if isinstance(value, float):
         return float(float_text(value))
     if isinstance(value, Mapping):
-        return {k: _rounded(v) for k, v in value.items()}
+        return {k: rounded_value(v) for k, v in value.items()}
     if isinstance(value, Sequence) and not isinstance(value, str):
-        return [_rounded(v) for v in value]
+        return [rounded_value(v) for v in value]
     return value
 
 
@@ -160,7 +160,7 @@ RESERVED_REASONS = {"model": "set it in [model] (path)", "host": "the engine pic
 
 
 def pseudo_param_problem(name: str, kind: str, choices: Sequence[object]) -> str | None:
-    """Why a searched pseudo-parameter of this type could not be folded into vLLM flags (_merged), or None."""
+    """Why a searched pseudo-parameter of this type could not be folded into vLLM flags (merged_flags), or None."""
     if name in (MODEL, SPEC_METHOD) and not (kind == "categorical" and all(isinstance(c, str) for c in choices)):
         return f"{name} must be categorical with string choices"
     if name == SPEC_TOKENS and kind != "int":
@@ -169,14 +169,14 @@ def pseudo_param_problem(name: str, kind: str, choices: Sequence[object]) -> str
 
 
 def spec_tokens_problem(searched: Iterable[str], fixed: Iterable[str]) -> str | None:
-    """A searched token count needs a method to fold into (_merged raises without one), or None."""
+    """A searched token count needs a method to fold into (merged_flags raises without one), or None."""
     names = set(searched)
     if SPEC_TOKENS in names and not {SPEC_METHOD, "speculative_config"} & (names | set(fixed)):
         return f"needs a {SPEC_METHOD} (in [space] or [engine]) or an [engine] speculative_config"
     return None
 
 
-def _merged(
+def merged_flags(
     params: Mapping[str, object], fixed: Mapping[str, object], baseline: Mapping[str, object] | None
 ) -> dict[str, object]:
     """fixed, overlaid with the baseline's flags (a baseline trial) or else the sampled params; folded."""
@@ -223,7 +223,7 @@ def to_engine_flags(
 ) -> dict[str, object]:
     """vLLM flags (dest names) for a trial. With `baseline`, the sampled params are ignored so the
     baseline's flags are exactly what boots. The `model` pseudo-param is dropped: see engine_config."""
-    flags = _merged(params, fixed, baseline)
+    flags = merged_flags(params, fixed, baseline)
     flags.pop(MODEL, None)
     return flags
 

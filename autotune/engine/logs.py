@@ -67,7 +67,7 @@ _PATTERNS: list[tuple[FailureKind, re.Pattern[str]]] = [
 ]
 
 
-_ENGINE_DIED = re.compile(r"Engine core initialization failed|EngineDeadError|EngineCore encountered a fatal error")
+ENGINE_DIED = re.compile(r"Engine core initialization failed|EngineDeadError|EngineCore encountered a fatal error")
 
 
 # The last line of a Python traceback ("OSError: ...", "torch.AcceleratorError: ..."), vLLM's prefix allowed.
@@ -104,7 +104,7 @@ def watch_line(known: FailureKind | None, line: str) -> FailureKind | None:
     if known is not None and known is not FailureKind.CRASH:
         return None
     kind = classify_line(line)
-    if kind is None and known is None and _ENGINE_DIED.search(line):
+    if kind is None and known is None and ENGINE_DIED.search(line):
         return FailureKind.CRASH
     return kind
 
@@ -118,11 +118,11 @@ def classify_log(lines: list[str], *, exited: bool = True) -> Failure | None:
     for i, line in enumerate(lines):
         kind = classify_line(line)
         if kind is not None:
-            return Failure(kind, _reason(kind, line), _excerpt(lines, i))
+            return Failure(kind, failure_reason(kind, line), log_excerpt(lines, i))
     if exited:
         for i, line in enumerate(lines):
-            if _ENGINE_DIED.search(line):
-                return Failure(FailureKind.CRASH, "engine died: " + _clip(line), _excerpt(lines, i))
+            if ENGINE_DIED.search(line):
+                return Failure(FailureKind.CRASH, "engine died: " + _clip(line), log_excerpt(lines, i))
         last = next((line for line in reversed(lines) if _EXCEPTION.search(line)), None)
         return Failure(FailureKind.CRASH, "server exited" + (f": {_clip(last)}" if last else ""),
                        "\n".join(lines[-12:]))
@@ -178,7 +178,7 @@ def kv_shortfall_gib(lines: list[str]) -> float | None:
     return None
 
 
-def _reason(kind: FailureKind, line: str) -> str:
+def failure_reason(kind: FailureKind, line: str) -> str:
     labels = {
         FailureKind.OUT_OF_MEMORY: "out of memory",
         FailureKind.KV_CACHE_TOO_SMALL: "KV cache too small for max_model_len",
@@ -198,5 +198,5 @@ def _clip(line: str, n: int = 240) -> str:
     return line if len(line) <= n else line[: n - 1] + "…"
 
 
-def _excerpt(lines: list[str], i: int, before: int = 3, after: int = 2) -> str:
+def log_excerpt(lines: list[str], i: int, before: int = 3, after: int = 2) -> str:
     return "\n".join(lines[max(0, i - before): i + after + 1])

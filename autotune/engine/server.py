@@ -28,13 +28,13 @@ from typing import IO
 from autotune.engine.compile_cache import cache_env, keep_triton_cache
 from autotune.engine.flags import CACHE_DIR, HOST, Build, detect_build, to_argv
 from autotune.engine.logs import (
-    _ENGINE_DIED,
+    ENGINE_DIED,
     BootInfo,
     Failure,
     FailureKind,
-    _excerpt,
-    _reason,
     classify_log,
+    failure_reason,
+    log_excerpt,
     parse_boot_info,
     watch_line,
 )
@@ -195,7 +195,7 @@ class Server:
             return self.failure
         lines, code = list(self.lines), self._proc.returncode
         if (code is not None and code < 0 and not self._stopping and classify_log(lines, exited=False) is None
-                and not any(_ENGINE_DIED.search(line) for line in lines)):
+                and not any(ENGINE_DIED.search(line) for line in lines)):
             return Failure(FailureKind.KILLED, f"the server was killed by {_signal_name(-code)}, a signal autotune "
                            "did not send: says nothing about the configuration", "\n".join(lines[-12:]))
         return classify_log(lines)
@@ -241,7 +241,8 @@ class Server:
                 # traceback's cause (out of memory, ...) replaces the generic "engine died" line before it.
                 kind = watch_line(self.failure.kind if self.failure else None, line)
                 if kind is not None:
-                    self.failure = Failure(kind, _reason(kind, line), _excerpt(list(self.lines), len(self.lines) - 1))
+                    self.failure = Failure(kind, failure_reason(kind, line),
+                                           log_excerpt(list(self.lines), len(self.lines) - 1))
                     if self.failure_seen_at is None:
                         self.failure_seen_at = time.monotonic()
                     self._failure_event.set()

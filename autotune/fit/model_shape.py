@@ -364,6 +364,6 @@ def _vision_modules(vc: Mapping | None, h: int) -> list[WeightModule]:
     return mods
 
 
-_QUANT_ALIASES = {"gptq": "gptq", "gptq_marlin": "gptq", "awq": "awq", "awq_marlin": "awq", "fp8": "fp8",
+QUANT_ALIASES = {"gptq": "gptq", "gptq_marlin": "gptq", "awq": "awq", "awq_marlin": "awq", "fp8": "fp8",
                   "compressed-tensors": "ct", "compressed_tensors": "ct", "inc": "auto-round",
                   "auto-round": "auto-round", "auto_round": "auto-round"}

@@ -55,7 +55,7 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from autotune.engine.defaults import _version, profiling_kv_per_sequence
+from autotune.engine.defaults import major_minor, profiling_kv_per_sequence
 from autotune.fit.model_shape import DTYPE_BYTES, ModelShape
 from autotune.fit.settings import Settings
 from autotune.units import MiB
@@ -136,7 +136,7 @@ def capture_sizes(s: Settings, config: Mapping[str, object], vllm_version: str |
     query = 1 + s.num_spec
 
     def newer(v: tuple[int, int]) -> bool:
-        return vllm_version is None or _version(vllm_version) >= v
+        return vllm_version is None or major_minor(vllm_version) >= v
 
     asked = config.get("max_cudagraph_capture_size")
     default_max = 1024 if blackwell and newer((0, 28)) else 512

@@ -8,7 +8,7 @@ import functools
 from collections.abc import Collection, Mapping
 
 from autotune.fit.hardware import GpuProfile
-from autotune.fit.model_shape import _QUANT_ALIASES, ModelShape
+from autotune.fit.model_shape import QUANT_ALIASES, ModelShape
 from autotune.fit.quantization import Quantization, online_fp8
 
 # A 4-bit checkpoint with groups of weights runs on CUDA through the first mixed-precision kernel that can implement
@@ -94,7 +94,7 @@ def resolve_quantization(shape: ModelShape, profile: GpuProfile, asked: str) -> 
     quant.name (estimate reports it as not modelled), never refused."""
     quant, reasons = shape.quantization, []
     if asked and asked != "auto":
-        want = _QUANT_ALIASES.get(asked)
+        want = QUANT_ALIASES.get(asked)
         have = {"gptq": "gptq", "awq": "awq", "fp8": "fp8", "auto-round": "auto-round", "none": None,
                 "compressed-tensors": "ct"}.get(quant.method, quant.name)
         if want is None:

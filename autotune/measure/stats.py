@@ -115,7 +115,7 @@ class LevelStats:
         return d
 
 
-def _tpot(r: RequestRecord) -> float | None:
+def request_tpot(r: RequestRecord) -> float | None:
     if r.output_tokens > 1 and r.ttft is not None:
         return (r.end - r.start - r.ttft) / (r.output_tokens - 1)
     return None
@@ -125,7 +125,7 @@ def _good(r: RequestRecord, limits: Limits) -> bool:
     """Whether one request meets every limit (vLLM's goodput; a request's ITL is judged by its own p95)."""
     checks = (
         (limits.ttft_p95_ms, r.ttft),
-        (limits.tpot_p95_ms, _tpot(r) or 0.0),  # as in vLLM: TPOT of a 1-token output counts as 0
+        (limits.tpot_p95_ms, request_tpot(r) or 0.0),  # as in vLLM: TPOT of a 1-token output counts as 0
         (limits.itl_p95_ms, float(np.percentile(r.itl, 95)) if limits.itl_p95_ms and r.itl else 0.0),
         (limits.e2e_p95_ms, r.end - r.start),
     )
@@ -199,7 +199,7 @@ def level_stats(run: LevelRun, limits: Limits, power: Sequence[PowerSample] = ()
         out_win = sum(_tokens_between(r, t0, t1) for r in ok)
         in_win = float(sum(r.prompt_tokens for r in ok if r.ttft is not None and t0 <= r.start + r.ttft <= t1))
         ended = [r for r in ok if t0 <= r.end <= t1]
-    tpots = [t for r in ok if (t := _tpot(r)) is not None]
+    tpots = [t for r in ok if (t := request_tpot(r)) is not None]
     itls = [gap for r in ok for gap in r.itl]
     per_s = (lambda x: x / window) if window > 0 else (lambda x: 0.0)
     return LevelStats(

@@ -41,7 +41,7 @@ from typing import Literal
 import numpy as np
 
 from autotune.measure.client import Abandon, RequestRecord
-from autotune.measure.stats import Limits, _tpot
+from autotune.measure.stats import Limits, request_tpot
 
 
 @lru_cache(maxsize=4096)
@@ -80,7 +80,7 @@ def looks(low: int, high: int) -> frozenset[int]:
 
 _SAMPLES = {
     "ttft_p95_ms": lambda rs: [r.ttft for r in rs if r.ttft is not None],
-    "tpot_p95_ms": lambda rs: [t for r in rs if (t := _tpot(r)) is not None],
+    "tpot_p95_ms": lambda rs: [t for r in rs if (t := request_tpot(r)) is not None],
     "itl_p95_ms": lambda rs: [g for r in rs for g in r.itl],
     "e2e_p95_ms": lambda rs: [r.end - r.start for r in rs],
 }

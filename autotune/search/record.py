@@ -207,9 +207,9 @@ def view(t: FrozenTrial) -> TrialView:
         at, level = a, a.get("best_level")
     elif passed:  # pruned: its best passing level before the cut
         at = max(passed, key=lambda lv: lv.get("output_tok_s", 0.0))
-        level = _level_of(at)
+        level = level_value(at)
     elif levels:  # no level met the limits: the lowest one, the closest it came
-        at, level = levels[0], _level_of(levels[0])
+        at, level = levels[0], level_value(levels[0])
     else:
         at, level = {}, None
     kind = _kind(t)
@@ -258,7 +258,7 @@ def views(study: optuna.Study) -> list[TrialView]:
             if t.state != TrialState.WAITING and REMEASURE_ATTR not in t.user_attrs]
 
 
-def _level_of(level: dict) -> float | None:
+def level_value(level: dict) -> float | None:
     return level.get("concurrency", level.get("rate_req_s"))
 
 

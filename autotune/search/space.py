@@ -18,7 +18,7 @@ if TYPE_CHECKING:
     from autotune.config.study_file import StudySpec
 from autotune.config.params import Baseline, Param, same_value
 from autotune.engine.compile_cache import capture_pin
-from autotune.engine.flags import MODEL, SPEC_METHOD, SPEC_TOKENS, _merged
+from autotune.engine.flags import MODEL, SPEC_METHOD, SPEC_TOKENS, merged_flags
 from autotune.search.record import BASELINE_ATTR
 
 
@@ -67,7 +67,7 @@ def engine_config(
     """The one call a trial makes: model (a `model` param, else the study's model) and all flags. A sampled
     trial of a space that varies max_num_seqs gets the study's one CUDA-graph capture size (compile_cache.py: so
     that its boot finds the compiled graphs of the others); a baseline boots exactly its own flags."""
-    flags = _merged(params, study.fixed_flags(), baseline)
+    flags = merged_flags(params, study.fixed_flags(), baseline)
     model = flags.pop(MODEL, study.model.path)
     if baseline is None:
         flags = capture_pin(flags, _largest(study.space, "max_num_seqs"), _largest(study.space, SPEC_TOKENS) or 0)

@@ -17,9 +17,9 @@ import yaml
 from autotune.engine.flags import (
     HOST,
     STORE_TRUE_ONLY,
-    _rounded,
     env_words,
     option,
+    rounded_value,
     serve_command,
     served_argv,
 )
@@ -40,7 +40,7 @@ def to_yaml(flags: Mapping[str, object], model: str | None = None, env: Mapping[
     for dest, value in flags.items():
         if value is None or (value is False and dest in STORE_TRUE_ONLY):
             continue
-        doc[option(dest)[2:]] = _rounded(value)
+        doc[option(dest)[2:]] = rounded_value(value)
     body = yaml.safe_dump(doc, sort_keys=False, default_flow_style=False)
     if not env:
         return body
@@ -53,7 +53,7 @@ def to_json(model: str, flags: Mapping[str, object], metrics: Mapping[str, objec
             env: Mapping[str, str] | None = None) -> str:
     """Everything about one configuration, for scripts: flags, environment, argv (with the measured host), the
     command and its measurements."""
-    doc = {"model": model, "flags": _rounded(dict(flags)), "env": dict(env or {}), "argv": served_argv(flags),
+    doc = {"model": model, "flags": rounded_value(dict(flags)), "env": dict(env or {}), "argv": served_argv(flags),
            "command": serve_command(model, flags, env), "metrics": dict(metrics)}
     return json.dumps(doc, indent=2, sort_keys=False)
 

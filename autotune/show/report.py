@@ -22,9 +22,9 @@ from autotune.measure.energy import energy_text
 from autotune.measure.memory import memory_source_name, peak_text
 from autotune.search.record import (
     TrialView,
-    _level_of,
     at_level,
     feasible,
+    level_value,
     remeasure_views,
     view,
     views,
@@ -341,9 +341,9 @@ def levels_figure(study: optuna.Study, top: int = 3) -> go.Figure:
     for i, v in enumerate(chosen):
         color = ORANGE if v.baseline is not None and i >= len(ranked) else PALETTE[i % len(PALETTE)]
         name = f"trial {v.number}" + (f" ({v.baseline})" if v.baseline else "")
-        xs = [_level_of(lv) for lv in v.levels]
+        xs = [level_value(lv) for lv in v.levels]
         symbols = ["circle" if lv.get("passed") else "circle-open" for lv in v.levels]
-        hover = [f"{name}<br>level {_level_of(lv):g}: {lv['output_tok_s']:,.0f} tok/s, p95 TTFT "
+        hover = [f"{name}<br>level {level_value(lv):g}: {lv['output_tok_s']:,.0f} tok/s, p95 TTFT "
                  f"{lv['ttft_p95_ms']:,.0f} ms, {'passed' if lv.get('passed') else 'missed the limits'}"
                  for lv in v.levels]
         dash = "dash" if v.baseline is not None else "solid"
@@ -357,7 +357,7 @@ def levels_figure(study: optuna.Study, top: int = 3) -> go.Figure:
         fig.add_hline(y=limit, line={"color": RED, "dash": "dash"}, annotation_text=f"limit {limit:g} ms",
                       annotation_font_color=RED, row=1, col=2)
     ticks: list[float] = []
-    for t in sorted({level for v in chosen for lv in v.levels if (level := _level_of(lv)) is not None}):
+    for t in sorted({level for v in chosen for lv in v.levels if (level := level_value(lv)) is not None}):
         if not ticks or t >= ticks[-1] * 1.3:  # on a log axis, closer labels overlap
             ticks.append(t)
     fig.update_xaxes(type="log", tickvals=ticks, ticktext=[f"{t:g}" for t in ticks],

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from autotune.config import reference
 from autotune.config.reference import Key, asked_keys, undescribed
-from autotune.config.toml import _read, _Table
+from autotune.config.toml import TomlTable, read_toml
 
 DOCS = Path(__file__).parents[3] / "docs"
 
@@ -27,7 +27,7 @@ def test_a_key_a_parser_starts_to_read_is_found_with_its_default(tmp_path: Path)
     file.write_text('[load]\nmode = "rate"\n')
 
     def load_with_a_new_key(path: Path) -> None:
-        top = _Table(_read(path, str(path)), str(path))
+        top = TomlTable(read_toml(path, str(path)), str(path))
         top.table("load").get("burst", 8)
         top.get("colour", "blue")
 
