@@ -47,10 +47,9 @@ def detect_build() -> Build:
 # Flags vLLM declares with action="store_true" (no --no-X form): False means "leave the flag out".
 # Every other boolean is an argparse BooleanOptionalAction, so False is written as --no-X (explicit,
 # because several defaults, e.g. enable_chunked_prefill, depend on the model). Checked against the
-# installed parser by tests/test_export.py.
-STORE_TRUE_ONLY = frozenset(
-    {"headless", "grpc", "data_parallel_multi_port_external_lb", "disable_log_stats", "aggregate_engine_logging"}
-)
+# installed parser by tests/unit/show/test_export.py.
+STORE_TRUE_ONLY = frozenset({"headless", "grpc", "data_parallel_multi_port_external_lb", "disable_log_stats",
+                             "aggregate_engine_logging"})
 
 
 _DEST = re.compile(r"^[a-z][a-z0-9_]*$")
@@ -143,15 +142,8 @@ def serve_command(model: str, flags: Mapping[str, object], env: Mapping[str, str
     return " ".join([*env_words(env or {}), shlex.join([*program, model, *served_argv(flags)])])
 
 
-MODEL = "model"
-
-
-SPEC_METHOD = "speculative_method"
-
-
-SPEC_TOKENS = "num_speculative_tokens"
-
-
+# The space's pseudo-parameters, not vLLM flags: merged_flags folds them in, to_engine_flags drops the model.
+MODEL, SPEC_METHOD, SPEC_TOKENS = "model", "speculative_method", "num_speculative_tokens"
 PSEUDO_PARAMS = (MODEL, SPEC_METHOD, SPEC_TOKENS)
 
 
@@ -215,12 +207,8 @@ def speculative_tokens(config: Mapping[str, object]) -> tuple[str | None, int]:
     return str(spec.get("method", "")), int(spec.get("num_speculative_tokens", 1))
 
 
-def to_engine_flags(
-    params: Mapping[str, object],
-    fixed: Mapping[str, object],
-    *,
-    baseline: Mapping[str, object] | None = None,
-) -> dict[str, object]:
+def to_engine_flags(params: Mapping[str, object], fixed: Mapping[str, object], *,
+                    baseline: Mapping[str, object] | None = None) -> dict[str, object]:
     """vLLM flags (dest names) for a trial. With `baseline`, the sampled params are ignored so the
     baseline's flags are exactly what boots. The `model` pseudo-param is dropped: see engine_config."""
     flags = merged_flags(params, fixed, baseline)
