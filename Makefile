@@ -33,7 +33,7 @@ test: lint
 	$(BIN)/python -m pytest
 
 test-fast: lint
-	$(BIN)/python -m pytest tests/unit
+	$(BIN)/python -m pytest tests/unit benchmarks/tests
 
 test-engine: setup
 	$(BIN)/python -m pytest tests/engine

@@ -261,8 +261,8 @@ SURFACES = ROOT / "benchmarks" / "data"
 
 
 def predicted_boot(entry: dict, real: str, env: Mapping[str, str] | None = None) -> Estimate:
-    """A GPU surface entry's boot (benchmarks/data/surface-rtx3090*.json): its flags as they booted, with its logical
-    gpu_memory_utilization, judged for the `real` card capped as a 3090 by vLLM 0.25.0 (the device's), in the
+    """A GPU surface entry's boot (benchmarks/data/*-as-rtx3090-*/surface.json): its flags as they booted, with its
+    logical gpu_memory_utilization, judged for the `real` card capped as a 3090 by vLLM 0.25.0 (the device's), in the
     environment its file records (and `env` over it), with the shape of the checkpoint its file served."""
     env = env or {}
     from autotune.fit import feasibility, memcap

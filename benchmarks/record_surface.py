@@ -791,7 +791,7 @@ def surface_doc(out: Path, plan_path: Path, plan: dict, spec: StudySpec, real: G
 
 def plan_indices(plan: str) -> dict[str, int]:
     """params_key -> index in the plan file `plan` (a surface's provenance names it, relative to the repository):
-    how SURFACE.md names a configuration, which the recorder may take out of the plan's order."""
+    how the datasets' READMEs name a configuration, which the recorder may take out of the plan's order."""
     return {params_key(c["params"]): i for i, c in enumerate(json.loads((REPO / plan).read_text())["configs"])}
 
 

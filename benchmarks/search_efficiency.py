@@ -755,7 +755,7 @@ def parse_limits(items: list[str], recorded: dict[str, float]) -> list[Limits]:
 
 
 def label(surface: Surface, point: Point) -> str:
-    """How SURFACE.md and the recorder name a configuration: its index in the plan a GPU surface was recorded
+    """How the datasets' READMEs and the recorder name a configuration: its index in the plan a GPU surface was recorded
     from (the recorder takes them out of order, e.g. the start picks #42-#44 before #24), else its place in the
     surface file."""
     plan = surface.provenance.get("plan")

@@ -87,7 +87,7 @@ def model_shape(model: str) -> ModelShape:
         # auto_gptq.py maybe_update_config (vLLM 0.25 to 0.33): a GPTQ config without modules_in_block_to_quantize
         # quantizes the layers whose safetensors headers hold a packed dtype, so a folder without any (a config
         # served with --load-format dummy) is served with every layer in the model dtype (seen on an H100: the
-        # GPTQ-Int4 config's MLPs asked for bf16: benchmarks/data/surface-rtx3090-ballast-marlin-gptq-config-only)
+        # GPTQ-Int4 config's MLPs asked for bf16: benchmarks/data/h100-as-rtx3090-gptq-marlin-config-only)
         shape = dataclasses.replace(shape, quantization=dataclasses.replace(q, default=None, overrides=(),
                                                                              lm_head=None))
     return shape

@@ -19,7 +19,8 @@ CPU surface at its 500 ms TTFT 3.0 for 3 and 10; at 150 ms, where what runs at o
 (the best there is a noise peak): 14.5 for 3, 18.0 for 10, 36.5 for 20 (random search 17.0). 10 is the fewest that
 meets a fifth of the grid on the GPU surface under both limits; 20 gains half a trial there and loses the CPU
 surface. The picks stay random among the best of 64: the estimator accepts a third to a half of the 3090 space, so
-each pick is the most of some 20-30. The start-up settings compared: benchmarks/data/SURFACE.md.
+each pick is the most of some 20-30. The start-up settings compared:
+benchmarks/data/h100-as-rtx3090-awq-marlin/README.md.
 """
 
 from __future__ import annotations

@@ -531,7 +531,7 @@ def test_a_sampled_configuration_is_replayed_as_the_nearest_recorded_one_autotun
 def test_left_out_replays_the_surface_without_each_of_its_best_configurations() -> None:
     """On the GPU surface its two best are within 1% of each other (the start picks #42 and #44 of the plan, the
     file's 20th and 22nd, 677 and 671 tok/s): without either, the other is the one configuration within 5% of the
-    best left. Each is named by its index in the plan, as SURFACE.md and the recorder name it."""
+    best left. Each is named by its index in the plan, as the datasets' READMEs and the recorder name it."""
     surface = load_surface(Path(__file__).parents[3] / "benchmarks" / "data" / "h200-as-rtx3090-awq/surface.json")
     rows = se.left_out(surface, seeds=2, top=2).splitlines()
     assert len(rows) == 2
