@@ -1,4 +1,4 @@
-"""The memory estimator against every real vLLM boot log kept under tests/data (issue 13): predicted KV-token range
+"""The memory estimator against every real vLLM boot log kept under tests/data: predicted KV-token range
 against what vLLM printed, and the fit verdict against what the boot did, for the estimator of this tree and the
 old one (commit 02e0249) side by side.
 
@@ -166,7 +166,7 @@ def rtx3090_boots(folder: Path = RTX3090) -> list[Boot]:
 
 
 def old_estimator() -> ModuleType | None:
-    """autotune/fit/estimate.py as of 02e0249 (before issue 13), imported from a temporary copy."""
+    """autotune/fit/estimate.py as of 02e0249 (before it was fitted to these boots), imported from a temporary copy."""
     try:
         text = subprocess.run(["git", "show", f"{OLD_COMMIT}:autotune/fit/estimate.py"], cwd=ROOT, check=True,
                               capture_output=True, text=True).stdout
@@ -320,8 +320,8 @@ HELD_DOWN = {
 
 def boot_peaks() -> str:
     """The boot's peak outside the budget (fit/vllm_memory.py profiling_blocks), predicted against what the device
-    saw: NVML's peak while booting on the H200 capped as a 3090, the ballast run's failures (s27) and the held-down
-    runs' boots with autotune's own flags (HELD_DOWN)."""
+    saw: NVML's peak while booting on the H200 capped as a 3090, the ballast run's failures
+    (h100-as-rtx3090-awq-capture-pinned) and the held-down runs' boots with autotune's own flags (HELD_DOWN)."""
     lines = ["boot peaks on the capped H200 (NVML while booting; benchmarks/data/h200-as-rtx3090-awq/surface.json)",
              f"{'seqs':>5} {'spec':>5} {'capture':>8} {'seen GiB':>9} {'predicted':>10} {'error':>7}"]
     errors = []

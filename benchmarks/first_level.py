@@ -1,7 +1,7 @@
 """Whether a fresh server's first level reads low: the level a re-measurement measures first (Prior.exact_first).
 
-Stop 35's and 36's CPU studies measured their best again at 290 (TPE suggested it again) and 832 (its
-re-measurement) output tok/s where the first figures were 1,479 and 1,405, and across stop 36's eight servers the
+Two CPU studies measured their best again at 290 (TPE suggested it again) and 832 (its re-measurement) output
+tok/s where the first figures were 1,479 and 1,405, and across one study's eight servers the
 first level read 0.82 of the later ones. If a fresh server served its first level slower, a re-measurement (its
 answer measured first, exactly, on a fresh server) would be biased low and the winner's figure with it. Here each of
 `--servers` fresh servers of the tiny-cpu study's vllm-defaults baseline measures one level exactly `--repeat` times

@@ -1,4 +1,4 @@
-"""Table of the real CUDA vLLM boots kept in tests/data/gpu-boots/ (issue 13: the memory estimator's ground truth).
+"""Table of the real CUDA vLLM boots kept in tests/data/gpu-boots/ (the memory estimator's ground truth).
 
     python -m benchmarks.gpu_boots_table              # table from tests/data/gpu-boots/boots.json
     python -m benchmarks.gpu_boots_table DIR          # the same for another folder

@@ -221,8 +221,8 @@ class Memory:
 
 MEMORY_FIELDS = ("peak_memory_gib: the peak while the server served, boot_peak_memory_gib: until it served, "
                  "ready_memory_gib: the reading when it became ready (GiB, memory_source: NVML on the CUDA build, "
-                 "the server tree's RSS on the CPU build); recorded from the surface's second session on (the "
-                 "first, s22, sampled none), ready_memory_gib for those recorded after 2026-12-05")
+                 "the server tree's RSS on the CPU build); recorded from 2026-12-04 18:39 UTC on (the "
+                 "first run sampled none), ready_memory_gib for those recorded after 2026-12-05")
 
 
 def boot(server: Server, memory: Memory | None = None) -> BootInfo | BootFailed:
@@ -472,7 +472,7 @@ def top_configs(doc: dict[str, object], k: int) -> list[tuple[int, int]]:
 
 GPU_LADDER = (1, 2, 4, 8, 16, 32, 64, 128)  # concurrency: factor 2 up to chat-p95's load.max
 TIGHTEST_SHARE = 0.5  # the tightest limits a GPU surface is recorded for: each of the objective's p95 limits halved
-SESSION_S = 1500.0  # what one device session records for (its 30 minutes less staging, install and the last call)
+SESSION_S = 1500.0  # what one 30-minute machine rental records for (less staging, install and the last call)
 
 
 def tightest_limits(limits: Limits) -> Limits:
@@ -530,8 +530,8 @@ DEVICE_VLLM = "0.25.0"  # the CUDA build the device runs (benchmarks/h200/wheels
 
 
 # Which flags a recording boots: the plan's as it was made, or those autotune gives the same params now.
-AS_PLANNED = "as planned (stop 22): the capture size pinned, the CUDA-graph profiling's KV cache not modelled"
-AUTOTUNES_OWN = ("autotune's own since stop 27: no capture-size pin on vLLM 0.25.x, the boot's peak modelled "
+AS_PLANNED = "as planned: the capture size pinned, the CUDA-graph profiling's KV cache not modelled"
+AUTOTUNES_OWN = ("autotune's own from 2026-12-05: no capture-size pin on vLLM 0.25.x, the boot's peak modelled "
                  "(fit/vllm_memory.py profiling_blocks)")
 
 
@@ -581,11 +581,11 @@ def device_vllm(version: str = DEVICE_VLLM, as_planned: bool = True,
                 if env.get(key):
                     os.environ[key] = env[key]
         if as_planned:
-            # As planned and recorded (s22-s26), so that the surface stays one design and its replay judges it as
-            # the device did: the capture size pinned, and neither the CUDA-graph profiling's KV cache nor MTP's
-            # drafter at boot modelled. Those changed after the ballast runs (s27, s29): on a card of the cap's own
-            # total those boots fail (compile_cache.pin_costs_boot_memory, fit/vllm_memory.py profiling_blocks and
-            # drafter_peak); on the capped H200 they did not.
+            # As planned and recorded (h200-as-rtx3090-awq), so that the surface stays one design and its replay judges
+            # it as the device did: the capture size pinned, and neither the CUDA-graph profiling's KV cache nor MTP's
+            # drafter at boot modelled. Those changed after the held-down runs (h100-as-rtx3090-awq-*): on a card of the
+            # cap's own total those boots fail (compile_cache.pin_costs_boot_memory, fit/vllm_memory.py profiling_blocks
+            # and drafter_peak); on the capped H200 they did not.
             stack.enter_context(mock.patch.object(compile_cache, "pin_costs_boot_memory", lambda: False))
             stack.enter_context(mock.patch.object(vllm_memory, "profiling_blocks", lambda *args: 0))
             stack.enter_context(mock.patch.object(vllm_memory, "drafter_peak", lambda *args: 0))
@@ -632,11 +632,11 @@ def planned_configs(plan: dict, spec: StudySpec, model: str, real: GpuProfile) -
 
 @dataclass(frozen=True)
 class Cost:
-    """What the device took (the GPU surface's first session, benchmarks/data/h200-as-rtx3090-awq/surface.json, s22;
-    levels from benchmarks/data/h200-as-rtx3090-chat-kv-blocks-given): the figures --estimate and --stop-after plan a
+    """What the device took (the first run of benchmarks/data/h200-as-rtx3090-awq/surface.json; levels from
+    benchmarks/data/h200-as-rtx3090-chat-kv-blocks-given): the figures --estimate and --stop-after plan a
     configuration's time with."""
 
-    boot_new_s: float = 65.0  # a new compile key, given blocks: 59-69 s (#3, #6, #8; the session's second key 115)
+    boot_new_s: float = 65.0  # a new compile key, given blocks: 59-69 s (#3, #6, #8; the run's second key 115)
     boot_warm_s: float = 40.0  # a key compiled before: the warm boots of #2, #4, #5 and #7 failed in 34-45 s
     first_key_extra_s: float = 190.0  # the machine's first key: 263 s (#0: Triton compiles its kernels once)
     rejected_s: float = 45.0  # vLLM's startup checks refuse the flags: assumed (24-29 s to each process's first line)
@@ -719,8 +719,8 @@ def expected(config: PlannedConfig, ladder: Ladder, workload: Workload, cost: Co
 
 
 def sessions(seconds: Sequence[float], session_s: float = SESSION_S, cost: Cost = COST) -> list[int]:
-    """How many of the configurations (in order, their expected seconds) each device session records: one starts
-    only with its expected time left (--stop-after), the session's first also compiling Triton's kernels."""
+    """How many of the configurations (in order, their expected seconds) each rental of `session_s` records: one
+    starts only with its expected time left (--stop-after), a rental's first also compiling Triton's kernels."""
     out: list[int] = []
     left = 0.0
     for s in seconds:
@@ -734,8 +734,8 @@ def sessions(seconds: Sequence[float], session_s: float = SESSION_S, cost: Cost 
 
 FIRST_BOOT = ("given the estimator's warm KV blocks (--num-gpu-blocks-override) where its compile key was new and "
               "the estimate's KV cache fits (the estimate fits, or only a boot peak is in doubt: trial.warm_kv_blocks, "
-              "since s33) (kv_blocks_given; vLLM's own sizing in kv_blocks_profiled); else sized by vLLM, and a cold "
-              "CUDA boot booted again warm. A first boot booted again is kept under cold_boot")
+              "from 2026-12-06) (kv_blocks_given; vLLM's own sizing in kv_blocks_profiled); else sized by vLLM, and a "
+              "cold CUDA boot booted again warm. A first boot booted again is kept under cold_boot")
 
 
 def surface_doc(out: Path, plan_path: Path, plan: dict, spec: StudySpec, real: GpuProfile,
@@ -809,7 +809,8 @@ def to_record(configs: list[PlannedConfig], doc: dict) -> list[PlannedConfig]:
 def to_repeat(configs: Sequence[PlannedConfig], again: Sequence[int], doc: dict) -> list[PlannedConfig]:
     """`again`'s plan indices measured once more each (an index listed twice: twice), less the repeats the surface
     holds already (a resumed run): a figure measured once cannot say whether 6% between two configurations is
-    theirs or the measurement's (s38: #43 793 tok/s against the recipe's 751, one measurement each)."""
+    theirs or the measurement's (h100-as-rtx3090-awq-marlin: #43 793 tok/s against the recipe's 751, one measurement
+    each)."""
     if not again:  # nothing asked; chosen() would read the empty list as all of the plan
         return []
     recorded = {params_key(c["params"]) for c in doc["configs"]}
@@ -829,8 +830,9 @@ def to_repeat(configs: Sequence[PlannedConfig], again: Sequence[int], doc: dict)
 def reserve_s(doc: dict, expected_s: float) -> float:
     """The time a configuration expected to take `expected_s` is started with at least: that, scaled by how much
     longer or shorter the configurations recorded so far took than expected (the median ratio). Scaled down too:
-    what the session's end cuts off is lost, but a recorder that stops early leaves the rest of the session idle
-    (s22: it stopped with 156 s left, where the next configuration was expected to take 245 s; it took 123)."""
+    what the rental's end cuts off is lost, but a recorder that stops early leaves the rest of the rental idle
+    (h200-as-rtx3090-awq's first run: it stopped with 156 s left, where the next configuration was expected to take 245
+    s; it took 123)."""
     ratios = sorted(float(c["wall_s"]) / float(c["expected_s"]) for c in doc["configs"] if c.get("expected_s"))
     return expected_s * (ratios[len(ratios) // 2] if ratios else 1.0)
 

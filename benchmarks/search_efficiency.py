@@ -494,7 +494,7 @@ def default_methods() -> list[Method]:
 
 class SobolStartTPE(optuna.samplers.BaseSampler):
     """autotune's TPE whose first `n` proposals are scrambled Sobol points instead of random ones: a space-filling
-    start, tried (stop 23) against the random one."""
+    start, tried against the random one."""
 
     def __init__(self, seed: int, n: int) -> None:
         self.qmc = optuna.samplers.QMCSampler(seed=seed, scramble=True, warn_independent_sampling=False,
@@ -655,8 +655,8 @@ def rung_spread(doc: dict, limits: Limits | None = None) -> float:
     """The spread a redrawn surface scales (redrawn): each repeated configuration's throughput at one rung, the
     level its first record sustains under `limits` (as recorded: None), as each of its records measured that rung,
     passed or not. spread's figure at the highest passing level also counts a rung whose verdict flipped between
-    records (s43: #36 passed c=16 once in three, 717 tok/s against 542 and 545 at c=8), which the redraw keeps as
-    recorded; so it would count a flip twice, and under a tighter limit it measures the wrong rung."""
+    records (h100-as-rtx3090-awq-marlin: #36 passed c=16 once in three, 717 tok/s against 542 and 545 at c=8), which the
+    redraw keeps as recorded; so it would count a flip twice, and under a tighter limit it measures the wrong rung."""
     groups = []
     for cs in _measured_again(doc).values():
         first = [lv["concurrency"] for lv in cs[0].get("levels", []) if judged(lv, limits)[0]]

@@ -1,4 +1,4 @@
-"""The configuration list of the GPU response surface (issue 15, item 1), written once to
+"""The configuration list of the GPU response surface written once to
 benchmarks/data/rtx3090-surface-plan/awq.json and recorded by benchmarks/record_surface.py --plan on the device.
 
 The space is studies/qwen3.5-27b-h200-as-3090.toml's (the 3090 study's, capped to 24 GiB on a larger card) without
@@ -151,7 +151,7 @@ def start_picks(seeds: int = PICK_SEEDS) -> list[dict[str, object]]:
     return out
 
 
-PICKS_HOW = (f"; then (stop 25, after 19 were recorded) the first start pick of seeds 0-{PICK_SEEDS - 1} "
+PICKS_HOW = (f"; then (2026-12-05, after 19 were recorded) the first start pick of seeds 0-{PICK_SEEDS - 1} "
              f"(search/start.py: the most of {start.START_CANDIDATES} random configurations that the estimator "
              f"accepts, by what it runs at once), to test that premise out of sample")
 

@@ -20,7 +20,7 @@ Read in vLLM 0.25.0 (the device's):
     (machete.py 69-131: weights prepacked through a transposed copy; AWQ's zero points unpacked into a 16-bit
     -scale x zero; GPTQ's left in place);
   - MTP's layer is the drafter's model, created and converted after the target's.
-Found in s37 by reading the source; no GPU time was left to check it on a card.
+Found by reading the source; not yet checked on a card.
 """
 
 from __future__ import annotations

@@ -122,17 +122,17 @@ def main(folders: list[Path]) -> None:
 
     # (name, logical flags, source): every configuration vLLM booted (or tried to) under the cap
     configs = [
-        ("eager s16 b2048 L4096", {**FIXED, "enforce_eager": True, "max_num_seqs": 16,
+        ("eager 16 seqs b2048 L4096", {**FIXED, "enforce_eager": True, "max_num_seqs": 16,
                                    "max_num_batched_tokens": 2048, "max_model_len": 4096}, "trial:eager-s16-b2048"),
-        ("eager s32 b8192 L8192", {**FIXED, "enforce_eager": True, "max_num_seqs": 32,
+        ("eager 32 seqs b8192 L8192", {**FIXED, "enforce_eager": True, "max_num_seqs": 32,
                                    "max_num_batched_tokens": 8192, "max_model_len": 8192}, "trial:eager-s32-b8192"),
         ("vLLM defaults (eager) L262144", {**FIXED, "enforce_eager": True}, "cli_defaults"),
-        ("CUDA graphs s16 b2048 L4096 (study trial 1)", {**FIXED, "enforce_eager": False, "max_num_seqs": 16,
+        ("CUDA graphs 16 seqs b2048 L4096 (study trial 1)", {**FIXED, "enforce_eager": False, "max_num_seqs": 16,
                                                         "max_num_batched_tokens": 2048, "max_model_len": 4096},
          "study:1"),
-        ("eager s9 b8192 L4096 (study trial 2)", {**FIXED, "enforce_eager": True, "max_num_seqs": 9,
+        ("eager 9 seqs b8192 L4096 (study trial 2)", {**FIXED, "enforce_eager": True, "max_num_seqs": 9,
                                                  "max_num_batched_tokens": 8192, "max_model_len": 4096}, "study:2"),
-        ("CUDA graphs s32 b8192 L8192", {**FIXED, "enforce_eager": False, "max_num_seqs": 32,
+        ("CUDA graphs 32 seqs b8192 L8192", {**FIXED, "enforce_eager": False, "max_num_seqs": 32,
                                          "max_num_batched_tokens": 8192, "max_model_len": 8192},
          "trial:graphs-s32-b8192"),
     ]

@@ -29,7 +29,7 @@ for w in $(ls -S "$dl"/*.whl); do
   mv "$w" ".gpu$n/"
 done
 # the last folder travels with .whl (~19 MiB) and the tree (~11 MiB) in one call (surface-start): keep it to 20 MiB,
-# moving the largest wheels that fit into one more folder (s40: .gpu6 was 41 MiB and had to be split by hand)
+# moving the largest wheels that fit into one more folder (a 41 MiB .gpu6 once had to be split by hand)
 if [ "$(du -sm ".gpu$n" | cut -f1)" -gt 20 ]; then
   mkdir -p ".gpu$((n + 1))"
   for w in $(ls -S ".gpu$n"); do

@@ -75,7 +75,8 @@ def model_folder(hub_id: str, work: Path = WORK) -> Path:
     gptq = config.get("quantization_config") or {}
     if gptq.get("quant_method") == "gptq" and not gptq.get("modules_in_block_to_quantize"):
         # vLLM reads which layers a GPTQ checkpoint quantized from its safetensors headers; random weights have
-        # none, so name them, as the checkpoint's headers do (s34 served this config without: all bf16)
+        # none, so name them, as the checkpoint's headers do (h100-as-rtx3090-gptq-marlin-config-only served this config
+        # without: all bf16)
         gptq["modules_in_block_to_quantize"] = gptq_quantized_modules(config)
         shipped = json.dumps(config, indent=1)
     (folder / "config.json").write_text(shipped)
