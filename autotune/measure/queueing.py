@@ -74,7 +74,7 @@ def least_queue_wait(level: float, flags: Mapping[str, object], weights_bytes: i
 # closed loop's first wave the running ones start together and end together, so each queued one waits about a service
 # time (3-4 s at 16 requests on the capped card: over the chat limit's 2 s). Of the 22 configurations the two recorded
 # GPU surfaces measured at 16, the 9 the estimator has running 14-24 at once sustained 16 and the 13 it has at 7-13
-# failed (tests/unit/search/test_replay.py); a share of 1 would have screened out five that sustained 16 at 14-15.
+# failed (benchmarks/tests/test_replay.py); a share of 1 would have screened out five that sustained 16 at 14-15.
 HELD_SHARE = 7 / 8
 
 

@@ -6,7 +6,7 @@ each configuration runs at once (ladder.capacity: max_num_seqs, the KV tokens pe
 cache's blocks run at once, estimate.running_seqs), and throughput under a latency limit comes from requests running
 at once: on the recorded GPU surfaces each configuration sustained a level within one ladder step of that count, and of
 the 22 measured at 16 requests every one it put at 14 or more sustained 16 and none it put at 13 or fewer did
-(tests/unit/search/test_replay.py). So each of the first START_PICKS sampled trials is, of START_CANDIDATES random
+(benchmarks/tests/test_replay.py). So each of the first START_PICKS sampled trials is, of START_CANDIDATES random
 configurations the estimator does not refuse, the one that runs the most (the first drawn on a tie); TPE proposes
 the rest, and a proposal that runs too few for the incumbent's level is screened out before boot
 (measure/queueing.py holds_too_few). The estimator judges a configuration in about 0.2 ms: a pick of 64 takes ~30 ms.

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gzip
 from pathlib import Path
 
 import pytest
@@ -13,7 +14,6 @@ from autotune.engine.logs import (
     parse_boot_info,
     watch_line,
 )
-from benchmarks.catalogue import log_lines
 
 LOGS = Path(__file__).parents[2] / "data" / "logs"
 
@@ -48,7 +48,7 @@ def test_a_startup_rule_vllm_asserts_after_loading_the_model_is_an_invalid_confi
     model with 1,024 batched tokens, under the 1,600-token block fp8 gives it. The engine loads the model, then
     asserts and dies; the wrapper's "Engine core initialization failed" is not the cause."""
     log = Path(__file__).parents[3] / "benchmarks/data/h100-as-rtx3090-awq-marlin/logs/2026-12-06T0826/12.log.gz"
-    failure = classify_log(log_lines(log))
+    failure = classify_log(gzip.decompress(log.read_bytes()).decode().splitlines())
     assert failure.kind is FailureKind.INVALID_CONFIG
     assert "block_size (1600) must be <= max_num_batched_tokens (1024)" in failure.reason
 

@@ -179,7 +179,7 @@ def test_judge_corrections_move_both_ways(dense) -> None:
 def test_the_servers_environment_decides_the_awq_kernel_and_so_the_weights(monkeypatch, tmp_path: Path) -> None:
     """vLLM reads VLLM_DISABLED_KERNELS from the server's environment: the tuner's, with the study's [engine.env]
     over it. On an H100 with Machete disabled, 4-bit AWQ is held as Marlin holds it on an RTX 3090, 0.34 GiB lighter
-    for Qwen3.5-27B (h100-as-rtx3090-awq-machete, tests/unit/fit/test_boot_peak.py)."""
+    for Qwen3.5-27B (h100-as-rtx3090-awq-machete, benchmarks/tests/test_boot_peak.py)."""
     known = Path(__file__).parents[3] / "autotune" / "engine" / "known_models" / "qwen3.5-27b-awq.json"
     (tmp_path / "config.json").write_text(known.read_text())
     model = str(tmp_path)

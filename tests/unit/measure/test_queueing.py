@@ -99,7 +99,7 @@ def test_only_a_screened_sampled_configuration_is_screened_before_boot() -> None
 
 def test_a_configuration_running_under_seven_eighths_of_the_incumbents_level_is_not_booted() -> None:
     """holds_too_few: 13 of 16 at once is screened out before boot, 14 boots (the recorded surfaces' split,
-    tests/unit/search/test_replay.py), on the central KV cache's count where the optimistic end would hold 16."""
+    benchmarks/tests/test_replay.py), on the central KV cache's count where the optimistic end would hold 16."""
     spec = load_study(ROOT / "studies" / "qwen3.5-27b-rtx3090.toml")
     card, roomy, at16 = PROFILES["rtx3090"], {"max_num_seqs": 64}, Prior(incumbent=16, screen=True)
     thirteen = _estimate(weights_bytes=WEIGHTS, max_running_seqs=16, running_seqs=13)

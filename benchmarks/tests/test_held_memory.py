@@ -15,7 +15,7 @@ from autotune.search.slots import Slot, slot_gpus
 from autotune.units import GiB, MiB
 from benchmarks import estimator_accuracy as acc
 
-ROOT = Path(__file__).resolve().parents[3]
+ROOT = Path(__file__).resolve().parents[2]
 RTX3090 = load_study(ROOT / "studies" / "qwen3.5-27b-rtx3090.toml")
 AS_3090 = load_study(ROOT / "studies" / "qwen3.5-27b-h200-as-3090.toml")
 

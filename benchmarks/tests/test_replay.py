@@ -169,7 +169,7 @@ def test_a_baseline_that_leaves_a_flag_to_vllm_is_the_configuration_naming_vllms
     only one side has, each was a whole category away from every sampled configuration, and the recipe (the Marlin
     file's best) took 0.1% of a uniform sample (start.candidates) where the 22-24 recorded configurations averaged 4-5%.
     Now it takes at least half an average configuration's share (on 43 points: 1.45% against 2.3%)."""
-    surface = load_surface(Path(__file__).parents[3] / "benchmarks" / "data" / name)
+    surface = load_surface(Path(__file__).parents[2] / "benchmarks" / "data" / name)
     assert surface.unset == {"enable_prefix_caching": False, "async_scheduling": True}
     recipe = next(b for b in surface.baselines if b.baseline == "recipe")
     assert surface.nearest({**recipe.params, "max_num_seqs": 40, **surface.unset}) is recipe
@@ -283,7 +283,7 @@ def test_a_gpu_configuration_is_refused_as_the_estimator_on_the_device_judged_it
 
 
 def test_the_recorded_gpu_surface_refuses_what_the_device_refused() -> None:
-    path = Path(__file__).parents[3] / "benchmarks" / "data" / "h200-as-rtx3090-awq/surface.json"
+    path = Path(__file__).parents[2] / "benchmarks" / "data" / "h200-as-rtx3090-awq/surface.json"
     doc = json.loads(path.read_text())
     points = load_surface(path).points
     assert len(points) == len(doc["configs"]) >= 9
@@ -337,7 +337,7 @@ def test_a_replay_screens_before_boot_as_autotune_does_and_counts_no_boot(tmp_pa
 
 
 def test_the_gpu_surfaces_screen_before_boot_is_autotunes_on_the_recorded_flags() -> None:
-    data = Path(__file__).parents[3] / "benchmarks" / "data"
+    data = Path(__file__).parents[2] / "benchmarks" / "data"
     surface = load_surface(data / "h200-as-rtx3090-awq/surface.json")
     screen = se.before_boot_screen(surface)
     one = next(p for p in surface.points if p.flags and p.flags.get("max_num_seqs") == 1
@@ -389,7 +389,7 @@ def test_a_replay_with_start_picks_boots_the_pick_first_as_autotune_does() -> No
     """On the GPU surface with the real estimator (start_capacity): the first sampled trial is the one of 16
     random configurations that runs the most at once, replayed as the recorded configuration nearest to it."""
     from autotune.search import start
-    surface = load_surface(Path(__file__).parents[3] / "benchmarks" / "data" / "h200-as-rtx3090-awq/surface.json")
+    surface = load_surface(Path(__file__).parents[2] / "benchmarks" / "data" / "h200-as-rtx3090-awq/surface.json")
     capacity = se.start_capacity(surface)
     method = se.Method("m", lambda s: optuna.samplers.TPESampler(seed=s), baselines=False, start_picks=1,
                        start_candidates=16)
@@ -415,7 +415,7 @@ def test_on_the_gpu_surface_what_runs_at_once_ranks_the_best_among_the_first_fiv
     (15-21 at once) each served at least three quarters of the best, the best among them. When the picks were
     chosen (17 recorded) the best, #9 at 612, came first; the picks recorded after (#42-44, 15-17 at once) served
     677 (the new best), 539 and 671; #17, recorded after too, served 442 at 11 at once."""
-    surface = load_surface(Path(__file__).parents[3] / "benchmarks" / "data" / "h200-as-rtx3090-awq/surface.json")
+    surface = load_surface(Path(__file__).parents[2] / "benchmarks" / "data" / "h200-as-rtx3090-awq/surface.json")
     capacity = se.start_capacity(surface)
     runs = {i: capacity(dict(p.params)) for i, p in enumerate(surface.points)}
     ranked = sorted((i for i in runs if runs[i] is not None), key=lambda i: -runs[i])  # type: ignore[operator]
@@ -436,7 +436,7 @@ def test_a_configuration_screened_for_running_too_few_at_once_failed_where_it_wa
     estimator's central KV cache has running 14 or more at once sustained 16 requests, and every one it has at 13
     or fewer that was measured at 16 failed there (the Marlin file's #35, twice); so the screen
     before boot (autotune's, as the replay judges it) screens out no rung that passed, at any level recorded."""
-    surface = load_surface(Path(__file__).parents[3] / "benchmarks" / "data" / name)
+    surface = load_surface(Path(__file__).parents[2] / "benchmarks" / "data" / name)
     capacity, screen = se.start_capacity(surface), se.before_boot_screen(surface)
     at16: dict[bool, list[float]] = {True: [], False: []}
     screened_failed = 0
@@ -460,7 +460,7 @@ def test_the_replay_judges_the_gpu_surface_with_the_devices_vllm_build_not_the_o
     rule on the hybrid block against the batched tokens). Judged with the vLLM installed here (the CPU build)
     it accepted one the device refused (#14: no CUDA graph capture-size pin, so no CUDA graph memory) and gave
     others other capacities."""
-    surface = load_surface(Path(__file__).parents[3] / "benchmarks" / "data" / "h200-as-rtx3090-awq/surface.json")
+    surface = load_surface(Path(__file__).parents[2] / "benchmarks" / "data" / "h200-as-rtx3090-awq/surface.json")
     refusal = se.refusal_now(surface)
     assert refusal is not None
     changed = [i for i, p in enumerate(surface.points) if refusal(p.params) != (p.refused is not None)]
@@ -494,13 +494,13 @@ def test_left_one_out_the_map_judged_alike_predicts_the_gpu_surface_far_better_t
     """The replay's surrogate, checked on what the device recorded: each configuration predicted from the others.
     The plain nearest one maps a configuration the estimator accepts to a refused neighbour that failed (and the
     reverse); the nearest that autotune judges alike does not."""
-    surface = load_surface(Path(__file__).parents[3] / "benchmarks" / "data" / "h200-as-rtx3090-awq/surface.json")
+    surface = load_surface(Path(__file__).parents[2] / "benchmarks" / "data" / "h200-as-rtx3090-awq/surface.json")
     refusal = se.refusal_now(surface)
     assert refusal is not None
     plain, alike = se.left_one_out(surface), se.left_one_out(surface, refusal)
     n = len(surface.points)
     assert alike[0] >= 0.8 * n and alike[0] > plain[0] and alike[1] < plain[1] / 2
-    assert se.refusal_now(load_surface(Path(__file__).parents[3] / "benchmarks" / "data" /
+    assert se.refusal_now(load_surface(Path(__file__).parents[2] / "benchmarks" / "data" /
                                        "cpu-tiny-grid/surface.json")) is None  # every grid point is recorded
 
 
@@ -508,7 +508,7 @@ def test_a_sampled_configuration_is_replayed_as_the_nearest_recorded_one_autotun
     """200 random configurations of the GPU space: each maps to a recorded one with its own verdict before boot,
     and some of those autotune accepts would have mapped to a refused one (booted by nobody) by plain distance."""
     from autotune.search.space import suggest
-    surface = load_surface(Path(__file__).parents[3] / "benchmarks" / "data" / "h200-as-rtx3090-awq/surface.json")
+    surface = load_surface(Path(__file__).parents[2] / "benchmarks" / "data" / "h200-as-rtx3090-awq/surface.json")
     refusal = se.refusal_now(surface)
     assert refusal is not None
     study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0))
@@ -532,7 +532,7 @@ def test_left_out_replays_the_surface_without_each_of_its_best_configurations() 
     """On the GPU surface its two best are within 1% of each other (the start picks #42 and #44 of the plan, the
     file's 20th and 22nd, 677 and 671 tok/s): without either, the other is the one configuration within 5% of the
     best left. Each is named by its index in the plan, as the datasets' READMEs and the recorder name it."""
-    surface = load_surface(Path(__file__).parents[3] / "benchmarks" / "data" / "h200-as-rtx3090-awq/surface.json")
+    surface = load_surface(Path(__file__).parents[2] / "benchmarks" / "data" / "h200-as-rtx3090-awq/surface.json")
     rows = se.left_out(surface, seeds=2, top=2).splitlines()
     assert len(rows) == 2
     assert rows[0].startswith("  without #42 (677 tok/s): best 671 (1 within 5%); default, no baselines ")

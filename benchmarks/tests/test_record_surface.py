@@ -32,7 +32,7 @@ from benchmarks import record_surface as rs
 from benchmarks.catalogue import log_lines
 from benchmarks.h200.run_h200 import DEVICE_FLAGS
 
-REPO = Path(__file__).parents[3]
+REPO = Path(__file__).parents[2]
 PLAN = REPO / "benchmarks" / "data" / "rtx3090-surface-plan/awq.json"
 CHAT_RUN = REPO / "benchmarks" / "data" / "h200-as-rtx3090-chat-cold-then-warm"
 # the first boots given the estimate's KV blocks

@@ -26,7 +26,7 @@ from autotune.search.samplers import (
 from benchmarks import search_efficiency as se
 from benchmarks import surface as sf
 
-ROOT = Path(__file__).resolve().parents[3]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_samplers_by_name_and_the_study_default():
