@@ -274,7 +274,7 @@ OBJECTIVE_KEYS: dict[str, str] = {
                     "server renders with the model's chat template).",
     "workload.turns": "Turns per conversation (>= 1): turn k resends the turns before it and their answers, a "
                       "prefix the server may have cached, and is sent once the answer to turn k-1 came.",
-    "workload.seed": "Seed of the drawn prompts and lengths: every trial is sent the same requests.",
+    "workload.seed": "Seed of the drawn prompts and lengths (>= 0): every trial is sent the same requests.",
     "workload.prompt": "One of {prompt_kinds}: on /v1/completions, send token ids (exact lengths, no tokenizer), "
                        "or the same ids decoded to text with the model's tokenizer.json (the server then tokenizes, "
                        "as for real clients; the shipped objectives send text). Chat always sends text.",
