@@ -204,8 +204,8 @@ def unwritable(error: BaseException) -> StorageError | None:
     while (cause.__cause__ or cause.__context__) is not None:
         cause = cause.__cause__ or cause.__context__  # type: ignore[assignment]
     reason = (str(cause).splitlines() or [type(cause).__name__])[0]
-    return StorageError(f"cannot write the study's database: {reason}; the trials told before are kept, the one in "
-                        "flight is measured again when the run resumes")
+    return StorageError(f"cannot write the study's database: {reason} (what it recorded before is kept; a trial "
+                        "in flight is measured again when the run resumes)")
 
 
 def _make_schema(database: URL, path: Path) -> None:

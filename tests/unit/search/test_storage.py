@@ -237,6 +237,29 @@ def test_a_new_database_interrupted_while_its_schema_is_made_is_not_left_half_ma
     assert {"studies", "trials", "version_info", "alembic_version"} <= table_names(db, "")
 
 
+# No file may grow past one byte (a full disk, as SQLite meets it), and SIGXFSZ is ignored so that writes fail
+# with EFBIG instead of killing the process: no mount needed, so it holds on any machine.
+FULL_DISK_RUN = "import os, resource, signal, sys; signal.signal(signal.SIGXFSZ, signal.SIG_IGN); " \
+                "resource.setrlimit(resource.RLIMIT_FSIZE, (1, 1)); " \
+                "os.execv(sys.executable, [sys.executable, '-m', 'autotune.cli', *sys.argv[1:]])"
+
+
+def test_a_run_that_cannot_write_its_database_stops_with_one_line_and_leaves_it_whole(work: Path) -> None:
+    started(work)
+    db = work / "studies" / "tiny-cpu.db"
+    before = [(t.number, t.state) for t in optuna.load_study(study_name="tiny-cpu", storage=f"sqlite:///{db}").trials]
+    out = subprocess.run([sys.executable, "-c", FULL_DISK_RUN, "run", "studies/tiny-cpu.toml", "--n-trials", "1"],
+                         cwd=work, capture_output=True, text=True, timeout=300,
+                         env={**os.environ, "PYTHONPATH": str(ROOT)})
+    errors = [line for line in out.stderr.splitlines() if line.strip()]
+    assert out.returncode == 2 and len(errors) == 1, out.stdout[-2000:] + out.stderr[-3000:]
+    assert errors[0].startswith("error: cannot write the study's database: "), errors
+    with contextlib.closing(sqlite3.connect(db)) as conn:
+        assert conn.execute("PRAGMA integrity_check").fetchone() == ("ok",)
+    after = optuna.load_study(study_name="tiny-cpu", storage=f"sqlite:///{db}").trials
+    assert [(t.number, t.state) for t in after] == before
+
+
 # --- 7. a changed study is refused on resume; new baselines are queued and said --------------------------------
 
 def started(work: Path) -> optuna.Study:

@@ -3,6 +3,10 @@ the DevTools protocol), on a study recorded through the real study code and on o
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
+import sys
 from pathlib import Path
 
 import optuna
@@ -58,3 +62,29 @@ def test_attach_log_before_tell_and_found_again(tmp_path: Path) -> None:
         assert f.read() == b"INFO ready\n"
 
 
+
+
+# Started by a script in the background, a process inherits SIGINT ignored (the shell does it for `cmd &`).
+IGNORING_SIGINT = "import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_IGN); os.execv(sys.executable, " \
+                  "[sys.executable, '-m', 'autotune.cli', *sys.argv[1:]])"
+
+
+def test_a_dashboard_started_in_the_background_stops_on_sigint(demo_study_db) -> None:
+    """`autotune dashboard &` from a script: SIGINT ignored on entry, yet `kill -INT` (what Ctrl-C sends) stops it."""
+    db, name = demo_study_db
+    board = subprocess.Popen([sys.executable, "-c", IGNORING_SIGINT, "dashboard", "--study", name,
+                              "--storage", f"sqlite:///{db}", "--port", "0"], stdout=subprocess.PIPE,
+                             stderr=subprocess.STDOUT, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    try:
+        assert board.stdout is not None
+        announced = ""
+        while "http://127.0.0.1:" not in announced and board.poll() is None:
+            announced = board.stdout.readline()
+        assert board.poll() is None, announced
+        board.send_signal(signal.SIGINT)
+        board.wait(timeout=120)  # a generous bound: before, it served on until killed
+    finally:
+        if board.poll() is None:
+            board.kill()
+            board.wait()
+    assert board.returncode == 0, board.returncode
