@@ -51,7 +51,7 @@ def main() -> None:
             with launch(plan.engine, log) as (server, _info):
                 booted = time.monotonic() - t0
                 measure = measure_with(plan, server.base_url, server.model, spec.objective.load.stop_rule, [0])
-                figures = [measure(args.level, True).stats.output_tok_s for _ in range(args.repeat)]
+                figures = [measure(args.level, True).stats.output_throughput for _ in range(args.repeat)]
             firsts.append(figures[0])
             ratios += [f / figures[0] for f in figures[1:]]
             print(f"server {i + 1} (booted in {booted:.0f} s): level {args.level:g} exactly, output tok/s "

@@ -373,12 +373,12 @@ def measure_levels(server: Server, objective: Objective, vocab: int, ladder: Lad
             "concurrency": c, "passed": verdict.passed, "misses": verdict.misses, "passed_tightest": inside,
             "requests": n, "stop": run.stop_reason or "count",
             "completed": stats.completed, "failed": stats.failed, "duration_s": round(stats.duration_s, 3),
-            "output_tok_s": round(stats.output_tok_s, 1),
+            "output_tok_s": round(stats.output_throughput, 1),
             "ttft_p95_ms": round(stats.ttft.p95_ms, 1), "tpot_p95_ms": round(stats.tpot.p95_ms, 2),
             "ttft_p50_ms": round(stats.ttft.p50_ms, 1), "tpot_p50_ms": round(stats.tpot.p50_ms, 2),
             "records": compact(run), "dropped": compact(run, run.dropped),
         })
-        print(f"    c={c}: {stats.output_tok_s:,.0f} tok/s, p95 TTFT {stats.ttft.p95_ms:.0f} ms, "
+        print(f"    c={c}: {stats.output_throughput:,.0f} tok/s, p95 TTFT {stats.ttft.p95_ms:.0f} ms, "
               f"p95 TPOT {stats.tpot.p95_ms:.1f} ms, {stats.completed} requests in {stats.duration_s:.0f} s, "
               f"{'pass' if verdict.passed else 'FAIL ' + verdict.reason}"
               f"{'' if inside or not verdict.passed else ' (misses the tightest)'}"

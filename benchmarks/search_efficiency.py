@@ -5,7 +5,7 @@ what it did at each rung of a load ladder with every request's timings, or how i
 trial's outcome is looked up instead of measured, with the constraint semantics of autotune/search/tell.py, so
 methods compare over many seeds in minutes (most of it the GP sampler's model fits):
 
-    .venv/bin/python -m benchmarks.search_efficiency [--surface PATH] [--seeds 50] [--limit ttft_p95_ms=150]
+    .venv/bin/python -m benchmarks.search_efficiency [--surface PATH] [--seeds 50] [--limit p95_ttft_ms=150]
 
 Reported per method, under the recorded limits and under each `--limit` (the rungs judged again from the requests'
 own timings; tighter only, and on a GPU surface no tighter than the `tightest_limits` it was recorded down to): the
@@ -58,7 +58,7 @@ from autotune.fit.estimate import Estimate
 from autotune.fit.hardware import PROFILES, GpuProfile
 from autotune.measure.ladder import Prior
 from autotune.measure.plan import configured
-from autotune.measure.stats import Limits
+from autotune.measure.stats import Limits, read_limits
 from autotune.measure.stop_rule import percentile_interval
 from autotune.search import start
 from autotune.search import tell as search_tell
@@ -218,7 +218,7 @@ def before_boot_screen(surface: Surface) -> Screen:
     if recorded is None:
         return lambda point, level: None
     spec, profile, model = recorded
-    limits = Limits(**surface.provenance["limits"])  # type: ignore[arg-type]
+    limits = read_limits(surface.provenance["limits"])  # type: ignore[arg-type]
     spec = replace(spec, objective=replace(spec.objective, limits=limits))
     estimates: dict[int, Estimate] = {}
 
@@ -602,14 +602,14 @@ def describe(surface: Surface) -> str:
 def measurement(doc: dict) -> str:
     """What the stopping rule says about the recorded rungs (each measured with a fixed count): how many were
     judged on a p95 whose 90% interval still straddled the limit, i.e. whose verdict a fixed count left to luck."""
-    limits = Limits(**doc["provenance"]["limits"])
+    limits = read_limits(doc["provenance"]["limits"])
     rows = {"pass": [0, 0], "fail": [0, 0]}
     for c in doc["configs"]:
         for lv in c.get("levels", []):
             ok = [r for r in _records(lv) if r.error is None and r.ttft is not None]
             undecided = False
-            for key, values in (("ttft_p95_ms", [r.ttft for r in ok]),
-                                ("tpot_p95_ms", [(r.end - r.start - r.ttft) / (r.output_tokens - 1)
+            for key, values in (("p95_ttft_ms", [r.ttft for r in ok]),
+                                ("p95_tpot_ms", [(r.end - r.start - r.ttft) / (r.output_tokens - 1)
                                                  for r in ok if r.output_tokens > 1])):
                 limit = getattr(limits, key)
                 lo, hi = percentile_interval(values, 0.95, 0.90)
@@ -743,6 +743,7 @@ def redraws(surface: Surface, sd: float, draws: int, seeds: int) -> str:
 def parse_limits(items: list[str], recorded: dict[str, float]) -> list[Limits]:
     """Each --limit KEY=MS[,KEY=MS]: the recorded limits with those tightened. A bad item raises ValueError."""
     out = []
+    recorded = read_limits(recorded).set()
     for item in items:
         given = dict(recorded)
         for part in item.split(","):
@@ -750,7 +751,7 @@ def parse_limits(items: list[str], recorded: dict[str, float]) -> list[Limits]:
             if key not in recorded or not ms.replace(".", "", 1).isdigit():
                 raise ValueError(f"--limit {item}: expected KEY=MS with KEY one of {', '.join(recorded)}")
             given[key] = float(ms)
-        out.append(Limits(**given))
+        out.append(read_limits(given))
     return out
 
 
@@ -803,7 +804,7 @@ def main() -> None:
     ap.add_argument("--measurement", action="store_true", help="Also judge the recorded rungs' fixed counts.")
     ap.add_argument("--limit", action="append", default=[], metavar="KEY=MS[,KEY=MS]",
                     help="Also replay with the recorded rungs judged again under tighter p95 limits, e.g. "
-                         "--limit ttft_p95_ms=150 (repeatable: one more table each).")
+                         "--limit p95_ttft_ms=150 (repeatable: one more table each).")
     opts = ap.parse_args()
     optuna.logging.set_verbosity(optuna.logging.ERROR)
     warnings.filterwarnings("ignore")

@@ -29,7 +29,7 @@ from pathlib import Path
 
 from autotune.config.params import Param, same_value
 from autotune.measure.client import LevelRun, LoadLevel, RequestRecord
-from autotune.measure.stats import Limits, judge, level_stats
+from autotune.measure.stats import Limits, judge, level_stats, read_limits
 
 BISECTION_LEVELS = 2
 # studies/tiny-cpu.toml's baselines, for the CPU grid (which predates stored baselines): vLLM's CPU defaults and
@@ -325,8 +325,8 @@ def load_surface(path: Path, limits: Limits | None = None, repeated: bool = Fals
     if repeated:
         again = {config_key(c): c for c in doc.get("repeats", [])}
         doc["configs"] = [again.get(config_key(c), c) for c in doc["configs"]]
-    recorded = doc["provenance"].get("limits", {})
-    tightest = doc["provenance"].get("tightest_limits", {})
+    recorded = read_limits(doc["provenance"].get("limits", {})).set()  # recorded before vLLM's names
+    tightest = read_limits(doc["provenance"].get("tightest_limits", {})).set()
     if limits is not None:
         for key, value in dataclasses.asdict(limits).items():
             if value is not None and recorded.get(key) is not None and value > recorded[key]:
@@ -340,7 +340,7 @@ def load_surface(path: Path, limits: Limits | None = None, repeated: bool = Fals
     provenance = dict(doc.get("provenance", {}))
     unset = vllm_decides(space, str(provenance.get("model") or ""), provenance.get("vllm"))
     if limits is not None:
-        provenance["limits"] = {k: v for k, v in dataclasses.asdict(limits).items() if v is not None}
+        provenance["limits"] = limits.set()
         provenance["rejudged"] = f"rungs judged again under these limits (recorded under {recorded})"
     return Surface(points, space, provenance, unset)
 

@@ -100,7 +100,7 @@ def summarise(t0: float, sla, warmup: int, screened: bool = False) -> Run:
              for s in sla.steps]
     best = sla.best
     return Run(time.monotonic() - t0, sum(n for *_, n in steps), steps, sla.best_level,
-               best.stats.output_tok_s if best else 0.0, screened)
+               best.stats.output_throughput if best else 0.0, screened)
 
 
 def main() -> None:

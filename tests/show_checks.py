@@ -134,12 +134,12 @@ def check_dashboard(db: Path, name: str, screenshot: Path) -> str:
     booted = [t for t in study.trials if "peak_memory_gib" in t.user_attrs]
     best = best_trial(study).trial if best_trial(study) else booted[0]  # a trial with every kind of user attribute
     with dashboard_server(db, name) as url, chromium_page() as page:
-        overview = page.open(url, lambda text: name in text and "output_tok_s" in text)
-        assert name in overview and "output_tok_s" in overview  # the study and its named objective
+        overview = page.open(url, lambda text: name in text and "output_throughput" in text)
+        assert name in overview and "output_throughput" in overview  # the study and its named objective
         trials_url = f"{url}/trials?numbers={best.number}"
         detail = page.open(trials_url, lambda text: "peak_memory_gib" in text and "vllm_command" in text)
         time.sleep(1)  # let the layout settle before the screenshot
-        for attr in ("peak_memory_gib", "ttft_p95_ms", "vllm_command", "output_tok_s"):
+        for attr in ("peak_memory_gib", "p95_ttft_ms", "vllm_command", "output_throughput"):
             assert attr in detail, f"user attribute {attr} not shown:\n{detail[:3000]}"
         missing = [t.number for t in study.trials if f"Trial {t.number}" not in detail]
         assert not missing, f"trials {missing} not listed"
@@ -179,7 +179,7 @@ def check_report(study: optuna.Study, out: Path, png: bool = True) -> str:
     hovers = [h for tr in figs["pareto_ttft"] for h in tr.get("hovertext") or []]
     for t in study.trials:  # every measured trial is in the Pareto plot's data, with its throughput
         v = record.view(t)
-        if t.state.is_finished() and v.throughput is not None and v.ttft_p95_ms is not None:
+        if t.state.is_finished() and v.throughput is not None and v.p95_ttft_ms is not None:
             assert any(h.startswith(f"<b>trial {t.number}</b>") and f"{v.throughput:,.0f} output tok/s" in h
                        for h in hovers), f"trial {t.number} missing from the Pareto plot"
     best_trace = next(tr for tr in figs["pareto_ttft"] if tr["name"] == f"best: trial {best.number}")

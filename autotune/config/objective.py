@@ -1,16 +1,17 @@
-"""Objective files: the workload and the p95 limits that define a good configuration."""
+"""Objective files: the workload and the latency limits (at a percentile, named as vLLM names them) that define a
+good configuration."""
 
 from __future__ import annotations
 
-import dataclasses
 from pathlib import Path
 
 from autotune.config.toml import UNSET, TomlTable, build_dataclass, read_toml
 from autotune.measure.datasets import read_dataset, read_request_log
 from autotune.measure.ladder import LoadSearch
 from autotune.measure.plan import Objective
-from autotune.measure.stats import Limits
+from autotune.measure.stats import OLD_NAMES, Limits, current_names
 from autotune.measure.workload import LengthDist, Workload
+from autotune.notices import old_names_notice
 
 
 def _length(t: TomlTable, name: str) -> LengthDist:
@@ -74,11 +75,13 @@ def load_objective(path: str | Path) -> Objective:
     _check_workload(workload, wt)
 
     lt = top.table("limits", required=True)
+    lt.data, old = current_names(lt.data)
+    old_names_notice(f"{source}: [limits]", old, OLD_NAMES)
     limits = build_dataclass(Limits, lt)
-    set_limits = {f.name: getattr(limits, f.name) for f in dataclasses.fields(Limits)
-                  if getattr(limits, f.name) is not None}
+    set_limits = limits.set()
     if not set_limits:
-        raise lt.error(None, "set at least one limit: " + ", ".join(f.name for f in dataclasses.fields(Limits)))
+        raise lt.error(None, "set at least one limit, e.g. p95_ttft_ms or p99_tpot_ms (p50/p90/p95/p99 of ttft, "
+                             "tpot, itl or e2el, in ms) or joules_per_token")
     for k, v in set_limits.items():
         if v <= 0:
             raise lt.error(k, f"must be > 0, got {v}")

@@ -41,7 +41,7 @@ class QueueWait:
         return (f"{self.held_by} holds {self.slots} of the incumbent's {self.level:g} concurrent "
                 f"requests; the rest queue at least {self.wait_s:.1f} s each (Little's law; a request needs at "
                 f"least {self.service_s:.2f} s: its decode steps at >= {self.step_s * 1000:.1f} ms, the weights "
-                f"read once per step), over the p95 TTFT limit of {limit_ms / 1000:g} s")
+                f"read once per step), over the TTFT limit of {limit_ms / 1000:g} s")
 
 
 def least_queue_wait(level: float, flags: Mapping[str, object], weights_bytes: int, bandwidth_gbs: float,
@@ -78,22 +78,27 @@ def least_queue_wait(level: float, flags: Mapping[str, object], weights_bytes: i
 HELD_SHARE = 7 / 8
 
 
+def ttft_limit(limits: Limits) -> float | None:
+    """The tightest TTFT limit at p95 or above (ms): a level whose p95 misses it misses every one of them."""
+    return min((ms for q, ms in limits.on("ttft").items() if q >= 95), default=None)
+
+
 def holds_too_few(level: float, runs: float | None, limits: Limits) -> str | None:
     """Why a configuration that runs `runs` requests at once (ladder.capacity with the central KV cache) is not
     booted to be screened at the incumbent's `level`, else None. An estimate, not a bound (cannot_sustain's)."""
-    if limits.ttft_p95_ms is None or runs is None or runs >= HELD_SHARE * level:
+    if (limit := ttft_limit(limits)) is None or runs is None or runs >= HELD_SHARE * level:
         return None
     return (f"it runs {runs:g} of the incumbent's {level:g} concurrent requests at once (the estimator's KV cache "
             f"and max_num_seqs), under {HELD_SHARE:.3g} of them: the rest would wait about a whole request each, "
-            f"past the p95 TTFT limit of {limits.ttft_p95_ms / 1000:g} s")
+            f"past the TTFT limit of {limit / 1000:g} s")
 
 
 def cannot_sustain(level: float, flags: Mapping[str, object], weights_bytes: int, bandwidth_gbs: float,
                    workload: Workload, limits: Limits, pool_seqs: int | None = None) -> str | None:
     """Why a closed loop of `level` requests must miss the p95 TTFT limit on this configuration, else None."""
-    if limits.ttft_p95_ms is None:
+    if (limit := ttft_limit(limits)) is None:
         return None
     wait = least_queue_wait(level, flags, weights_bytes, bandwidth_gbs, workload, pool_seqs)
-    if wait is None or wait.wait_s * 1000 <= limits.ttft_p95_ms:
+    if wait is None or wait.wait_s * 1000 <= limit:
         return None
-    return wait.text(limits.ttft_p95_ms)
+    return wait.text(limit)

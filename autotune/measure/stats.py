@@ -1,4 +1,5 @@
-"""Per-level statistics computed the way `vllm bench serve` computes them, and SLO verdicts.
+"""Per-level statistics computed the way `vllm bench serve` computes them and named as its result JSON names
+them (`output_throughput`, `p95_ttft_ms`, ...), and SLO verdicts.
 
 Same definitions as vLLM's `calculate_metrics`, so a figure here can be checked against vLLM's own client:
 numpy's (linear) percentiles; TPOT = (latency - TTFT) / (output_len - 1) over requests with more than one
@@ -6,32 +7,78 @@ output token; ITL pooled over every gap of every request. One difference, on pur
 the level's steady window (`steady_window`: ramp-up and final drain excluded), not its whole wall-clock span;
 `span_output_tok_s` keeps vLLM's figure for comparison.
 
-How many requests a level needs is decided here too (`StopRule`): a distribution-free confidence interval of
-each limited p95, from order statistics, must be narrow enough or lie clear of its limit.
+A limit is a latency at a percentile, keyed as vLLM names the figure (`p99_tpot_ms`): any of p50/p90/p95/p99 on
+TTFT, TPOT, ITL and E2EL. How many requests a level needs is decided in ladder.py (`StopRule`).
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
 from autotune.measure.client import LevelRun, LoadLevel, RequestRecord
 from autotune.measure.energy import PowerSample, joules_per_token
 
+METRICS = {"ttft": "TTFT", "tpot": "TPOT", "itl": "ITL", "e2el": "E2EL"}  # vLLM's names, and for people
+PERCENTILES = (50, 90, 95, 99)
+
 
 @dataclass(frozen=True)
 class Limits:
-    """p95 latency limits in milliseconds, and energy per output token in joules (measured with NVML, on a CUDA
-    GPU only); None means no limit on that metric."""
+    """Latency limits in milliseconds, each at a percentile, named as `vllm bench serve` names the figure
+    (p95_ttft_ms: the p95 of TTFT), and energy per output token in joules (measured with NVML, on a CUDA GPU
+    only); None means no limit there."""
 
-    ttft_p95_ms: float | None = None
-    tpot_p95_ms: float | None = None
-    itl_p95_ms: float | None = None
-    e2e_p95_ms: float | None = None
+    p50_ttft_ms: float | None = None
+    p90_ttft_ms: float | None = None
+    p95_ttft_ms: float | None = None
+    p99_ttft_ms: float | None = None
+    p50_tpot_ms: float | None = None
+    p90_tpot_ms: float | None = None
+    p95_tpot_ms: float | None = None
+    p99_tpot_ms: float | None = None
+    p50_itl_ms: float | None = None
+    p90_itl_ms: float | None = None
+    p95_itl_ms: float | None = None
+    p99_itl_ms: float | None = None
+    p50_e2el_ms: float | None = None
+    p90_e2el_ms: float | None = None
+    p95_e2el_ms: float | None = None
+    p99_e2el_ms: float | None = None
     joules_per_token: float | None = None
+
+    def set(self) -> dict[str, float]:
+        """The limits given, by key: {"p95_ttft_ms": 2000.0, "joules_per_token": 0.5, ...}."""
+        return {f.name: v for f in dataclasses.fields(self) if (v := getattr(self, f.name)) is not None}
+
+    def latencies(self) -> dict[str, float]:
+        """The latency limits given, by key: {"p95_ttft_ms": 2000.0, ...}."""
+        return {k: v for k, v in self.set().items() if k != "joules_per_token"}
+
+    def on(self, metric: str) -> dict[int, float]:
+        """The limits on one metric ("ttft"), by percentile."""
+        return {q: ms for key, ms in self.latencies().items() for q, m in [limit_parts(key)] if m == metric}
+
+
+def limit_key(percentile: int, metric: str) -> str:
+    return f"p{percentile}_{metric}_ms"
+
+
+def limit_parts(key: str) -> tuple[int, str]:
+    """(95, "ttft") from "p95_ttft_ms"."""
+    q, metric, _ = key.split("_")
+    return int(q[1:]), metric
+
+
+def limit_name(key: str) -> str:
+    """ "p95 TTFT" for "p95_ttft_ms": how people read a limit."""
+    q, metric = limit_parts(key)
+    return f"p{q} {METRICS[metric]}"
 
 
 @dataclass(frozen=True)
@@ -40,16 +87,19 @@ class Percentiles:
 
     mean_ms: float
     p50_ms: float
+    p90_ms: float
     p95_ms: float
     p99_ms: float
 
     @staticmethod
     def of(seconds: list[float]) -> Percentiles:
         if not seconds:
-            return Percentiles(0.0, 0.0, 0.0, 0.0)
+            return Percentiles(0.0, 0.0, 0.0, 0.0, 0.0)
         a = np.asarray(seconds, dtype=np.float64) * 1000.0
-        p50, p95, p99 = np.percentile(a, [50, 95, 99])
-        return Percentiles(float(a.mean()), float(p50), float(p95), float(p99))
+        return Percentiles(float(a.mean()), *(float(v) for v in np.percentile(a, PERCENTILES)))
+
+    def at(self, percentile: int) -> float:
+        return float(getattr(self, f"p{percentile}_ms"))
 
 
 @dataclass(frozen=True)
@@ -58,10 +108,10 @@ class LevelStats:
     completed: int
     failed: int
     duration_s: float
-    output_tok_s: float
-    total_tok_s: float
-    req_s: float
-    goodput_req_s: float
+    output_throughput: float  # output tok/s
+    total_token_throughput: float  # input + output tok/s
+    request_throughput: float  # req/s
+    request_goodput: float  # req/s of the requests that met every limit
     ttft: Percentiles
     tpot: Percentiles
     itl: Percentiles
@@ -71,7 +121,7 @@ class LevelStats:
     output_tokens: int = 0
     window_s: float = 0.0  # the steady window the rates are measured over (== duration_s when there is none)
     span_output_tok_s: float = 0.0  # output tokens / whole span, as `vllm bench serve` reports it
-    # Requests sent per second over the sending window (offered_rate); req_s is the achieved rate beside it.
+    # Requests sent per second over the sending window (offered_rate); request_throughput is the achieved rate.
     offered_req_s: float = 0.0
     # The GPUs' energy over the steady window per output token in it (measure/energy.py); None: not measured (the
     # CPU build has no NVML).
@@ -85,11 +135,14 @@ class LevelStats:
     @property
     def goodput_output_tok_s(self) -> float:
         """The output throughput of the requests that met every limit: the steady-window figure times the share
-        of the requests ended in that window that met them (goodput_req_s / req_s)."""
-        return self.output_tok_s * self.goodput_req_s / self.req_s if self.req_s > 0 else 0.0
+        of the requests ended in that window that met them (request_goodput / request_throughput)."""
+        if self.request_throughput <= 0:
+            return 0.0
+        return self.output_throughput * self.request_goodput / self.request_throughput
 
     def to_dict(self) -> dict[str, float]:
-        """Flat, JSON-ready numbers with their units in the keys (for Optuna user attrs and reports)."""
+        """Flat, JSON-ready numbers keyed as `vllm bench serve`'s result JSON keys them (for Optuna user attrs and
+        reports); autotune's own figures (window_s, span_output_tok_s, offered_req_s) have their units in the key."""
         key = "concurrency" if self.level.mode == "concurrency" else "rate_req_s"
         d: dict[str, float] = {
             key: self.level.value,
@@ -98,20 +151,21 @@ class LevelStats:
             "duration_s": self.duration_s,
             "input_tokens": self.input_tokens,
             "output_tokens": self.output_tokens,
-            "output_tok_s": self.output_tok_s,
-            "total_tok_s": self.total_tok_s,
-            "req_s": self.req_s,
-            "goodput_req_s": self.goodput_req_s,
+            "output_throughput": self.output_throughput,
+            "total_token_throughput": self.total_token_throughput,
+            "request_throughput": self.request_throughput,
+            "request_goodput": self.request_goodput,
             "window_s": self.window_s,
             "span_output_tok_s": self.span_output_tok_s,
             "offered_req_s": self.offered_req_s,
         }
         if self.joules_per_token is not None:
             d["joules_per_output_token"] = self.joules_per_token
-        for name in ("ttft", "tpot", "itl", "e2el"):
+        for name in METRICS:
             p: Percentiles = getattr(self, name)
-            for stat in ("mean", "p50", "p95", "p99"):
-                d[f"{name}_{stat}_ms"] = getattr(p, f"{stat}_ms")
+            d[f"mean_{name}_ms"] = p.mean_ms
+            d[f"median_{name}_ms"] = p.p50_ms
+            d |= {limit_key(q, name): p.at(q) for q in PERCENTILES}
         return d
 
 
@@ -121,15 +175,26 @@ def request_tpot(r: RequestRecord) -> float | None:
     return None
 
 
+def request_value(r: RequestRecord, metric: str, percentile: int) -> float | None:
+    """One request's own figure for a limit on `metric`, in seconds: its TTFT, TPOT (0 for a 1-token output, as
+    in vLLM) or E2EL; for ITL, its own gaps' percentile. None: it has no such figure (no first token)."""
+    if metric == "ttft":
+        return r.ttft
+    if metric == "tpot":
+        return request_tpot(r) or 0.0
+    if metric == "itl":
+        return float(np.percentile(r.itl, percentile)) if r.itl else 0.0
+    return r.end - r.start
+
+
 def _good(r: RequestRecord, limits: Limits) -> bool:
-    """Whether one request meets every limit (vLLM's goodput; a request's ITL is judged by its own p95)."""
-    checks = (
-        (limits.ttft_p95_ms, r.ttft),
-        (limits.tpot_p95_ms, request_tpot(r) or 0.0),  # as in vLLM: TPOT of a 1-token output counts as 0
-        (limits.itl_p95_ms, float(np.percentile(r.itl, 95)) if limits.itl_p95_ms and r.itl else 0.0),
-        (limits.e2e_p95_ms, r.end - r.start),
-    )
-    return all(limit is None or (value is not None and value * 1000.0 <= limit) for limit, value in checks)
+    """Whether one request meets every latency limit (vLLM's goodput)."""
+    for key, limit in limits.latencies().items():
+        q, metric = limit_parts(key)
+        value = request_value(r, metric, q)
+        if value is None or value * 1000.0 > limit:
+            return False
+    return True
 
 
 def steady_window(run: LevelRun) -> tuple[float, float]:
@@ -207,10 +272,10 @@ def level_stats(run: LevelRun, limits: Limits, power: Sequence[PowerSample] = ()
         completed=len(ok),
         failed=len(failed),
         duration_s=duration,
-        output_tok_s=per_s(out_win),
-        total_tok_s=per_s(in_win + out_win),
-        req_s=per_s(len(ended)),
-        goodput_req_s=per_s(sum(_good(r, limits) for r in ended)),
+        output_throughput=per_s(out_win),
+        total_token_throughput=per_s(in_win + out_win),
+        request_throughput=per_s(len(ended)),
+        request_goodput=per_s(sum(_good(r, limits) for r in ended)),
         # A dropped request's TTFT and end-to-end time are what it had reached, lower bounds: without them an
         # abandoned level's percentiles would be those of the requests served first.
         ttft=Percentiles.of([r.ttft for r in ok if r.ttft is not None] + [d.ttft for d in run.dropped if d.ttft]),
@@ -227,16 +292,13 @@ def level_stats(run: LevelRun, limits: Limits, power: Sequence[PowerSample] = ()
     )
 
 
-_NAMES = {"ttft_p95_ms": "TTFT", "tpot_p95_ms": "TPOT", "itl_p95_ms": "ITL", "e2e_p95_ms": "E2E latency"}
-
-
 def _ms(v: float) -> str:
     return f"{v:.0f}" if v >= 100 else f"{v:.1f}" if v >= 10 else f"{v:.2f}"
 
 
 @dataclass(frozen=True)
 class Verdict:
-    """Whether a level meets the objective; `misses` maps each failed limit to observed p95 / limit.
+    """Whether a level meets the objective; `misses` maps each failed limit to observed figure / limit.
 
     A level with too many failed requests also fails: then `misses["error_rate"]` is the observed fraction.
     """
@@ -273,7 +335,7 @@ class Verdict:
             else:
                 limit = getattr(self.limits, key)
                 parts.append(
-                    f"p95 {_NAMES[key]} {_ms(ratio * limit)} ms > limit {_ms(limit)} ms (+{(ratio - 1) * 100:.0f}%)"
+                    f"{limit_name(key)} {_ms(ratio * limit)} ms > limit {_ms(limit)} ms (+{(ratio - 1) * 100:.0f}%)"
                 )
         return "; ".join(parts)
 
@@ -282,7 +344,7 @@ UNMEASURED_MISS = 2.0  # the miss ratio of a limit not measured: a clear miss fo
 
 
 def judge(stats: LevelStats, limits: Limits, *, max_error_rate: float = 0.0) -> Verdict:
-    """Pass when every limited p95 is within its limit and at most `max_error_rate` of requests failed.
+    """Pass when every limited percentile is within its limit and at most `max_error_rate` of requests failed.
 
     A level in which nothing completed always fails (its percentiles would read 0).
     """
@@ -290,15 +352,10 @@ def judge(stats: LevelStats, limits: Limits, *, max_error_rate: float = 0.0) -> 
     total = stats.completed + stats.failed
     if stats.completed == 0 or stats.error_rate > max_error_rate:
         misses["error_rate"] = stats.error_rate
-    observed = {
-        "ttft_p95_ms": stats.ttft.p95_ms,
-        "tpot_p95_ms": stats.tpot.p95_ms,
-        "itl_p95_ms": stats.itl.p95_ms,
-        "e2e_p95_ms": stats.e2el.p95_ms,
-    }
-    for key, value in observed.items():
-        limit = getattr(limits, key)
-        if limit is not None and stats.completed and value > limit:
+    for key, limit in limits.latencies().items():
+        q, metric = limit_parts(key)
+        value = getattr(stats, metric).at(q)
+        if stats.completed and value > limit:
             misses[key] = value / limit
     unmeasured: tuple[str, ...] = ()
     if limits.joules_per_token is not None and stats.completed:
@@ -309,3 +366,22 @@ def judge(stats: LevelStats, limits: Limits, *, max_error_rate: float = 0.0) -> 
             misses["joules_per_token"] = measured / limits.joules_per_token
     top = next(iter(stats.errors), None)
     return Verdict(not misses, misses, limits, max_error_rate, stats.failed, total, top, unmeasured)
+
+
+# The names figures had before vLLM's were taken (objective files, stored studies): still read, with a notice.
+OLD_NAMES = {
+    "ttft_p95_ms": "p95_ttft_ms", "tpot_p95_ms": "p95_tpot_ms", "itl_p95_ms": "p95_itl_ms",
+    "e2e_p95_ms": "p95_e2el_ms", "output_tok_s": "output_throughput", "total_tok_s": "total_token_throughput",
+    "req_s": "request_throughput", "goodput_req_s": "request_goodput",
+} | {f"{m}_{stat}_ms": f"{stat}_{m}_ms" for m in METRICS for stat in ("mean", "p50", "p95", "p99")}
+
+
+def current_names(figures: Mapping[str, Any]) -> tuple[dict[str, Any], list[str]]:
+    """The figures under vLLM's names, and the old names that were read (empty when none was)."""
+    old = [k for k in figures if k in OLD_NAMES and OLD_NAMES[k] not in figures]
+    return {OLD_NAMES.get(k, k) if k in old else k: v for k, v in figures.items()}, old
+
+
+def read_limits(recorded: Mapping[str, float]) -> Limits:
+    """Limits from a mapping recorded under either name (a dataset's provenance, a stored study's attribute)."""
+    return Limits(**current_names(recorded)[0])

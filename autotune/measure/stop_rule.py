@@ -1,6 +1,6 @@
 """How long a level runs (`StopRule`). Two rules, whichever ends it first:
-  - a sequential verdict (Wald's SPRT) on the share p of requests over each limit, p95 <= limit being
-    p <= 5%: "inside" is p <= 2%, "outside" p >= 15%; after each request the log-likelihood ratio of the
+  - a sequential verdict (Wald's SPRT) on the share p of requests over each limit, p95 <= limit being p <= 5%:
+    "inside" is p <= 2%, "outside" p >= 15% (at another percentile: `hypotheses`); after each request the log-likelihood ratio of the
     exceedance count is compared with log((1 - e) / e) and log(e / (1 - e)), e = `verdict_error`. A level
     clearly over a limit stops after a handful of requests; one clearly under after about 21 (+ one round
     of a closed loop's start-up burst, which the test does not count). Error rates (independent requests):
@@ -13,7 +13,7 @@
     loop the requests after the first round finish only after that whole round, and a queueing server's level
     took 126 s on a GPU where these show the verdict in a few. A level that clearly fails is abandoned
     (client.Abandon): its requests in flight are cancelled, not waited for;
-  - the exact rule (the former one): after `min_requests`, at min x 1.25^k requests, each limited p95's
+  - the exact rule (the former one): after `min_requests`, at min x 1.25^k requests, each limit's
     order-statistics interval at `p95_confidence` is within +-`p95_margin` or clear of its limit.
   Only the answer is measured exactly (`exact=True`: no sequential verdict): the best level once more if it was
   only passed by the sequential test, so that the figure a trial reports is an exact p95 and a throughput over
@@ -41,7 +41,7 @@ from typing import Literal
 import numpy as np
 
 from autotune.measure.client import Abandon, RequestRecord
-from autotune.measure.stats import Limits, request_tpot
+from autotune.measure.stats import Limits, limit_parts, request_tpot, request_value
 
 
 @lru_cache(maxsize=4096)
@@ -79,10 +79,10 @@ def looks(low: int, high: int) -> frozenset[int]:
 
 
 _SAMPLES = {
-    "ttft_p95_ms": lambda rs: [r.ttft for r in rs if r.ttft is not None],
-    "tpot_p95_ms": lambda rs: [t for r in rs if (t := request_tpot(r)) is not None],
-    "itl_p95_ms": lambda rs: [g for r in rs for g in r.itl],
-    "e2e_p95_ms": lambda rs: [r.end - r.start for r in rs],
+    "ttft": lambda rs: [r.ttft for r in rs if r.ttft is not None],
+    "tpot": lambda rs: [t for r in rs if (t := request_tpot(r)) is not None],
+    "itl": lambda rs: [g for r in rs for g in r.itl],
+    "e2el": lambda rs: [r.end - r.start for r in rs],
 }
 
 # The sequential verdict's hypotheses on p = P(one request's latency > limit); p95 <= limit is p <= 5%.
@@ -90,26 +90,39 @@ INSIDE_P = 0.02  # a level clearly inside: the limit is at its p98 or beyond
 OUTSIDE_P = 0.15  # a level clearly outside: the limit is at its p85 or below
 
 
-def sequential_verdict(exceed: int, n: int, error: float) -> Literal["passes", "fails"] | None:
-    """Wald's SPRT of p <= INSIDE_P against p >= OUTSIDE_P after `exceed` of `n` requests were over the limit:
-    "passes", "fails", or None (not certain yet). Each error rate is at most error / (1 - error)."""
-    llr = exceed * math.log(OUTSIDE_P / INSIDE_P) + (n - exceed) * math.log((1 - OUTSIDE_P) / (1 - INSIDE_P))
+def hypotheses(percentile: int) -> tuple[float, float]:
+    """(inside, outside) shares over the limit for a limit at `percentile`: at p95 the ones above; at any other,
+    the share allowed over it (1 - q) scaled as at p95 (x 0.4 and x 3, the latter at most halfway to 1):
+    p99 0.4% and 3%, p90 4% and 30%, p50 20% and 75%."""
+    allowed = 1 - percentile / 100
+    if percentile == 95:
+        return INSIDE_P, OUTSIDE_P
+    return allowed * INSIDE_P / 0.05, min(allowed * OUTSIDE_P / 0.05, (1 + allowed) / 2)
+
+
+def sequential_verdict(exceed: int, n: int, error: float, percentile: int = 95) -> Literal["passes", "fails"] | None:
+    """Wald's SPRT of p <= inside against p >= outside (`hypotheses`) after `exceed` of `n` requests were over the
+    limit: "passes", "fails", or None (not certain yet). Each error rate is at most error / (1 - error)."""
+    inside, outside = hypotheses(percentile)
+    llr = exceed * math.log(outside / inside) + (n - exceed) * math.log((1 - outside) / (1 - inside))
     bound = math.log((1 - error) / error)
     return "fails" if llr >= bound else "passes" if llr <= -bound else None
 
 
 def _exceedances(records: Sequence[RequestRecord], key: str, limit: float) -> tuple[int, int]:
-    """(requests over the limit, requests judged) for one limited p95. ITL is judged request by request on
-    the request's own p95 gap, as vLLM's goodput judges it, so that requests stay the independent unit."""
-    if key == "itl_p95_ms":
-        values = [float(np.percentile(r.itl, 95)) for r in records if r.itl]
+    """(requests over the limit, requests judged) for one limit. ITL is judged request by request on the
+    request's own gaps at the limit's percentile, as vLLM's goodput judges it, so that requests stay the
+    independent unit."""
+    q, metric = limit_parts(key)
+    if metric == "itl":
+        values = [v for r in records if r.itl and (v := request_value(r, "itl", q)) is not None]
     else:
-        values = _SAMPLES[key](records)
+        values = _SAMPLES[metric](records)
     return sum(v * 1000.0 > limit for v in values), len(values)
 
 
-_ELAPSED = {"ttft_p95_ms": lambda r, now: r.ttft if r.ttft is not None else now - r.start,
-            "e2e_p95_ms": lambda r, now: now - r.start}  # a request in flight: its latency so far
+_ELAPSED = {"ttft": lambda r, now: r.ttft if r.ttft is not None else now - r.start,
+            "e2el": lambda r, now: now - r.start}  # a request in flight: its latency so far
 
 
 def _exceedances_by_start(finished: Sequence[RequestRecord], in_flight: Sequence[RequestRecord], key: str,
@@ -119,11 +132,12 @@ def _exceedances_by_start(finished: Sequence[RequestRecord], in_flight: Sequence
     token, or still running, has passed the limit). Chosen by when they started, not by how they did: judging
     only the finished ones, or the ones in flight whose latency happens to be known, favours the fast requests.
     None for the other limits, which only a finished request shows."""
-    if key not in _ELAPSED or now == -math.inf:
+    metric = limit_parts(key)[1]
+    if metric not in _ELAPSED or now == -math.inf:
         return None
     cut = now - limit / 1000.0
-    values = _SAMPLES[key]([r for r in finished if r.start <= cut])
-    values += [_ELAPSED[key](r, now) for r in in_flight if r.start <= cut]
+    values = _SAMPLES[metric]([r for r in finished if r.start <= cut])
+    values += [_ELAPSED[metric](r, now) for r in in_flight if r.start <= cut]
     return sum(v * 1000.0 > limit for v in values), len(values)
 
 
@@ -133,7 +147,7 @@ class StopRule:
 
     The sequential verdict (`verdict_error` > 0) may end it from `verdict_after` requests on, judging the
     requests that started after the first `burst` (a closed loop's first round starts all at once). The exact
-    rule: not before `min_requests` have finished; then as soon as, for every limited p95, the `confidence`
+    rule: not before `min_requests` have finished; then as soon as, for every limit at its percentile, the `confidence`
     interval from order statistics is within +-`margin` of the estimate (relative), or lies wholly on one side
     of the limit. Never more than `max_requests`. margin None: exactly `min_requests` (a fixed count).
 
@@ -165,19 +179,17 @@ class StopRule:
             return None
         ok = [r for r in records if r.error is None]
         settled = True
-        for key, samples in _SAMPLES.items():
-            limit = getattr(limits, key)
-            if limit is None:
-                continue
-            values = samples(ok)
+        for key, limit in limits.latencies().items():
+            q, metric = limit_parts(key)
+            values = _SAMPLES[metric](ok)
             if not values:
                 return None
-            lo, hi = percentile_interval(values, 0.95, self.confidence)
+            lo, hi = percentile_interval(values, q / 100, self.confidence)
             lo, hi = lo * 1000.0, hi * 1000.0
             if lo > limit:
                 return "fails"  # this limit is missed whatever more requests say
-            p95 = float(np.percentile(values, 95)) * 1000.0
-            narrow = p95 > 0 and max(hi - p95, p95 - lo) <= self.margin * p95
+            at_q = float(np.percentile(values, q)) * 1000.0
+            narrow = at_q > 0 and max(hi - at_q, at_q - lo) <= self.margin * at_q
             settled = settled and (narrow or hi <= limit)
         return "settled" if settled else None
 
@@ -188,12 +200,9 @@ class StopRule:
         judged = [r for r in records if r.error is None and r.start > after]
         waiting = [r for r in in_flight if r.start > after]
         verdicts = []
-        for key in _SAMPLES:
-            limit = getattr(limits, key)
-            if limit is None:
-                continue
+        for key, limit in limits.latencies().items():
             exceed, n = _exceedances_by_start(judged, waiting, key, limit, now) or _exceedances(judged, key, limit)
-            verdicts.append(sequential_verdict(exceed, n, self.verdict_error) if n else None)
+            verdicts.append(sequential_verdict(exceed, n, self.verdict_error, limit_parts(key)[0]) if n else None)
         if "fails" in verdicts:
             return Abandon("clearly fails")
         return "clearly passes" if verdicts and all(v == "passes" for v in verdicts) else None

@@ -351,7 +351,7 @@ def _classify(s: _Servers, climb: _Climb, duration_s: float) -> TrialResult:
         lowest = min(levels, key=lambda lv: lv[0])[1].verdict  # the search may have come down to it
         return s.result("infeasible", levels, duration_s, boot=boot,
                         miss_ratio=max(lowest.misses.values(), default=None))
-    return s.result("ok", levels, duration_s, boot=boot, throughput_tok_s=sla.best.stats.output_tok_s,
+    return s.result("ok", levels, duration_s, boot=boot, throughput_tok_s=sla.best.stats.output_throughput,
                     best_level=sla.best_level)
 
 

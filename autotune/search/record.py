@@ -18,7 +18,9 @@ from optuna.trial import FrozenTrial, TrialState
 
 from autotune.engine.flags import serve_command
 from autotune.measure.memory import peak_text
+from autotune.measure.stats import OLD_NAMES, current_names
 from autotune.measure.trial import TrialResult
+from autotune.notices import old_names_notice
 from autotune.units import GiB
 
 if TYPE_CHECKING:
@@ -34,7 +36,7 @@ def trial_note(t: FrozenTrial, has_log: bool = False) -> str:
     v = view(t)
     if v.kind == "feasible":
         head = (f"**Feasible**: {v.throughput:,.0f} output tok/s {at_level(v)} (p95 TTFT "
-                f"{v.ttft_p95_ms or 0:,.0f} ms, p95 TPOT {v.tpot_p95_ms or 0:,.1f} ms)")
+                f"{v.p95_ttft_ms or 0:,.0f} ms, p95 TPOT {v.p95_tpot_ms or 0:,.1f} ms)")
     else:
         kind = {"pruned": "Pruned (stopped early)", "failed": "Failed (not the configuration's fault)"}
         head = f"**{kind.get(v.kind) or 'Not feasible: ' + v.why_not}**" + (f". {v.reason}" if v.reason else "")
@@ -78,11 +80,11 @@ def _one_flag_a_line(command: str) -> str:
 
 
 def result_attrs(result: TrialResult) -> dict[str, object]:
-    """User attributes of a measured trial, with units in their names."""
+    """User attributes of a measured trial: figures under `vllm bench serve`'s names, others with their units."""
     attrs: dict[str, object] = {
         "status": result.status,
         "duration_s": round(result.duration_s, 1),
-        "output_tok_s": round(result.throughput_tok_s, 1),
+        "output_throughput": round(result.throughput_tok_s, 1),
     }
     if result.reason:
         attrs["reason"] = result.reason
@@ -116,11 +118,11 @@ def result_attrs(result: TrialResult) -> dict[str, object]:
         s = best.stats
         attrs.update({
             "best_level": result.best_level,
-            "req_s": round(s.req_s, 3),
-            "ttft_p95_ms": round(s.ttft.p95_ms, 1),
-            "tpot_p95_ms": round(s.tpot.p95_ms, 2),
-            "itl_p95_ms": round(s.itl.p95_ms, 2),
-            "e2e_p95_ms": round(s.e2el.p95_ms, 1),
+            "request_throughput": round(s.request_throughput, 3),
+            "p95_ttft_ms": round(s.ttft.p95_ms, 1),
+            "p95_tpot_ms": round(s.tpot.p95_ms, 2),
+            "p95_itl_ms": round(s.itl.p95_ms, 2),
+            "p95_e2el_ms": round(s.e2el.p95_ms, 1),
         })
         if s.joules_per_token is not None:
             attrs["joules_per_output_token"] = round(s.joules_per_token, 4)
@@ -163,8 +165,8 @@ class TrialView:
     throughput: float | None  # output tok/s
     level: float | None
     level_unit: str  # concurrency | req/s
-    ttft_p95_ms: float | None
-    tpot_p95_ms: float | None
+    p95_ttft_ms: float | None
+    p95_tpot_ms: float | None
     joules_per_token: float | None  # GPU energy per output token at that level (NVML); None: not measured
     peak_memory_gib: float | None
     memory_source: str | None  # "nvml" (GPU) or "rss" (host): what peak_memory_gib measured
@@ -199,14 +201,33 @@ def _kind(t: FrozenTrial) -> str:
     return states.get(t.state, "running")
 
 
+def figures_of(t: FrozenTrial) -> tuple[dict, tuple[dict, ...]]:
+    """The trial's user attributes and its levels under `vllm bench serve`'s names, also when it was recorded under
+    the old ones (said once, in a notice)."""
+    a, old = current_names(t.user_attrs)
+    levels = []
+    for level in a.get("levels") or ():
+        level, old_in_level = current_names(level)
+        levels.append(level)
+        old += old_in_level
+    old_names_notice("a trial recorded before vLLM's metric names", sorted(set(old)), OLD_NAMES)
+    return a, tuple(levels)
+
+
+def study_limits(study: optuna.Study) -> dict[str, float]:
+    """The objective's limits recorded with the study, keyed as vLLM names the figures (p95_ttft_ms)."""
+    limits, old = current_names(study.user_attrs.get("limits") or {})
+    old_names_notice(f"study {study.study_name}'s limits", old, OLD_NAMES)
+    return limits
+
+
 def view(t: FrozenTrial) -> TrialView:
-    a = t.user_attrs
-    levels = tuple(a.get("levels") or ())
+    a, levels = figures_of(t)
     passed = [lv for lv in levels if lv.get("passed")]
-    if "ttft_p95_ms" in a:  # measured, with a best level (outcome.result_attrs)
+    if "p95_ttft_ms" in a:  # measured, with a best level (outcome.result_attrs)
         at, level = a, a.get("best_level")
     elif passed:  # pruned: its best passing level before the cut
-        at = max(passed, key=lambda lv: lv.get("output_tok_s", 0.0))
+        at = max(passed, key=lambda lv: lv.get("output_throughput", 0.0))
         level = level_value(at)
     elif levels:  # no level met the limits: the lowest one, the closest it came
         at, level = levels[0], level_value(levels[0])
@@ -219,9 +240,9 @@ def view(t: FrozenTrial) -> TrialView:
         number=t.number, kind=kind, remeasure_of=of,
         label=trial_label(t) if of is None else f"re-measure of trial {of}: {trial_label(t)}",
         baseline=baseline.get("name") if isinstance(baseline, dict) else None,
-        throughput=t.value if kind == "feasible" else at.get("output_tok_s"), level=level,
+        throughput=t.value if kind == "feasible" else at.get("output_throughput"), level=level,
         level_unit="req/s" if any("rate_req_s" in lv for lv in levels) else "concurrency",
-        ttft_p95_ms=at.get("ttft_p95_ms"), tpot_p95_ms=at.get("tpot_p95_ms"),
+        p95_ttft_ms=at.get("p95_ttft_ms"), p95_tpot_ms=at.get("p95_tpot_ms"),
         joules_per_token=at.get("joules_per_output_token"),
         peak_memory_gib=a.get("peak_memory_gib"), memory_source=a.get("memory_source"),
         boot_peak_memory_gib=a.get("boot_peak_memory_gib"), cap_gib=a.get(CAP_ATTR), reason=a.get("reason", ""),
@@ -230,7 +251,7 @@ def view(t: FrozenTrial) -> TrialView:
         status=a.get("status") or t.state.name.lower(),
         objective_value=t.value if t.state == TrialState.COMPLETE else None,
         best_level=a.get("best_level"),
-        figures_recorded="ttft_p95_ms" in a,
+        figures_recorded="p95_ttft_ms" in a,
         figures={k: v for k, v in a.items() if isinstance(v, (int, float)) and not isinstance(v, bool)},
         why_not="" if kind == "feasible" else why_not(t), booted=a.get("booted") is not False,
         config_key=str(a.get("flags", str(t.params))), model=a.get("model"),
@@ -280,7 +301,7 @@ def why_not(t: FrozenTrial) -> str:
     return "did not boot"
 
 
-WARM_START_ATTR = "warm_start"  # {"study": name, "trial": number, "output_tok_s": value}
+WARM_START_ATTR = "warm_start"  # {"study": name, "trial": number, "output_throughput": value}
 
 
 # The trial user attribute that marks a baseline: {"name": ..., "flags": {...}}.

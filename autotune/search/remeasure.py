@@ -32,7 +32,7 @@ from autotune.search.record import (
     view,
 )
 
-SUMMARY_ATTR = "remeasured"  # study user attr: {original number: {"output_tok_s": [...], "median": ...}}
+SUMMARY_ATTR = "remeasured"  # study user attr: {original number: {"output_throughput": [...], "median": ...}}
 
 
 RESERVE_FRACTION = 0.15  # of a time budget
@@ -182,8 +182,8 @@ def figure_line(b: Best, trials: Sequence[FrozenTrial]) -> str:
     """"its figure is trial 9's measurement: 1,319 output tok/s at concurrency 16 (p95 TTFT 412 ms, p95 TPOT
     31.2 ms)": the latencies beside the figure are those of the measurement the figure is (Best.figure_trial)."""
     at = view(next(t for t in trials if t.number == b.figure_trial))
-    ttft = "-" if at.ttft_p95_ms is None else f"{at.ttft_p95_ms:,.0f} ms"
-    tpot = "-" if at.tpot_p95_ms is None else f"{at.tpot_p95_ms:,.1f} ms"
+    ttft = "-" if at.p95_ttft_ms is None else f"{at.p95_ttft_ms:,.0f} ms"
+    tpot = "-" if at.p95_tpot_ms is None else f"{at.p95_tpot_ms:,.1f} ms"
     return (f"its figure is trial {at.number}'s measurement: {b.figure:,.0f} output tok/s {at_level(at)} "
             f"(p95 TTFT {ttft}, p95 TPOT {tpot})")
 
@@ -261,7 +261,7 @@ def summary(trials: Sequence[FrozenTrial]) -> dict[str, dict[str, object]]:
         b = _best_of(by_number[number], trials)
         figures = [None if m.output_tok_s is None else round(m.output_tok_s, 1) for m in b.measurements]
         ok = b.passing or [0.0]
-        out[str(number)] = {"output_tok_s": figures, "median": round(b.figure, 1),
+        out[str(number)] = {"output_throughput": figures, "median": round(b.figure, 1),
                             "min": round(min(ok), 1), "max": round(max(ok), 1)}
     return out
 

@@ -113,7 +113,7 @@ def warm_start(study: optuna.Study, source: optuna.Study, space: Sequence[Param]
             continue
         seen_flags.add(flags)
         # A baseline of the earlier study comes as its params (its flags may not suit this model or GPU).
-        attrs = {WARM_START_ATTR: {"study": source.study_name, "trial": t.number, "output_tok_s": t.value}}
+        attrs = {WARM_START_ATTR: {"study": source.study_name, "trial": t.number, "output_throughput": t.value}}
         study.enqueue_trial(params, user_attrs=attrs)
         known.append(params)
         queued.append(params)

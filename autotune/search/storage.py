@@ -28,6 +28,7 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from autotune.config.study_file import StudySpec, check_study_name, load_study, study_digest
 from autotune.errors import SpecError, StorageError
+from autotune.measure.stats import current_names
 from autotune.search.space import enqueue_baseline
 from autotune.search.sqlite_file import ensure_schema
 
@@ -309,8 +310,9 @@ def _definition(study_text: str, objective_text: str) -> dict[str, object]:
               "engine": engine}
     out: dict[str, object] = {f"[{table}.{k}]": v for table, items in tables.items() for k, v in items.items()}
     out |= {"hardware": study.get("hardware", "auto"), "memory_cap_gib": study.get("memory_cap_gib")}
-    out |= {f"the objective's [{table}.{k}]": v for table in ("workload", "limits")
-            for k, v in objective.get(table, {}).items()}
+    limits = current_names(objective.get("limits", {}))[0]  # an old name for the same limit is the same limit
+    out |= {f"the objective's [workload.{k}]": v for k, v in objective.get("workload", {}).items()}
+    out |= {f"the objective's [limits.{k}]": v for k, v in limits.items()}
     return out
 
 

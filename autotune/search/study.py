@@ -103,9 +103,9 @@ def _set_up(spec: StudySpec, storage: optuna.storages.BaseStorage, say: Callable
     files = {"study": spec.path.read_text(), "objective": spec.objective.path.read_text(),
              "objective_ref": tomllib.loads(spec.path.read_text())["objective"]}
     if not study.trials:
-        study.set_metric_names(["output_tok_s"])
+        study.set_metric_names(["output_throughput"])
         study.set_user_attr("objective", spec.objective.name)
-        study.set_user_attr("limits", {k: v for k, v in vars(spec.objective.limits).items() if v is not None})
+        study.set_user_attr("limits", spec.objective.limits.set())
         study.set_user_attr("hardware", spec.hardware)
         study.set_user_attr("study_file", str(spec.path))
         study.set_user_attr("files", files)  # so that `autotune worker` on another host needs only the storage URL

@@ -72,7 +72,7 @@ def export_winner(study: optuna.Study, fmt: str, max_vram: float | None = None,
     def keep(t: optuna.trial.FrozenTrial) -> bool:
         v = view(t)
         vram = v.peak_memory_gib if v.memory_source == "nvml" and v.peak_memory_gib is not None else float("inf")
-        ttft = v.ttft_p95_ms if v.figures_recorded and v.ttft_p95_ms is not None else float("inf")
+        ttft = v.p95_ttft_ms if v.figures_recorded and v.p95_ttft_ms is not None else float("inf")
         return (max_vram is None or vram <= max_vram) and (max_p95_ttft_ms is None or ttft <= max_p95_ttft_ms)
 
     winner = best_trial(study, keep)
@@ -126,8 +126,8 @@ def figure_metrics(study: optuna.Study, b: remeasure.Best) -> dict[str, object]:
     and every other figure (latencies, memory, ...) is that one measurement's (Best.figure_trial)."""
     at = view(study.trials[b.figure_trial])
     metrics: dict[str, object] = dict(at.figures)
-    metrics["output_tok_s"] = round(b.figure, 1)
+    metrics["output_throughput"] = round(b.figure, 1)
     metrics["figure_trial"] = b.figure_trial
-    metrics["measurements"] = [{"trial": m.trial, "output_tok_s": m.output_tok_s,
+    metrics["measurements"] = [{"trial": m.trial, "output_throughput": m.output_tok_s,
                                 "met_limits": m.output_tok_s is not None} for m in b.measurements]
     return metrics

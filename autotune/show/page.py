@@ -16,7 +16,7 @@ import plotly.graph_objects as go
 from autotune.errors import AutotuneError
 from autotune.measure.memory import memory_text
 from autotune.search import paired
-from autotune.search.record import remeasure_views, view, views
+from autotune.search.record import remeasure_views, study_limits, view, views
 from autotune.search.remeasure import Best, best_trial, figure_line
 from autotune.show.report import figures, gains
 
@@ -30,7 +30,8 @@ def trials_table_html(study: optuna.Study, limit: int | None = 10) -> str:
     vs = sorted((v for v in views(study) if v.kind != "running"),
                 key=lambda v: (v.kind != "feasible", -(v.throughput or 0.0), v.number))
     top = vs if limit is None else vs[:limit] + [v for v in vs[limit:] if v.baseline is not None]
-    head = ("#", "trial", "result", "output tok/s", "level", "p95 TTFT", "p95 TPOT", "peak memory", "configuration")
+    head = ("#", "trial", "result", "output_throughput", "level", "p95_ttft_ms", "p95_tpot_ms", "peak memory",
+            "configuration")
     rows = []
     for rank, v in enumerate(top, 1):
         result = v.reason if v.reason.startswith(v.kind) else f"{v.kind}: {v.reason}" if v.reason else v.kind
@@ -39,8 +40,8 @@ def trials_table_html(study: optuna.Study, limit: int | None = 10) -> str:
         rows.append(f"<tr{cls}><td>{rank}</td><td>{v.number}</td><td>{html.escape(result)}</td>"
                     f"<td>{_num(v.throughput if v.kind == 'feasible' else None, ',.0f')}</td>"
                     f"<td>{_num(v.level if v.kind == 'feasible' else None, 'g')}</td>"
-                    f"<td>{_num(v.ttft_p95_ms if v.kind == 'feasible' else None, ',.0f', ' ms')}</td>"
-                    f"<td>{_num(v.tpot_p95_ms if v.kind == 'feasible' else None, ',.1f', ' ms')}</td>"
+                    f"<td>{_num(v.p95_ttft_ms if v.kind == 'feasible' else None, ',.0f', ' ms')}</td>"
+                    f"<td>{_num(v.p95_tpot_ms if v.kind == 'feasible' else None, ',.1f', ' ms')}</td>"
                     f"<td>{html.escape(memory)}</td>"
                     f"<td>{html.escape(v.label)}<br><code>{html.escape(v.command)}</code></td></tr>")
     return (f"<table><thead><tr>{''.join(f'<th>{h}</th>' for h in head)}</tr></thead>"
@@ -52,7 +53,7 @@ def summary_html(study: optuna.Study) -> str:
     counts = {k: sum(v.kind == k for v in vs) for k in ("feasible", "infeasible", "pruned", "failed", "running")}
     again = remeasure_views(study)
     a = study.user_attrs
-    limits = ", ".join(f"{k} &le; {v:g}" for k, v in (a.get("limits") or {}).items()) or "none recorded"
+    limits = ", ".join(f"{k} &le; {v:g}" for k, v in study_limits(study).items()) or "none recorded"
     parts = [f"<p>Objective <b>{html.escape(str(a.get('objective', '?')))}</b> (limits: {limits}) on hardware "
              f"<b>{html.escape(str(a.get('hardware', '?')))}</b>. {len(vs)} trials: "
              + ", ".join(f"{n} {k}" for k, n in counts.items() if n)

@@ -26,12 +26,14 @@ from autotune.search.record import (
     feasible,
     level_value,
     remeasure_views,
+    study_limits,
     view,
     views,
 )
 from autotune.search.remeasure import best_trial
 
-LATENCY_TITLES = {"ttft_p95_ms": "p95 time to first token (ms)", "tpot_p95_ms": "p95 time per output token (ms)"}
+LATENCY_TITLES = {"p95_ttft_ms": "p95_ttft_ms (p95 time to first token)",
+                  "p95_tpot_ms": "p95_tpot_ms (p95 time per output token)"}
 
 
 BLUE, GREEN, ORANGE, GREY, RED = "#1f77b4", "#2ca02c", "#ff7f0e", "#9e9e9e", "#d62728"
@@ -43,7 +45,7 @@ PALETTE = ("#1f77b4", "#2ca02c", "#9467bd", "#8c564b", "#e377c2", "#17becf", "#b
 MIN_IMPORTANCE_CONFIGS = 4  # distinct booted configurations: fewer say nothing about which parameter matters
 
 
-THROUGHPUT = "output tokens/s (best level within the limits)"
+THROUGHPUT = "output_throughput, tok/s (best level within the limits)"
 
 
 def _memory_text(v: TrialView) -> str:
@@ -92,8 +94,8 @@ def _hover(v: TrialView) -> str:
     lines = [f"<b>trial {v.number}</b> ({v.kind})", _wrap(v.label)]
     if v.throughput is not None:
         lines.append(f"{v.throughput:,.0f} output tok/s {at_level(v)}")
-    if v.ttft_p95_ms is not None:
-        lines.append(f"p95 TTFT {v.ttft_p95_ms:,.0f} ms, p95 TPOT {v.tpot_p95_ms or 0:,.1f} ms")
+    if v.p95_ttft_ms is not None:
+        lines.append(f"p95 TTFT {v.p95_ttft_ms:,.0f} ms, p95 TPOT {v.p95_tpot_ms or 0:,.1f} ms")
     if v.booted and v.throughput is not None:
         lines.append(energy_text(v.joules_per_token))
     if v.peak_memory_gib is not None:
@@ -199,8 +201,8 @@ def _best_text(study: optuna.Study, best: TrialView) -> str:
     return text
 
 
-def latency_figure(study: optuna.Study, metric: str = "ttft_p95_ms") -> go.Figure:
-    limit = (study.user_attrs.get("limits") or {}).get(metric)
+def latency_figure(study: optuna.Study, metric: str = "p95_ttft_ms") -> go.Figure:
+    limit = study_limits(study).get(metric)
     title = f"Throughput against {LATENCY_TITLES[metric].split(' (')[0]}"
     return _tradeoff(study, lambda v: getattr(v, metric), LATENCY_TITLES[metric], title, limit)
 
@@ -334,20 +336,20 @@ def levels_figure(study: optuna.Study, top: int = 3) -> go.Figure:
     vs = views(study)
     ranked = sorted((v for v in vs if v.kind == "feasible" and v.levels), key=lambda v: -(v.throughput or 0))[:top]
     chosen = ranked + [v for v in vs if v.baseline is not None and v.levels and v not in ranked]
-    limit = (study.user_attrs.get("limits") or {}).get("ttft_p95_ms")
+    limit = study_limits(study).get("p95_ttft_ms")
     rate = any("rate_req_s" in lv for v in chosen for lv in v.levels)
     fig = make_subplots(rows=1, cols=2, horizontal_spacing=0.08,
-                        subplot_titles=("output tokens/s", "p95 time to first token (ms)"))
+                        subplot_titles=("output_throughput (tok/s)", "p95_ttft_ms"))
     for i, v in enumerate(chosen):
         color = ORANGE if v.baseline is not None and i >= len(ranked) else PALETTE[i % len(PALETTE)]
         name = f"trial {v.number}" + (f" ({v.baseline})" if v.baseline else "")
         xs = [level_value(lv) for lv in v.levels]
         symbols = ["circle" if lv.get("passed") else "circle-open" for lv in v.levels]
-        hover = [f"{name}<br>level {level_value(lv):g}: {lv['output_tok_s']:,.0f} tok/s, p95 TTFT "
-                 f"{lv['ttft_p95_ms']:,.0f} ms, {'passed' if lv.get('passed') else 'missed the limits'}"
+        hover = [f"{name}<br>level {level_value(lv):g}: {lv['output_throughput']:,.0f} tok/s, p95 TTFT "
+                 f"{lv['p95_ttft_ms']:,.0f} ms, {'passed' if lv.get('passed') else 'missed the limits'}"
                  for lv in v.levels]
         dash = "dash" if v.baseline is not None else "solid"
-        for col, key in ((1, "output_tok_s"), (2, "ttft_p95_ms")):
+        for col, key in ((1, "output_throughput"), (2, "p95_ttft_ms")):
             fig.add_trace(go.Scatter(
                 x=xs, y=[lv[key] for lv in v.levels], mode="lines+markers", name=name, legendgroup=name,
                 showlegend=col == 1, line={"color": color, "dash": dash}, hovertext=hover, hoverinfo="text",
@@ -387,8 +389,8 @@ def infeasible_figure(study: optuna.Study) -> go.Figure:
 
 def figures(study: optuna.Study) -> dict[str, go.Figure]:
     return {
-        "pareto_ttft": latency_figure(study, "ttft_p95_ms"),
-        "pareto_tpot": latency_figure(study, "tpot_p95_ms"),
+        "pareto_ttft": latency_figure(study, "p95_ttft_ms"),
+        "pareto_tpot": latency_figure(study, "p95_tpot_ms"),
         "pareto_memory": memory_figure(study),
         "history": history_figure(study),
         "levels": levels_figure(study),

@@ -79,9 +79,9 @@ def level_table(result: TrialResult, objective: Objective) -> Table:
     second) and achieved (completed per second of the steady window): a Poisson schedule offers its label only
     on average, and a server that falls behind achieves less."""
     rate = objective.load.mode == "rate"
-    cols = ("rate", "offered", "ok", "err", "out tok/s", "achieved req/s") if rate else (
-        "conc.", "ok", "err", "out tok/s", "req/s")
-    t = Table(title="load levels (latencies in ms: p50 / p95 / p99)" + (", rates in req/s" if rate else ""),
+    cols = ("rate", "offered", "ok", "err", "output_throughput", "request_throughput") if rate else (
+        "conc.", "ok", "err", "output_throughput", "request_throughput")
+    t = Table(title="load levels (tok/s, req/s; latencies in ms: p50 / p95 / p99)",
               title_justify="left")
     for col in (*cols, "TTFT", "TPOT", "ITL", "E2E", "verdict"):
         t.add_column(col, justify="right" if col != "verdict" else "left")
@@ -90,7 +90,7 @@ def level_table(result: TrialResult, objective: Objective) -> Table:
         best = value == result.best_level
         t.add_row(
             f"{value:g}" + (" *" if best else ""), *([f"{s.offered_req_s:.2f}"] if rate else []),
-            str(s.completed), str(s.failed), f"{s.output_tok_s:,.0f}", f"{s.req_s:.2f}",
+            str(s.completed), str(s.failed), f"{s.output_throughput:,.0f}", f"{s.request_throughput:.2f}",
             *(f"{p.p50_ms:.0f} / {p.p95_ms:.0f} / {p.p99_ms:.0f}" for p in (s.ttft, s.tpot, s.itl, s.e2el)),
             "[green]pass[/]" if o.verdict.passed else f"[red]{escape(o.verdict.reason)}[/]",
         )
@@ -123,9 +123,9 @@ def print_trial(console: Console, result: TrialResult, objective: Objective, cap
         best = result.best
         assert best is not None
         console.print(
-            f"[bold green]result:[/] {best.stats.output_tok_s:,.0f} output tok/s at {objective.load.mode} "
-            f"{result.best_level:g} "
-            f"(p95 TTFT {best.stats.ttft.p95_ms:.0f} ms, p95 TPOT {best.stats.tpot.p95_ms:.1f} ms)"
+            f"[bold green]result:[/] output_throughput {best.stats.output_throughput:,.0f} tok/s at "
+            f"{objective.load.mode} {result.best_level:g} "
+            f"(p95_ttft_ms {best.stats.ttft.p95_ms:.0f}, p95_tpot_ms {best.stats.tpot.p95_ms:.1f})"
         )
         console.print(energy_text(best.stats.joules_per_token), markup=False)
     else:
@@ -153,7 +153,7 @@ def study_table(trials, *, limit: int = 15, title: str = "trials, best feasible 
     shown = ordered[:limit] + [v for v in ordered[limit:] if v.baseline is not None]
     table = Table(title=escape(title), title_justify="left")
     # A GPU's memory (NVML) and a process tree's host memory (RSS) are different figures: each says which it is.
-    for col in ("#", "state", "out tok/s", "level", "p95 TTFT ms", "p95 TPOT ms", "peak memory",
+    for col in ("#", "state", "output_throughput", "level", "p95_ttft_ms", "p95_tpot_ms", "peak memory",
                 "configuration / reason"):
         table.add_column(col, justify="left" if col in ("state", "configuration / reason") else "right",
                          overflow="fold")
@@ -164,8 +164,8 @@ def study_table(trials, *, limit: int = 15, title: str = "trials, best feasible 
             detail += f"\n[dim]{escape(v.reason[:160])}[/]"
         table.add_row(
             str(v.number), state, f"{v.objective_value:,.0f}" if v.objective_value else "-", _best_level(v),
-            f"{v.ttft_p95_ms:.0f}" if v.figures_recorded and v.ttft_p95_ms is not None else "-",
-            f"{v.tpot_p95_ms:.1f}" if v.figures_recorded and v.tpot_p95_ms is not None else "-",
+            f"{v.p95_ttft_ms:.0f}" if v.figures_recorded and v.p95_ttft_ms is not None else "-",
+            f"{v.p95_tpot_ms:.1f}" if v.figures_recorded and v.p95_tpot_ms is not None else "-",
             memory_text(v.peak_memory_gib, v.memory_source, short=True, cap_gib=v.cap_gib), detail,
         )
     return table

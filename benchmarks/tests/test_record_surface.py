@@ -373,8 +373,8 @@ def record(start: float, ttft: float, e2e: float = 2.2, tokens: int = 192) -> Re
     return RequestRecord(start, ttft, [], start + e2e, 512, tokens, None)
 
 
-LIMITS = Limits(ttft_p95_ms=2000, tpot_p95_ms=100)
-TIGHT = Limits(ttft_p95_ms=1000, tpot_p95_ms=50)
+LIMITS = Limits(p95_ttft_ms=2000, p95_tpot_ms=100)
+TIGHT = Limits(p95_ttft_ms=1000, p95_tpot_ms=50)
 
 
 def test_a_level_far_inside_the_tightest_limits_ends_after_wald_has_seen_enough() -> None:
@@ -438,8 +438,8 @@ def test_a_new_surface_names_the_limits_it_is_recorded_for_and_an_entry_what_its
         planned, tmp_path: Path) -> None:
     plan, spec, configs = planned
     prov = rs.surface_doc(tmp_path / "surface.json", PLAN, plan, spec, H200)["provenance"]
-    assert prov["limits"] == {"ttft_p95_ms": 2000, "tpot_p95_ms": 100}  # the climb's: the loosest replayed
-    assert prov["tightest_limits"] == {"ttft_p95_ms": 1000, "tpot_p95_ms": 50}  # the descent's: the tightest
+    assert prov["limits"] == {"p95_ttft_ms": 2000, "p95_tpot_ms": 100}  # the climb's: the loosest replayed
+    assert prov["tightest_limits"] == {"p95_ttft_ms": 1000, "p95_tpot_ms": 50}  # the descent's: the tightest
     assert prov["ladder"] == [1, 2, 4, 8, 16, 32, 64, 128]
     recipe = next(c for c in configs if c.baseline == "recipe")
     entry = rs.plan_entry(recipe, H200, {"status": "measured", "kv_blocks_given": 51, "kv_blocks_profiled": 29}, 206.0)

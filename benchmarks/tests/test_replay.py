@@ -231,7 +231,7 @@ def test_a_walked_configuration_replays_the_levels_a_search_from_its_start_measu
 
 
 def test_under_the_tightest_limits_the_search_goes_down_from_the_start(tmp_path: Path) -> None:
-    (point,) = load_surface(_walked(tmp_path), Limits(ttft_p95_ms=1000.0, tpot_p95_ms=50.0)).points
+    (point,) = load_surface(_walked(tmp_path), Limits(p95_ttft_ms=1000.0, p95_tpot_ms=50.0)).points
     assert [(r.concurrency, r.passed) for r in point.rungs] == [(32, False), (16, True)]
     assert point.value == 700.0
     bisection = (D16 + D32) / 2 + OVERHEAD_S
@@ -240,15 +240,15 @@ def test_under_the_tightest_limits_the_search_goes_down_from_the_start(tmp_path:
 
 def test_limits_tighter_than_the_surface_was_recorded_down_to_are_refused(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="tighter than the 1000.0"):
-        load_surface(_walked(tmp_path), Limits(ttft_p95_ms=900.0, tpot_p95_ms=100.0))
+        load_surface(_walked(tmp_path), Limits(p95_ttft_ms=900.0, p95_tpot_ms=100.0))
     with pytest.raises(ValueError, match="looser"):
-        load_surface(_walked(tmp_path), Limits(ttft_p95_ms=2500.0, tpot_p95_ms=100.0))
+        load_surface(_walked(tmp_path), Limits(p95_ttft_ms=2500.0, p95_tpot_ms=100.0))
 
 
 def test_a_rung_the_recording_failed_fails_tighter_limits_whatever_its_records_say() -> None:
     abandoned = _level(64, False, 0.2, D64, 500.0, n=10)  # its first requests were quick
-    assert rejudge(abandoned, Limits(ttft_p95_ms=1000.0)) == (False, {"ttft_p95_ms": 2.2})
-    assert rejudge({**abandoned, "passed": True}, Limits(ttft_p95_ms=1000.0))[0]  # as the records alone say
+    assert rejudge(abandoned, Limits(p95_ttft_ms=1000.0)) == (False, {"ttft_p95_ms": 2.2})
+    assert rejudge({**abandoned, "passed": True}, Limits(p95_ttft_ms=1000.0))[0]  # as the records alone say
 
 
 def test_an_infeasible_configuration_tells_its_lowest_rungs_miss(tmp_path: Path) -> None:

@@ -13,7 +13,7 @@ from optuna.trial import TrialState
 
 from autotune.config.params import Param
 from autotune.config.study_file import load_study
-from autotune.measure.stats import Limits
+from autotune.measure.stats import Limits, read_limits
 from autotune.search import tell
 from autotune.search.record import WARM_START_ATTR
 from autotune.search.samplers import (
@@ -175,21 +175,21 @@ def test_the_recorded_surface_judged_again_under_tighter_limits():
     """Re-judging each rung from its per-request records reproduces every recorded verdict under the recorded
     limits; a tighter TTFT limit ends ladders earlier (never later) and a looser one is refused."""
     doc = json.loads(se.SURFACE.read_text())
-    recorded = Limits(**doc["provenance"]["limits"])
+    recorded = read_limits(doc["provenance"]["limits"])  # recorded under the old names
     levels = [lv for c in doc["configs"] for lv in c.get("levels", [])]
     assert len(levels) > 50
     for lv in levels:  # the records' times are rounded to 0.1 ms: the ratios agree to well within 1%
         passed, misses = sf.rejudge(lv, recorded)
         assert passed == lv["passed"] and misses == pytest.approx(lv["misses"], rel=0.01)
     as_recorded = sf.load_surface(se.SURFACE)
-    tight = sf.load_surface(se.SURFACE, Limits(ttft_p95_ms=150.0, tpot_p95_ms=50.0))
-    assert tight.provenance["limits"] == {"ttft_p95_ms": 150.0, "tpot_p95_ms": 50.0}
+    tight = sf.load_surface(se.SURFACE, Limits(p95_ttft_ms=150.0, p95_tpot_ms=50.0))
+    assert tight.provenance["limits"] == {"p95_ttft_ms": 150.0, "p95_tpot_ms": 50.0}
     for p, q in zip(as_recorded.points, tight.points, strict=True):
         assert len(q.rungs) <= len(p.rungs) and q.value <= p.value
         assert all(r.passed for r in q.rungs[:-1])
     assert tight.best < as_recorded.best
     with pytest.raises(ValueError, match="looser"):
-        sf.load_surface(se.SURFACE, Limits(ttft_p95_ms=900.0, tpot_p95_ms=50.0))
+        sf.load_surface(se.SURFACE, Limits(p95_ttft_ms=900.0, p95_tpot_ms=50.0))
 
 
 def told(surface, key, method=None, pruner=None):

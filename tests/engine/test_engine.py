@@ -33,7 +33,7 @@ def test_trial_boots_measures_two_levels_and_leaves_no_process(tmp_path: Path) -
     model, defaults = resolve_model("tiny:dense")
     shipped = load_objective(ROOT / "objectives" / "tiny-cpu.toml")
     # Limits no level can miss, so the search is certain to measure two levels (the verdict logic is unit-tested).
-    objective = replace(shipped, limits=Limits(ttft_p95_ms=60_000),
+    objective = replace(shipped, limits=Limits(p95_ttft_ms=60_000),
                         load=replace(shipped.load, max=4, min_requests=12, warmup_requests=2))
     spec = EngineSpec(model, {**defaults, **EAGER, "max_num_seqs": 8}, env=SMALL_KV, boot_timeout_s=300)
     seen_levels: list[float] = []
@@ -52,7 +52,7 @@ def test_trial_boots_measures_two_levels_and_leaves_no_process(tmp_path: Path) -
     assert result.status == "stopped" and result.stop_reason == "two levels are enough"
     for _, level in result.levels:
         assert level.stats.completed >= objective.load.min_requests and level.stats.failed == 0
-        assert level.stats.output_tok_s > 0 and level.stats.ttft.p95_ms > 0
+        assert level.stats.output_throughput > 0 and level.stats.ttft.p95_ms > 0
     assert result.memory is not None and result.memory.source == "rss" and result.memory.peak_bytes > 2**28
     assert (tmp_path / "server.log").read_text().count("KV cache size") == 1
     time.sleep(1)

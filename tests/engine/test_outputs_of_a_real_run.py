@@ -37,7 +37,8 @@ def test_report_from_a_real_cpu_run(cpu_study_db) -> None:
     assert measured, "the real run measured no trial"
     for t in measured:  # each level of the best trials and the baselines is in the load-level figure
         for lv in t.user_attrs["levels"]:
-            assert any(h.startswith(f"trial {t.number}") and f"{lv['output_tok_s']:,.0f} tok/s" in h for h in levels)
+            figure = f"{lv['output_throughput']:,.0f} tok/s"
+            assert any(h.startswith(f"trial {t.number}") and figure in h for h in levels)
 
 
 def test_notebook_runs_on_a_real_cpu_study(cpu_study_db, monkeypatch) -> None:

@@ -10,13 +10,14 @@ from autotune.config.objective import load_objective
 from autotune.config.study_file import load_study
 from autotune.config.toml import parse_duration
 from autotune.errors import SpecError
+from autotune.measure.stats import Limits
 
 ROOT = Path(__file__).resolve().parents[3]
 BAD = Path(__file__).resolve().parents[2] / "data" / "bad"
 
 # (file, dotted key the error names, a fragment of its message)
 BAD_FILES = [
-    ("obj-unknown-limit.toml", "limits.ttft_p95", "unknown key; did you mean 'ttft_p95_ms'?"),
+    ("obj-unknown-limit.toml", "limits.p95_ttft", "unknown key; did you mean 'p95_ttft_ms'?"),
     ("obj-no-limits.toml", "limits", "set at least one limit"),
     ("obj-bad-kind.toml", "workload.input_len.kind", "must be one of 'fixed', 'uniform', 'normal', 'lognormal'"),
     ("obj-min-gt-max.toml", "workload.input_len.min", "min (600) must be <= max (100)"),
@@ -24,7 +25,7 @@ BAD_FILES = [
     ("obj-missing-dataset.toml", "workload.dataset", "file not found"),
     ("obj-load-max-lt-start.toml", "load.max", "must be >= start"),
     ("obj-bad-mode.toml", "load.mode", "did you mean 'rate'?"),
-    ("obj-negative-limit.toml", "limits.tpot_p95_ms", "must be > 0"),
+    ("obj-negative-limit.toml", "limits.p95_tpot_ms", "must be > 0"),
     ("obj-float-length.toml", "workload.input_len", "must be an integer or a table"),
     ("obj-bad-prompt.toml", "workload.prompt", "must be one of 'token_ids', 'text', got 'txt'; did you mean 'text'?"),
     ("study-int-string.toml", "space.max_num_seqs.low", "must be an integer, got 'abc'"),
@@ -104,7 +105,7 @@ def test_tiny_objective_values() -> None:
     o = load_objective(ROOT / "objectives" / "tiny-cpu.toml")
     assert (o.workload.input_len.kind, o.workload.input_len.mean) == ("fixed", 256)
     assert o.workload.output_len.mean == 64
-    assert (o.limits.ttft_p95_ms, o.limits.tpot_p95_ms, o.limits.e2e_p95_ms) == (500.0, 50.0, None)
+    assert (o.limits.p95_ttft_ms, o.limits.p95_tpot_ms, o.limits.p95_e2el_ms) == (500.0, 50.0, None)
     assert (o.load.mode, o.load.max, o.load.min_requests, o.load.warmup_requests) == ("concurrency", 64, 32, 8)
 
 
@@ -139,7 +140,7 @@ def test_relative_paths_resolve_against_the_file(tmp_path: Path) -> None:
     _write(tmp_path, "objectives/data/prompts.jsonl", '{"prompt": "hi"}\n')
     _write(tmp_path, "objectives/o.toml",
            '[workload]\ninput_len = 8\noutput_len = 4\ndataset = "data/prompts.jsonl"\n'
-           '[limits]\ne2e_p95_ms = 1000\n')
+           '[limits]\np95_e2el_ms = 1000\n')
     _write(tmp_path, "models/mine/config.json", "{}")
     study = _write(tmp_path, "studies/s.toml",
                    'objective = "../objectives/o.toml"\n[model]\npath = "../models/mine"\n'
@@ -157,7 +158,7 @@ def test_relative_paths_resolve_against_the_file(tmp_path: Path) -> None:
 
 
 def test_conditions_reorder_the_space(tmp_path: Path) -> None:
-    _write(tmp_path, "o.toml", '[workload]\ninput_len = 8\noutput_len = 4\n[limits]\nttft_p95_ms = 10\n')
+    _write(tmp_path, "o.toml", '[workload]\ninput_len = 8\noutput_len = 4\n[limits]\np95_ttft_ms = 10\n')
     study = _write(tmp_path, "s.toml",
                    'objective = "o.toml"\n[model]\npath = "org/model"\n'
                    '[space.num_speculative_tokens]\ntype = "int"\nlow = 1\nhigh = 3\n'
@@ -185,7 +186,7 @@ def test_parse_duration_refuses(text: object) -> None:
 
 
 def test_a_model_directory_that_does_not_exist_is_named(tmp_path: Path) -> None:
-    _write(tmp_path, "o.toml", '[workload]\ninput_len = 8\noutput_len = 4\n[limits]\nttft_p95_ms = 10\n')
+    _write(tmp_path, "o.toml", '[workload]\ninput_len = 8\noutput_len = 4\n[limits]\np95_ttft_ms = 10\n')
     study = _write(tmp_path, "s.toml", 'objective = "o.toml"\n[model]\npath = "./models/nope"\n')
     with pytest.raises(SpecError, match=r"s\.toml: model\.path: no model directory .*models/nope"):
         load_study(study)
@@ -201,7 +202,7 @@ def test_text_prompts_need_the_models_tokenizer_before_anything_boots(tmp_path: 
     from autotune.engine.models import write_tiny_model
 
     objective = _write(tmp_path, "text.toml", '[workload]\ninput_len = 8\noutput_len = 4\nprompt = "text"\n'
-                                              '[limits]\nttft_p95_ms = 10\n')
+                                              '[limits]\np95_ttft_ms = 10\n')
     assert load_objective(objective).workload.prompt == "text"
     assert load_objective(ROOT / "tests" / "data" / "quick" / "quick-objective.toml").workload.prompt == "token_ids"
     bare = tmp_path / "models" / "bare"
@@ -293,3 +294,13 @@ def test_pseudo_parameters_are_searched_only_as_the_fold_into_vllm_flags_can_tak
     assert spec_tokens_problem({"num_speculative_tokens", "speculative_method"}, {}) is None
     assert spec_tokens_problem({"num_speculative_tokens"}, {"speculative_config": {}}) is None
     assert spec_tokens_problem({"max_num_seqs"}, {}) is None
+
+
+def test_old_limit_names_are_read_with_a_one_line_notice(tmp_path: Path, capsys) -> None:
+    old = _write(tmp_path, "old.toml", '[workload]\ninput_len = 8\noutput_len = 4\n[limits]\nttft_p95_ms = 10\n'
+                                       'e2e_p95_ms = 900\n')
+    assert load_objective(old).limits == Limits(p95_ttft_ms=10, p95_e2el_ms=900)
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line.startswith(f"notice: {old}: [limits]: read ttft_p95_ms as p95_ttft_ms, e2e_p95_ms as p95_e2el_ms")
+    new = _write(tmp_path, "new.toml", '[workload]\ninput_len = 8\noutput_len = 4\n[limits]\np99_ttft_ms = 10\n')
+    assert load_objective(new).limits == Limits(p99_ttft_ms=10) and capsys.readouterr().err == ""

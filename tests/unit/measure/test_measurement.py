@@ -15,6 +15,7 @@ from autotune.measure.stop_rule import (
     INSIDE_P,
     OUTSIDE_P,
     StopRule,
+    hypotheses,
     looks,
     order_stat_ranks,
     percentile_interval,
@@ -81,13 +82,13 @@ def test_the_rule_looks_at_geometric_counts_only():
 
 def test_a_level_far_below_its_limit_stops_at_the_first_look_with_an_upper_bound():
     ttft = np.random.default_rng(1).exponential(0.05, 2000)  # p95 = 0.05 * ln 20 = 150 ms; limit 2 s
-    n, why = stop_count(StopRule(32, 1000, margin=0.1), ttft, Limits(ttft_p95_ms=2000))
+    n, why = stop_count(StopRule(32, 1000, margin=0.1), ttft, Limits(p95_ttft_ms=2000))
     assert (n, why) == (63, "settled")  # 50 < 59 <= 63
 
 
 def test_a_level_clearly_over_its_limit_stops_early():
     ttft = np.random.default_rng(2).exponential(0.5, 2000)  # p95 = 1.5 s; limit 300 ms
-    n, why = stop_count(StopRule(32, 1000, margin=0.1), ttft, Limits(ttft_p95_ms=300))
+    n, why = stop_count(StopRule(32, 1000, margin=0.1), ttft, Limits(p95_ttft_ms=300))
     assert why == "fails" and n == 32
 
 
@@ -108,7 +109,7 @@ def test_a_level_at_its_limit_runs_until_the_margin_is_met_and_the_interval_cove
     true_p95_ms = scale * math.log(20.0) * 1000
     ttft = np.array(van_der_corput_exponential(5000, scale))
     rule = StopRule(32, 5000, margin=0.1)
-    n, why = stop_count(rule, ttft, Limits(ttft_p95_ms=true_p95_ms))
+    n, why = stop_count(rule, ttft, Limits(p95_ttft_ms=true_p95_ms))
     # Normal approximation: a 90% half-width of 1.645 * sqrt(.95 * .05 / n) / (f(p95) * p95) = 2.39 / sqrt(n)
     # relative, so about 570 requests for +-10%, more for the wider upper side of a skewed distribution: the
     # looks at 728 and 910 requests bracket it.
@@ -121,7 +122,7 @@ def test_a_level_at_its_limit_runs_until_the_margin_is_met_and_the_interval_cove
 
 def test_max_requests_caps_and_a_zero_margin_is_a_fixed_count():
     ttft = van_der_corput_exponential(2000, 0.1)  # p95 300 ms, at the limit: not settled by 300 requests
-    limits = Limits(ttft_p95_ms=0.1 * math.log(20.0) * 1000)
+    limits = Limits(p95_ttft_ms=0.1 * math.log(20.0) * 1000)
     assert stop_count(StopRule(32, 300, margin=0.1), ttft, limits) == (300, "max_requests")
     rule = LoadSearch(min_requests=40, p95_margin=0).stop_rule(4)
     assert (rule.min_requests, rule.max_requests, rule.margin) == (40, 40, None)
@@ -138,10 +139,10 @@ def test_every_limited_metric_must_be_known():
     # TTFT is far below its limit, TPOT (= (end - start - ttft) / (out - 1)) sits at it: the level goes on.
     rng = np.random.default_rng(5)
     recs = [RequestRecord(0.0, 0.01, [], 0.01 + 9 * t, 10, 10, None) for t in rng.exponential(0.02, 400)]
-    limits = Limits(ttft_p95_ms=1000, tpot_p95_ms=0.02 * math.log(20) * 1000)
+    limits = Limits(p95_ttft_ms=1000, p95_tpot_ms=0.02 * math.log(20) * 1000)
     assert StopRule(32, 1000, margin=0.1).reason(recs[:98], limits) is None  # 98 is a look
-    assert StopRule(32, 1000, margin=0.1).reason(recs[:98], Limits(ttft_p95_ms=1000)) == "settled"
-    assert StopRule(32, 1000, margin=0.1).reason(recs[:99], Limits(ttft_p95_ms=1000)) is None  # 99 is not
+    assert StopRule(32, 1000, margin=0.1).reason(recs[:98], Limits(p95_ttft_ms=1000)) == "settled"
+    assert StopRule(32, 1000, margin=0.1).reason(recs[:99], Limits(p95_ttft_ms=1000)) is None  # 99 is not
 
 
 # --- the steady window --------------------------------------------------------------------------------------
@@ -168,9 +169,9 @@ def test_rates_are_measured_over_the_steady_window():
     s = level_stats(CLOSED, Limits())
     # Tokens arriving in [0.1, 2.6]: r1 (0.5, 1.0), r2 (0.6, 1.5), r3 (1.5, 2.0), r4 (2.0, 2.6), r5 (2.5) = 9.
     assert s.window_s == pytest.approx(2.5)
-    assert s.output_tok_s == pytest.approx(9 / 2.5)
-    assert s.req_s == pytest.approx(4 / 2.5)  # r1..r4 end inside the window
-    assert s.total_tok_s == pytest.approx((9 + 5 * 5) / 2.5)  # prompts whose first token is inside: all five
+    assert s.output_throughput == pytest.approx(9 / 2.5)
+    assert s.request_throughput == pytest.approx(4 / 2.5)  # r1..r4 end inside the window
+    assert s.total_token_throughput == pytest.approx((9 + 5 * 5) / 2.5)  # prompts whose first token is inside: all five
     assert s.span_output_tok_s == pytest.approx(10 / 3.0)  # vLLM's figure: all tokens over the whole span
     assert s.duration_s == 3.0 and s.output_tokens == 10
 
@@ -180,7 +181,7 @@ def test_no_steady_part_falls_back_to_the_whole_span():
     assert steady_window(never_full) == (0.0, 3.0)
     one_round = LevelRun(LoadLevel("concurrency", 2), [rec(0.0, 0.5, 1.0), rec(0.0, 0.5, 1.2)], 0.0, 1.2)
     assert steady_window(one_round) == (0.0, 1.2)
-    assert level_stats(never_full, Limits()).output_tok_s == pytest.approx(10 / 3.0)
+    assert level_stats(never_full, Limits()).output_throughput == pytest.approx(10 / 3.0)
 
 
 def test_steady_window_in_rate_mode_excludes_the_drain():
@@ -256,13 +257,13 @@ def test_clear_levels_are_decided_by_a_few_requests():
 
 def test_a_level_judged_early_stops_long_before_min_requests_and_an_exact_one_does_not():
     ttft = np.random.default_rng(1).exponential(0.05, 2000)  # p95 = 150 ms; limit 2 s: clearly inside
-    limits = Limits(ttft_p95_ms=2000)
+    limits = Limits(p95_ttft_ms=2000)
     early = LoadSearch(min_requests=72, max_requests=400).stop_rule(8, exact=False)
     assert stop_count(early, ttft, limits) == (8 + 21, "clearly passes")  # the first round is not judged
     exact = LoadSearch(min_requests=72, max_requests=400).stop_rule(8, exact=True)
     assert stop_count(exact, ttft, limits) == (72, "settled")
     slow = np.random.default_rng(2).exponential(0.5, 2000)  # p95 1.5 s against a 300 ms limit
-    n, why = stop_count(early, slow, Limits(ttft_p95_ms=300))
+    n, why = stop_count(early, slow, Limits(p95_ttft_ms=300))
     assert why == "clearly fails" and n <= 8 + 6
 
 
@@ -282,7 +283,7 @@ def closed_loop_of_a_queueing_server(now: float) -> tuple[list[RequestRecord], l
 def test_a_level_whose_waiting_requests_are_already_over_the_limit_fails_without_waiting_for_them(now):
     rule = StopRule(72, 76, verdict_error=0.05, burst=37)
     finished, flying = closed_loop_of_a_queueing_server(now)
-    limits = Limits(ttft_p95_ms=2000, tpot_p95_ms=100)
+    limits = Limits(p95_ttft_ms=2000, p95_tpot_ms=100)
     why = rule.reason(finished, limits, flying, now)
     assert why == "clearly fails" and isinstance(why, Abandon)  # the client drops the requests in flight
     assert rule.reason(finished, limits) is None  # judging finished requests only: nothing after the burst yet
@@ -291,7 +292,7 @@ def test_a_level_whose_waiting_requests_are_already_over_the_limit_fails_without
 def test_requests_in_flight_that_have_not_waited_past_the_limit_are_not_judged():
     rule = StopRule(72, 76, verdict_error=0.05, burst=37)
     finished, flying = closed_loop_of_a_queueing_server(3.5)  # the first two after the burst waited 1.8 and 0.1 s
-    assert rule.reason(finished, Limits(ttft_p95_ms=2000), flying, 3.5) is None
+    assert rule.reason(finished, Limits(p95_ttft_ms=2000), flying, 3.5) is None
 
 
 @pytest.mark.parametrize("mode", ["concurrency", "rate"])
@@ -328,9 +329,9 @@ def test_the_requests_served_first_do_not_pass_a_level_whose_queue_has_not_shown
     served = [RequestRecord(i / 30, 0.05, [], 0.0, 512, 192, None) for i in range(21)]
     queued = [RequestRecord(0.7 + i / 30, None, [], 0.0, 512, 192, None) for i in range(9)]
     rule = StopRule(72, 400, verdict_error=0.05)
-    assert rule.reason([], Limits(ttft_p95_ms=2000), served + queued, now=1.2) is None
+    assert rule.reason([], Limits(p95_ttft_ms=2000), served + queued, now=1.2) is None
     later = [RequestRecord(r.start, 0.05 if r in served else None, [], 0.0, 512, 192, None) for r in served + queued]
-    assert rule.reason([], Limits(ttft_p95_ms=2000), later, now=3.0) == "clearly fails"  # 9 waited past 2 s
+    assert rule.reason([], Limits(p95_ttft_ms=2000), later, now=3.0) == "clearly fails"  # 9 waited past 2 s
 
 
 def test_an_abandoned_levels_dropped_requests_keep_it_failing():
@@ -339,8 +340,22 @@ def test_an_abandoned_levels_dropped_requests_keep_it_failing():
     fast = [RequestRecord(0.1 * i, 0.05, [0.01] * 9, 0.1 * i + 0.15, 512, 10, None) for i in range(3)]
     waiting = tuple(RequestRecord(0.2, 3.0, [], 3.2, 512, 0, DROPPED) for _ in range(5))
     run = LevelRun(LoadLevel("concurrency", 8), fast, 0.0, 3.2, Abandon("clearly fails"), waiting)
-    stats = level_stats(run, Limits(ttft_p95_ms=2000))
+    stats = level_stats(run, Limits(p95_ttft_ms=2000))
     assert stats.ttft.p95_ms >= 3000 and stats.e2el.p95_ms >= 3000
     assert stats.completed == 3 and stats.failed == 0  # dropped requests are neither
-    assert not judge(stats, Limits(ttft_p95_ms=2000)).passed
-    assert judge(level_stats(LevelRun(run.level, fast, 0.0, 3.2), Limits()), Limits(ttft_p95_ms=2000)).passed
+    assert not judge(stats, Limits(p95_ttft_ms=2000)).passed
+    assert judge(level_stats(LevelRun(run.level, fast, 0.0, 3.2), Limits()), Limits(p95_ttft_ms=2000)).passed
+
+
+def test_a_limit_at_another_percentile_tests_its_own_share_over_the_limit():
+    """p95's hypotheses stay 2% and 15%; a p99 limit allows 1% over it, so 3 of 40 over fails it at once where a
+    p95 limit is not decided yet; a p50 limit passes 8 of 40 over (20%) as surely inside."""
+    assert hypotheses(95) == (INSIDE_P, OUTSIDE_P)
+    assert hypotheses(99) == pytest.approx((0.004, 0.03)) and hypotheses(50) == pytest.approx((0.2, 0.75))
+    assert sequential_verdict(3, 40, 0.05, 95) is None
+    assert sequential_verdict(3, 40, 0.05, 99) == "fails"
+    assert sequential_verdict(8, 40, 0.05, 50) == "passes"
+    records = [RequestRecord(i, 1.0 if i < 3 else 0.1, [], i + 1.2, 10, 2, None) for i in range(40)]  # 3 of 40 at 1 s
+    rule = StopRule(100, 400, margin=0.1, verdict_error=0.05)
+    assert rule.reason(records, Limits(p95_ttft_ms=500)) is None
+    assert str(rule.reason(records, Limits(p99_ttft_ms=500))) == "clearly fails"

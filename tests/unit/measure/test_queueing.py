@@ -50,7 +50,7 @@ def test_nothing_is_said_without_a_certain_bound() -> None:
     w, lim = CHAT.workload, CHAT.limits
     assert cannot_sustain(36, {}, WEIGHTS, 936.0, w, lim) is None  # vLLM's own max_num_seqs
     assert cannot_sustain(36, {"max_num_seqs": 1}, WEIGHTS, 0.0, w, lim) is None  # no bandwidth: the CPU build
-    assert cannot_sustain(36, {"max_num_seqs": 1}, WEIGHTS, 936.0, w, Limits(tpot_p95_ms=100)) is None
+    assert cannot_sustain(36, {"max_num_seqs": 1}, WEIGHTS, 936.0, w, Limits(p95_tpot_ms=100)) is None
     assert cannot_sustain(36, {"max_num_seqs": 1}, WEIGHTS, 936.0, replace(w, dataset=Path("p.jsonl")), lim) is None
     assert cannot_sustain(36, {"max_num_seqs": 1}, WEIGHTS, 936.0, replace(w, replay=Path("log.jsonl")), lim) is None
     # speculative decoding: up to 1 + k tokens a step, so the least service time shrinks as much
@@ -112,7 +112,7 @@ def test_a_configuration_running_under_seven_eighths_of_the_incumbents_level_is_
     assert screen_before_boot(at16, roomy, unknown, card, spec) is None
     assert screen_before_boot(at16, {"max_num_seqs": 13}, unknown, card, spec) is not None
     # without a TTFT limit a queue misses nothing
-    assert holds_too_few(16, 13, Limits(tpot_p95_ms=100.0)) is None
+    assert holds_too_few(16, 13, Limits(p95_tpot_ms=100.0)) is None
     assert holds_too_few(16, 13, CHAT.limits) is not None and holds_too_few(16, None, CHAT.limits) is None
 
 

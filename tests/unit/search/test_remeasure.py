@@ -128,8 +128,8 @@ def test_the_top_configurations_are_re_measured_in_the_reserved_time():
     assert best_trial(lab.study).figure == 940.0 and best_trial(lab.study).figure_trial == 9
     assert score(trials[0], trials) == 800.0 and score(trials[2], trials) == 900.0
     assert lab.study.user_attrs[SUMMARY_ATTR] == {
-        "0": {"output_tok_s": [1000.0, 800.0], "median": 800.0, "min": 800.0, "max": 1000.0},
-        "1": {"output_tok_s": [950.0, 940.0], "median": 940.0, "min": 940.0, "max": 950.0},
+        "0": {"output_throughput": [1000.0, 800.0], "median": 800.0, "min": 800.0, "max": 1000.0},
+        "1": {"output_throughput": [950.0, 940.0], "median": 940.0, "min": 940.0, "max": 950.0},
     }
 
 

@@ -282,8 +282,8 @@ CHANGES = {
     "a renamed parameter": ("studies", "[space.enable_prefix_caching]", "[space.async_scheduling]",
                             "[space.enable_prefix_caching] removed since the study began; "
                             "[space.async_scheduling] added since the study began"),
-    "other limits": ("objectives", "ttft_p95_ms = 500", "ttft_p95_ms = 250",
-                     "[limits.ttft_p95_ms] changed since the study began (500 -> 250)"),
+    "other limits": ("objectives", "p95_ttft_ms = 500", "p95_ttft_ms = 250",
+                     "[limits.p95_ttft_ms] changed since the study began (500 -> 250)"),
     "another workload": ("objectives", "input_len = 256", "input_len = 512",
                          "[workload.input_len] changed since the study began (256 -> 512)"),
     "another fixed flag": ("studies", "enforce_eager = true", "enforce_eager = false",

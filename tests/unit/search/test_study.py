@@ -41,12 +41,12 @@ def spec(tmp_path: Path):
 
 
 def stats(conc: float, tok_s: float, ttft_p95: float) -> LevelStats:
-    p = Percentiles(ttft_p95 / 2, ttft_p95 / 2, ttft_p95, ttft_p95)
+    p = Percentiles(ttft_p95 / 2, ttft_p95 / 2, ttft_p95, ttft_p95, ttft_p95)
     return LevelStats(LoadLevel("concurrency", conc), 24, 0, 10.0, tok_s, tok_s * 5, 2.0, 2.0, p, p, p, p)
 
 
 def level(conc: float, tok_s: float, passed: bool) -> tuple[float, LevelOutcome]:
-    verdict = Verdict(passed, {} if passed else {"ttft_p95_ms": 1.5}, Limits(ttft_p95_ms=250))
+    verdict = Verdict(passed, {} if passed else {"p95_ttft_ms": 1.5}, Limits(p95_ttft_ms=250))
     return conc, LevelOutcome(stats(conc, tok_s, 100 if passed else 375), verdict)
 
 
@@ -164,7 +164,7 @@ def test_outcomes_the_sampler_can_learn_from(spec) -> None:
     assert constraints[3]["boots"] == 1.0
     assert [feasible(t) for t in trials] == [True, False, False, False]
     first = trials[0].user_attrs
-    assert first["output_tok_s"] == 400.0 and first["kv_cache_tokens"] == 524_288 and first["best_level"] == 2
+    assert first["output_throughput"] == 400.0 and first["kv_cache_tokens"] == 524_288 and first["best_level"] == 2
     assert first["peak_memory_gib"] == 3.0 and len(first["levels"]) == 3
     assert trials[1].user_attrs["failure_kind"] == "kv_cache_too_small"
 
@@ -349,7 +349,7 @@ def test_screened_trials_are_ranked_for_tpe_by_the_throughput_that_met_the_limit
     told(study, ok_result(400.0))
     for good_share in (0.9, 0.3):  # of 2.0 requests/s ended in the window, these met every limit
         conc, outcome = level(2, 800, False)
-        outcome = replace(outcome, stats=replace(outcome.stats, goodput_req_s=2.0 * good_share))
+        outcome = replace(outcome, stats=replace(outcome.stats, request_goodput=2.0 * good_share))
         told(study, TrialResult("stopped", levels=((conc, outcome),), stop_reason=SCREENED, boot=BootInfo(30.0)))
     near, far = study.trials[-2:]
     assert near.intermediate_values == {0: pytest.approx(720.0)}

@@ -35,8 +35,8 @@ def test_views_place_each_trial_where_it_was_measured(demo_study_db) -> None:
     vs = {v.number: v for v in record.views(load(*demo_study_db))}
     assert [vs[n].kind for n in range(8)] == ["feasible"] * 4 + ["infeasible"] * 3 + ["feasible"]
     assert (vs[0].baseline, vs[1].baseline, vs[2].baseline) == ("vllm-defaults", "recipe", None)
-    assert (vs[2].throughput, vs[2].level, vs[2].ttft_p95_ms, vs[2].peak_memory_gib) == (1500, 16, 420, 3.6)
-    assert (vs[4].throughput, vs[4].level, vs[4].ttft_p95_ms) == (150, 1, 900)  # missed: at its lowest level
+    assert (vs[2].throughput, vs[2].level, vs[2].p95_ttft_ms, vs[2].peak_memory_gib) == (1500, 16, 420, 3.6)
+    assert (vs[4].throughput, vs[4].level, vs[4].p95_ttft_ms) == (150, 1, 900)  # missed: at its lowest level
     assert vs[5].throughput is None and "KV cache" in vs[5].reason  # out of memory: nothing measured
     assert vs[6].reason.startswith("predicted not to fit")
 
@@ -48,7 +48,7 @@ def test_gains_over_the_baselines(demo_study_db) -> None:
 
 
 def test_latency_figure_draws_the_front_the_limit_and_the_infeasible_apart(demo_study_db) -> None:
-    fig = report.latency_figure(load(*demo_study_db), "ttft_p95_ms")
+    fig = report.latency_figure(load(*demo_study_db), "p95_ttft_ms")
     front = trace(fig, "Pareto front")
     # Feasible (p95 TTFT, tok/s): 0 (300, 900), 1 (350, 1100), 2 (420, 1500), 3 (120, 700), 7 (450, 1300).
     assert list(front.x) == [120, 300, 350, 420] and list(front.y) == [700, 900, 1100, 1500]

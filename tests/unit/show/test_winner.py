@@ -81,10 +81,10 @@ def test_summary_status_report_and_export_give_one_winner_and_one_figure(remeasu
     exported = runner.invoke(main, ["export", "--study", "tiny-cpu", "--storage", url, "--format", "json"])
     assert exported.exit_code == 0, exported.output
     doc = json.loads(exported.stdout)
-    assert doc["metrics"]["trial"] == 0 and doc["metrics"]["output_tok_s"] == 181
+    assert doc["metrics"]["trial"] == 0 and doc["metrics"]["output_throughput"] == 181
     assert doc["metrics"]["best"] == WINNER
-    assert doc["metrics"]["measurements"] == [{"trial": 0, "output_tok_s": 181.0, "met_limits": True},
-                                              {"trial": 3, "output_tok_s": None, "met_limits": False}]
+    assert doc["metrics"]["measurements"] == [{"trial": 0, "output_throughput": 181.0, "met_limits": True},
+                                              {"trial": 3, "output_throughput": None, "met_limits": False}]
     as_yaml = runner.invoke(main, ["export", "--study", "tiny-cpu", "--storage", url, "--format", "yaml"])
     assert as_yaml.stdout.splitlines()[0] == f"# {WINNER}"
     as_flags = runner.invoke(main, ["export", "--study", "tiny-cpu", "--storage", url, "--format", "flags"])
@@ -109,7 +109,7 @@ def test_summary_status_report_and_export_give_one_winner_and_one_figure(remeasu
 
 def test_the_report_draws_a_re_measurement_as_a_point_of_its_configuration(remeasured_study):
     _spec, _url, study = remeasured_study
-    fig = report.latency_figure(study, "ttft_p95_ms")
+    fig = report.latency_figure(study, "p95_ttft_ms")
     by_name = {t.name: t for t in fig.data}
     best = by_name["best: trial 0"]
     assert list(best.y) == [181]  # the ring sits on the configuration's figure
