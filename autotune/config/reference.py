@@ -28,7 +28,7 @@ from autotune.engine.env import ALLOWED_PREFIXES, REFUSED
 from autotune.engine.flags import HOST_EXPOSING, UNMEASURABLE
 from autotune.fit.hardware import PROFILES
 from autotune.measure.ladder import LoadSearch
-from autotune.measure.stats import Limits
+from autotune.measure.stats import PERCENTILES, Limits, limit_key
 from autotune.measure.workload import LengthDist, Workload
 
 REPO = Path(__file__).resolve().parents[2]
@@ -44,7 +44,7 @@ name = "probe"
 input_len = { kind = "normal", mean = 64, std = 8, min = 8, max = 128 }
 output_len = { kind = "uniform", mean = 32, std = 4, min = 8, max = 64 }
 [limits]
-ttft_p95_ms = 500
+p95_ttft_ms = 500
 [load]
 mode = "concurrency"
 """
@@ -278,11 +278,9 @@ OBJECTIVE_KEYS: dict[str, str] = {
     "workload.prompt": "One of {prompt_kinds}: on /v1/completions, send token ids (exact lengths, no tokenizer), "
                        "or the same ids decoded to text with the model's tokenizer.json (the server then tokenizes, "
                        "as for real clients; the shipped objectives send text). Chat always sends text.",
-    "limits": "The limits a load level must meet (p95 latencies in milliseconds, energy per token); at least one.",
-    "limits.ttft_p95_ms": "Time to first token, p95, ms (> 0).",
-    "limits.tpot_p95_ms": "Time per output token after the first, p95, ms (> 0).",
-    "limits.itl_p95_ms": "Inter-token latency, p95, ms (> 0).",
-    "limits.e2e_p95_ms": "Whole-request latency, p95, ms (> 0).",
+    "limits": "The limits a load level must meet, at least one: latencies in milliseconds, each at a percentile "
+              "(p50, p90, p95 or p99) and named as `vllm bench serve` names the figure, and energy per token. The "
+              "names before these (ttft_p95_ms, tpot_p95_ms, itl_p95_ms, e2e_p95_ms) are still read, with a notice.",
     "limits.joules_per_token": "GPU energy per output token, joules (> 0): NVML's energy counter (or power) over "
                                "the level's steady window, over the output tokens in it. CUDA GPUs only: refused on "
                                "the CPU build, where energy is not measured.",
@@ -302,6 +300,10 @@ OBJECTIVE_KEYS: dict[str, str] = {
     "load.verdict_error": "Each error rate of the early verdict on a level clearly inside or outside its limits "
                           "(in [0, 0.5); 0: every level measured in full).",
 }
+LATENCIES = {"ttft": "Time to first token", "tpot": "Time per output token after the first",
+             "itl": "Inter-token latency", "e2el": "Whole-request (end-to-end) latency"}
+OBJECTIVE_KEYS |= {f"limits.{limit_key(q, metric)}": f"{what}, p{q}, ms (> 0)."
+                   for metric, what in LATENCIES.items() for q in PERCENTILES}
 OBJECTIVE_KEYS |= {k.replace("input_len.", "output_len."): v for k, v in OBJECTIVE_KEYS.items()
                    if k.startswith("workload.input_len.")}  # output_len's table takes input_len's keys
 
@@ -374,7 +376,7 @@ def study_page() -> str:
 
 def objective_page() -> str:
     intro = (f"{GENERATED}\n\nAn objective file (TOML) says what a good configuration is: the requests sent "
-             "(`[workload]`), the p95 latency limits every measured load level must meet (`[limits]`), and how "
+             "(`[workload]`), the latency limits every measured load level must meet (`[limits]`), and how "
              "load levels are searched (`[load]`). A trial's figure is the highest load that meets every limit. "
              "Examples: `objectives/`.")
     return _page("Objective file reference", intro, objective_keys(), OBJECTIVE_KEYS) + formats_section()

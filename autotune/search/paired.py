@@ -30,6 +30,7 @@ import optuna
 from optuna.trial import FrozenTrial, TrialState
 from scipy import stats
 
+from autotune.measure.stats import METRICS, current_names, limit_parts
 from autotune.search import remeasure
 from autotune.search.budget import Budget
 from autotune.search.record import BASELINE_ATTR, REMEASURE_ATTR, feasible, view
@@ -118,13 +119,12 @@ class Comparison:
 
 
 def limits_text(limits: Mapping[str, float]) -> str:
-    """{"ttft_p95_ms": 2000, "tpot_p95_ms": 100} -> "p95 TTFT 2 s and TPOT 100 ms"."""
+    """{"p95_ttft_ms": 2000, "p95_tpot_ms": 100} -> "p95 TTFT 2 s and TPOT 100 ms" (old names read too)."""
     parts = []
-    for key, value in limits.items():
-        metric, _, rest = key.partition("_")
-        pct = rest.split("_")[0]
+    for key, value in current_names(limits)[0].items():
+        q, metric = limit_parts(key)
         amount = f"{value / 1000:g} s" if value >= 1000 else f"{value:g} ms"
-        parts.append((pct, f"{metric.upper()} {amount}"))
+        parts.append((f"p{q}", f"{METRICS[metric]} {amount}"))
     if not parts:
         return "no limits"
     pct = parts[0][0] if len({p for p, _ in parts}) == 1 else ""

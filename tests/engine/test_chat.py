@@ -28,5 +28,5 @@ def test_chat_conversations_go_to_chat_completions_through_the_models_template(t
     assert [r.prompt_tokens for r in run.records] == [18, 42] * 3
     log = (tmp_path / "server.log").read_text()
     assert log.count("POST /v1/chat/completions HTTP/1.1\" 200") == 6 and "POST /v1/completions" not in log
-    stats = level_stats(run, Limits(ttft_p95_ms=60_000))
+    stats = level_stats(run, Limits(p95_ttft_ms=60_000))
     assert stats.completed == 6 and stats.output_tokens == 24 and stats.ttft.p95_ms > 0

@@ -144,8 +144,8 @@ BAD_STUDIES: dict[str, tuple[str | bytes, str]] = {
 
 
 BAD_OBJECTIVES: dict[str, tuple[tuple[str, str], str]] = {  # (text replaced, replacement), what the line names
-    "limit nan": (("ttft_p95_ms = 2000", "ttft_p95_ms = nan"), "limits.ttft_p95_ms: must be a finite number"),
-    "limit inf": (("tpot_p95_ms = 200", "tpot_p95_ms = inf"), "limits.tpot_p95_ms: must be a finite number"),
+    "limit nan": (("p95_ttft_ms = 2000", "p95_ttft_ms = nan"), "limits.p95_ttft_ms: must be a finite number"),
+    "limit inf": (("p95_tpot_ms = 200", "p95_tpot_ms = inf"), "limits.p95_tpot_ms: must be a finite number"),
     "std nan": (("input_len = 128", "input_len = { kind = 'normal', mean = 128, std = nan, min = 1, max = 256 }"),
                 "workload.input_len.std: must be a finite number"),
     "load max inf": (("max = 4", "max = inf"), "load.max: must be a finite number"),

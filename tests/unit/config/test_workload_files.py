@@ -24,7 +24,7 @@ def quick_with(tmp_path: Path, workload: str, load: str = 'mode = "concurrency"\
     for f in QUICK.iterdir():
         shutil.copy(f, tmp_path / f.name)
     (tmp_path / "quick-objective.toml").write_text(
-        f'name = "quick"\n[workload]\n{workload}\n[limits]\nttft_p95_ms = 2000\n[load]\n{load}')
+        f'name = "quick"\n[workload]\n{workload}\n[limits]\np95_ttft_ms = 2000\n[load]\n{load}')
     return tmp_path / "quick.toml"
 
 

@@ -26,7 +26,7 @@ from autotune.search.paired import (
 )
 from autotune.search.record import BASELINE_ATTR, REMEASURE_ATTR
 
-LIMITS = {"ttft_p95_ms": 2000, "tpot_p95_ms": 100}
+LIMITS = {"p95_ttft_ms": 2000, "p95_tpot_ms": 100}
 
 
 def ratios(*logs: float, base: float = 100.0) -> list[Pair]:
@@ -91,8 +91,9 @@ def test_a_baseline_that_won_and_a_study_without_a_feasible_baseline():
 
 
 def test_limits_in_words_and_the_record_round_trips():
-    assert limits_text({"ttft_p95_ms": 500, "tpot_p95_ms": 50}) == "p95 TTFT 500 ms and TPOT 50 ms"
-    assert limits_text({"ttft_p99_ms": 1500, "tpot_p95_ms": 50}) == "p99 TTFT 1.5 s and p95 TPOT 50 ms"
+    assert limits_text({"p95_ttft_ms": 500, "p95_tpot_ms": 50}) == "p95 TTFT 500 ms and TPOT 50 ms"
+    assert limits_text({"p99_ttft_ms": 1500, "p95_tpot_ms": 50}) == "p99 TTFT 1.5 s and p95 TPOT 50 ms"
+    assert limits_text({"ttft_p99_ms": 1500, "tpot_p95_ms": 50}) == "p99 TTFT 1.5 s and p95 TPOT 50 ms"  # old names
     c = compare(12, "recipe", 1, ratios(0.12, 0.14, 0.13), LIMITS)
     assert Comparison.from_attr(c.to_attr()) == c
     assert Interval(0.0, -0.01, 0.01).resolved is False
