@@ -61,7 +61,7 @@ def test_joules_per_token_is_the_windows_energy_over_its_output_tokens() -> None
     samples = [PowerSample(t / 10, 200.0, 50.0 + 20.0 * t / 10) for t in range(-5, 60)]  # 20 W of counter
     stats = level_stats(run, Limits(), samples)
     window = stats.window_s
-    assert stats.joules_per_token == pytest.approx(20.0 * window / (stats.output_tok_s * window))
+    assert stats.joules_per_token == pytest.approx(20.0 * window / (stats.output_throughput * window))
     assert stats.to_dict()["joules_per_output_token"] == stats.joules_per_token
     unmeasured = level_stats(run, Limits())
     assert unmeasured.joules_per_token is None and "joules_per_output_token" not in unmeasured.to_dict()
