@@ -65,14 +65,14 @@ def test_serve_command_quoting_round_trips() -> None:
 
 
 def test_to_json() -> None:
-    doc = json.loads(to_json("org/m", {"max_num_seqs": 8, "enforce_eager": True}, {"output_tok_s": 123.5},
+    doc = json.loads(to_json("org/m", {"max_num_seqs": 8, "enforce_eager": True}, {"output_throughput": 123.5},
                              {"VLLM_USE_FLASHINFER_SAMPLER": "0"}))
     assert doc == {"model": "org/m", "flags": {"max_num_seqs": 8, "enforce_eager": True},
                    "env": {"VLLM_USE_FLASHINFER_SAMPLER": "0"},
                    "argv": ["--host", "127.0.0.1", "--max-num-seqs", "8", "--enforce-eager"],
                    "command": "VLLM_USE_FLASHINFER_SAMPLER=0 vllm serve org/m --host 127.0.0.1 --max-num-seqs 8 "
                               "--enforce-eager",
-                   "metrics": {"output_tok_s": 123.5}}
+                   "metrics": {"output_throughput": 123.5}}
 
 
 def test_serve_command_sets_the_environment_in_a_real_shell() -> None:

@@ -189,7 +189,7 @@ def test_every_output_of_one_study_gives_the_same_winner_figure_latencies_and_an
     doc = json.loads(CliRunner().invoke(main, ["export", "--study", "tiny-cpu", "--storage", url,
                                                "--format", "json"]).stdout)
     m = doc["metrics"]
-    assert (m["trial"], m["output_tok_s"], m["figure_trial"], m["ttft_p95_ms"]) == (2, 196.0, 6, 330.0)
+    assert (m["trial"], m["output_throughput"], m["figure_trial"], m["p95_ttft_ms"]) == (2, 196.0, 6, 330.0)
     assert m["proven"] is True and m["answer"] == answer.sentence
     assert "exported the recipe" not in texts["export flags"]
 
