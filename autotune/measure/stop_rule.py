@@ -1,13 +1,13 @@
 """How long a level runs (`StopRule`). Two rules, whichever ends it first:
   - a sequential verdict (Wald's SPRT) on the share p of requests over each limit, p95 <= limit being p <= 5%:
-    "inside" is p <= 2%, "outside" p >= 15% (at another percentile: `hypotheses`); after each request the log-likelihood ratio of the
-    exceedance count is compared with log((1 - e) / e) and log(e / (1 - e)), e = `verdict_error`. A level
-    clearly over a limit stops after a handful of requests; one clearly under after about 21 (+ one round
-    of a closed loop's start-up burst, which the test does not count). Error rates (independent requests):
-    a level with p >= 15% is passed, or one with p <= 2% failed, with probability at most e / (1 - e) ~ 5.3%
-    (Wald's bound, e = 0.05; computed exactly: 4.9% and 2.6%; tests/unit/measure/test_measurement.py counts
-    them on 20,000 simulated levels each). In between it may take either verdict (at p = 5%, the p95 at the
-    limit, 75% pass early): the answer is therefore always a level measured exactly (below);
+    "inside" is p <= 2%, "outside" p >= 15% (at another percentile: `hypotheses`); after each request the
+    log-likelihood ratio of the exceedance count is compared with log((1 - e) / e) and log(e / (1 - e)), e =
+    `verdict_error`. A level clearly over a limit stops after a handful of requests; one clearly under after about
+    21 (+ one round of a closed loop's start-up burst, which the test does not count). Error rates (independent
+    requests): a level with p >= 15% is passed, or one with p <= 2% failed, with probability at most e / (1 - e) ~
+    5.3% (Wald's bound, e = 0.05; computed exactly: 4.9% and 2.6%; tests/unit/measure/test_measurement.py counts
+    them on 20,000 simulated levels each). In between it may take either verdict (at p = 5%, the p95 at the limit,
+    75% pass early): the answer is therefore always a level measured exactly (below);
     A TTFT or end-to-end limit is judged on every request that started at least the limit ago, finished or still
     in flight (one still waiting for its first token past the TTFT limit is over it, whatever comes): in a closed
     loop the requests after the first round finish only after that whole round, and a queueing server's level
