@@ -15,6 +15,7 @@ with their checkpoint's reconstructed quantization_config (assumptions in that f
 from __future__ import annotations
 
 import ast
+import importlib
 import importlib.util
 import json
 import re
@@ -166,24 +167,22 @@ def rtx3090_boots(folder: Path = RTX3090) -> list[Boot]:
 
 
 def old_estimator() -> ModuleType | None:
-    """autotune/fit/estimate.py as of 02e0249 (before it was fitted to these boots), imported from a temporary copy."""
+    """autotune/fit/estimate.py as of 02e0249 (before it was fitted to these boots), imported with the modules it
+    imported then: that commit's autotune/ unpacked into a temporary folder as the package `old_autotune`."""
+    tmp = Path(tempfile.mkdtemp(prefix="old-autotune-"))
     try:
-        text = subprocess.run(["git", "show", f"{OLD_COMMIT}:autotune/fit/estimate.py"], cwd=ROOT, check=True,
-                              capture_output=True, text=True).stdout
+        tar = subprocess.run(["git", "archive", OLD_COMMIT, "autotune"], cwd=ROOT, check=True, capture_output=True)
+        subprocess.run(["tar", "-x", "-C", str(tmp)], input=tar.stdout, check=True)
     except (OSError, subprocess.CalledProcessError):
         return None
-    path = Path(tempfile.mkdtemp()) / "old_estimate.py"
-    path.write_text(text)
-    spec = importlib.util.spec_from_file_location("old_estimate", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["old_estimate"] = module  # dataclasses look their module up there
+    (tmp / "autotune").rename(tmp / "old_autotune")
+    for source in (tmp / "old_autotune").rglob("*.py"):
+        source.write_text(re.sub(r"\b(from|import) autotune\b", r"\1 old_autotune", source.read_text()))
+    sys.path.insert(0, str(tmp))
     try:
-        spec.loader.exec_module(module)
-    except ImportError:  # what it imported has moved since
-        del sys.modules["old_estimate"]
-        return None
-    return module
+        return importlib.import_module("old_autotune.fit.estimate")
+    finally:
+        sys.path.remove(str(tmp))
 
 
 def _shape(model: str) -> ModelShape:
