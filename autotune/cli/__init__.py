@@ -38,7 +38,7 @@ class _Group(click.Group):
 
 
 @click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 110})
-@click.version_option(package_name="autotune")
+@click.version_option(package_name="vllm-autotune")
 def main() -> None:
     """Find the vLLM serving configuration that gives the most throughput within your latency limits.
 

@@ -43,7 +43,8 @@ def status_command(study: str | None, storage: str | None, limit: int) -> None:
 @click.command("export")
 @study_option
 @storage_option
-@click.option("--format", "fmt", type=click.Choice(["flags", "yaml", "json"]), default="flags", show_default=True)
+@click.option("--format", "fmt", type=click.Choice(["flags", "yaml", "json", "docker"]), default="flags",
+              show_default=True)
 @click.option("--max-vram", type=float, default=None,
               help="Only trials whose peak GPU memory (NVML) was at most this (GiB).")
 @click.option("--max-p95-ttft-ms", type=float, default=None, help="Only trials whose p95 TTFT was at most this.")
@@ -52,13 +53,16 @@ def status_command(study: str | None, storage: str | None, limit: int) -> None:
                    "baseline (by default that baseline is exported, and stderr says why).")
 def export_command(study: str | None, storage: str | None, fmt: str, max_vram: float | None,
                    max_p95_ttft_ms: float | None, unproven: bool) -> None:
-    """Print the best feasible configuration as `vllm serve` flags, a `--config` YAML file, or JSON, with the
-    environment its server booted with (NAME=value before the command; a comment atop the YAML, which vLLM's
-    --config has no place for; an "env" key in JSON).
+    """Print the best feasible configuration as a command that starts vLLM's server with its flags where autotune
+    is installed (`vllm serve ...`; on vLLM's CPU build, whose `vllm` command fails, `python -m
+    vllm.entrypoints.openai.api_server --model ...`), a `--config` YAML file, JSON, or a `docker run` of vLLM's
+    image, with the environment its server booted with (NAME=value before the command; a comment atop the YAML,
+    which vLLM's --config has no place for; an "env" key in JSON; -e in docker).
 
     \b
       autotune export --format flags
       autotune export --study tiny-cpu --format yaml > best.yaml && vllm serve --config best.yaml
+      autotune export --format docker
     """
     from autotune.show.export import export_winner
 

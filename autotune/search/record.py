@@ -16,7 +16,7 @@ from optuna.artifacts import (
 )
 from optuna.trial import FrozenTrial, TrialState
 
-from autotune.engine.flags import serve_command
+from autotune.engine.flags import serve_command, serve_program
 from autotune.measure.memory import peak_text
 from autotune.measure.stats import OLD_NAMES, current_names
 from autotune.measure.trial import TrialResult
@@ -142,7 +142,7 @@ def config_attrs(model: str, flags: Mapping[str, object], env: Mapping[str, str]
     stored = json.dumps(dict(flags), sort_keys=True)
     # the command from the flags as export reads them back (keys sorted), so both print one text
     return {"model": model, "flags": stored, "env": json.dumps(env),
-            "vllm_command": serve_command(model, json.loads(stored), env)}
+            "vllm_command": serve_command(model, json.loads(stored), env, serve_program())}
 
 
 REMEASURE_ATTR = "remeasure_of"  # trial user attr: the number of the trial whose configuration it re-measures

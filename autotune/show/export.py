@@ -1,4 +1,7 @@
-"""The winner of a study as a `vllm serve` command, a `--config` YAML or JSON.
+"""The winner of a study as a `vllm serve` command, a `--config` YAML, JSON, or a `docker run` of vLLM's image.
+
+Each command is one that runs where autotune is installed (flags.serve_program: on the CPU build, whose `vllm`
+command fails, the API server module autotune boots), and the docker line is vLLM's GPU image of that version.
 
 Flags become arguments in one place (`engine/flags.to_argv`): the engine boots with it and the exports print
 it, so what a user copies is what was measured. The server's environment ([engine.env]) is part of what was
@@ -9,7 +12,9 @@ measured too, so every format carries it: `VAR=value vllm serve ...`, a comment 
 from __future__ import annotations
 
 import json
+import shlex
 from collections.abc import Callable, Mapping
+from pathlib import Path
 
 import optuna
 import yaml
@@ -17,11 +22,15 @@ import yaml
 from autotune.engine.flags import (
     HOST,
     STORE_TRUE_ONLY,
+    config_command,
     env_words,
+    installed_vllm,
     option,
     rounded_value,
     serve_command,
+    serve_program,
     served_argv,
+    to_argv,
 )
 from autotune.errors import AutotuneError, SpecError
 from autotune.measure.memory import over_cap, over_cap_text
@@ -41,20 +50,39 @@ def to_yaml(flags: Mapping[str, object], model: str | None = None, env: Mapping[
         if value is None or (value is False and dest in STORE_TRUE_ONLY):
             continue
         doc[option(dest)[2:]] = rounded_value(value)
+    serve = f"# serve it: {config_command()}\n"  # the command that runs where autotune is installed
     body = yaml.safe_dump(doc, sort_keys=False, default_flow_style=False)
     if not env:
-        return body
+        return serve + body
     header = ["The server was measured with this environment; vLLM's --config file has no place for it, so set it",
-              "in the shell that runs `vllm serve --config` (e.g. `export NAME=value`):", *env_words(env)]
-    return "".join(f"# {text}\n" for line in header for text in line.split("\n")) + body
+              "in the shell that runs the server (e.g. `export NAME=value`):", *env_words(env)]
+    return serve + "".join(f"# {text}\n" for line in header for text in line.split("\n")) + body
+
+
+DOCKER_IMAGE = "vllm/vllm-openai"
+
+
+def docker_command(model: str, flags: Mapping[str, object], env: Mapping[str, str] | None = None) -> str:
+    """`docker run` of vLLM's OpenAI server image at the installed vLLM's version, on every GPU, with the hub cache
+    (or a local model's folder) mounted, the server's environment as -e, then the flags as `vllm serve` takes them.
+    Inside the container the server listens on every interface (else the published port reaches nothing); the port
+    is published on this host's loopback only, as autotune measured it."""
+    mounts = ["-v", f"{Path.home() / '.cache' / 'huggingface'}:/root/.cache/huggingface"]
+    if Path(model).is_absolute():
+        mounts = ["-v", f"{model}:{model}:ro"]
+    env_args = [word for pair in (env or {}).items() for word in ("-e", f"{pair[0]}={pair[1]}")]
+    image = f"{DOCKER_IMAGE}:v{installed_vllm()[1]}"
+    return shlex.join(["docker", "run", "--gpus", "all", "--ipc=host", "-p", f"{HOST}:8000:8000", *mounts, *env_args,
+                       image, "--model", model, *to_argv(flags)])
 
 
 def to_json(model: str, flags: Mapping[str, object], metrics: Mapping[str, object],
             env: Mapping[str, str] | None = None) -> str:
     """Everything about one configuration, for scripts: flags, environment, argv (with the measured host), the
-    command and its measurements."""
+    command where autotune runs, the docker line and its measurements."""
     doc = {"model": model, "flags": rounded_value(dict(flags)), "env": dict(env or {}), "argv": served_argv(flags),
-           "command": serve_command(model, flags, env), "metrics": dict(metrics)}
+           "command": serve_command(model, flags, env, serve_program()), "docker": docker_command(model, flags, env),
+           "metrics": dict(metrics)}
     return json.dumps(doc, indent=2, sort_keys=False)
 
 
@@ -91,7 +119,9 @@ def export_winner(study: optuna.Study, fmt: str, max_vram: float | None = None,
         notes.append(f"caution: it served at {shown.peak_memory_gib:.2f} GiB, {over_cap_text(cap)}; "
                      f"`--max-vram {cap:.2f}` exports the best that stayed under it")
     if fmt == "flags":
-        return serve_command(model, flags, env) + "\n", notes
+        return serve_command(model, flags, env, serve_program()) + "\n", notes
+    if fmt == "docker":
+        return docker_command(model, flags, env) + "\n", notes
     if fmt == "yaml":
         return "".join(f"# {n}\n" for n in notes) + to_yaml(flags, model=model, env=env), notes
     metrics = figure_metrics(study, chosen)

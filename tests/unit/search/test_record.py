@@ -10,7 +10,7 @@ from optuna.trial import TrialState
 from rich.console import Console
 
 from autotune.config.objective import load_objective
-from autotune.engine.flags import serve_command
+from autotune.engine.flags import serve_command, serve_program
 from autotune.engine.logs import BootInfo, Failure, FailureKind, classify_log
 from autotune.measure.memory import MemoryPeak
 from autotune.measure.trial import ColdBoot, TrialResult
@@ -58,7 +58,7 @@ def test_the_recorded_command_is_the_one_export_prints():
     attrs = record.config_attrs("/models/tiny", {"load_format": "dummy", "enforce_eager": True, "max_num_seqs": 4},
                                 {"VLLM_CPU_KVCACHE_SPACE": "1"})
     stored = json.loads(attrs["flags"])
-    assert attrs["vllm_command"] == serve_command("/models/tiny", stored, json.loads(attrs["env"]))
+    assert attrs["vllm_command"] == serve_command("/models/tiny", stored, json.loads(attrs["env"]), serve_program())
     assert attrs["vllm_command"].index("--enforce-eager") < attrs["vllm_command"].index("--load-format")
 
 

@@ -15,8 +15,16 @@ from pathlib import Path
 import pytest
 import yaml
 
-from autotune.engine.flags import STORE_TRUE_ONLY, serve_command, to_argv
-from autotune.show.export import to_json, to_yaml
+from autotune.engine.flags import (
+    STORE_TRUE_ONLY,
+    Build,
+    config_command,
+    installed_vllm,
+    serve_command,
+    serve_program,
+    to_argv,
+)
+from autotune.show.export import docker_command, to_json, to_yaml
 
 ENV = {"VLLM_USE_FLASHINFER_SAMPLER": "0", "VLLM_CPU_KVCACHE_SPACE": "1", "ODD": "a b'$HOME \"x\"\nsecond line"}
 # Stands in for `vllm` as the program a pasted command runs: prints what the shell gave it.
@@ -67,10 +75,12 @@ def test_serve_command_quoting_round_trips() -> None:
 def test_to_json() -> None:
     doc = json.loads(to_json("org/m", {"max_num_seqs": 8, "enforce_eager": True}, {"output_throughput": 123.5},
                              {"VLLM_USE_FLASHINFER_SAMPLER": "0"}))
+    here = shlex.join(serve_program())  # what starts the server where autotune runs (the CPU build's differs)
+    assert doc.pop("docker").startswith("docker run --gpus all ")
     assert doc == {"model": "org/m", "flags": {"max_num_seqs": 8, "enforce_eager": True},
                    "env": {"VLLM_USE_FLASHINFER_SAMPLER": "0"},
                    "argv": ["--host", "127.0.0.1", "--max-num-seqs", "8", "--enforce-eager"],
-                   "command": "VLLM_USE_FLASHINFER_SAMPLER=0 vllm serve org/m --host 127.0.0.1 --max-num-seqs 8 "
+                   "command": f"VLLM_USE_FLASHINFER_SAMPLER=0 {here} org/m --host 127.0.0.1 --max-num-seqs 8 "
                               "--enforce-eager",
                    "metrics": {"output_throughput": 123.5}}
 
@@ -198,10 +208,40 @@ def test_a_capped_studys_winner_that_served_above_the_capped_card_is_exported_wi
                                                    memory=MemoryPeak(int(peak_gib * 2**30), "nvml", 0, 50)))
     caution = "it served at 23.78 GiB, above the 23.62 GiB CUDA has on the capped card: it may not fit there"
     text, notes = export_winner(study, "flags")
-    assert notes[0].startswith("best: trial 0, 612 output tok/s") and caution in notes[-1] and "vllm serve" in text
+    assert notes[0].startswith("best: trial 0, 612 output tok/s") and caution in notes[-1]
+    assert text.startswith(shlex.join(serve_program()))
     assert "--max-vram 23.62" in notes[-1]
     assert f"# {notes[-1]}" in export_winner(study, "yaml")[0]
     assert caution in json.loads(export_winner(study, "json")[0])["metrics"]["caution"]
     # filtered as the caution says: the best that stayed under the card's memory, and nothing to caution about
     text, notes = export_winner(study, "flags", max_vram=23.62)
     assert notes[0].startswith("best: trial 1, 516 output tok/s") and not any("caution" in n for n in notes)
+
+
+def test_each_format_is_read_back_by_vllms_parser(vllm_parser: argparse.ArgumentParser) -> None:
+    """What runs where autotune runs (the CPU build's API server module; `vllm serve` on the CUDA build) and the
+    docker line's arguments after the image: vLLM's own parser reads back the model and every flag."""
+    cpu = shlex.split(serve_command("org/model", FLAGS, {}, serve_program(Build.CPU)))
+    assert cpu[:4] == ["python", "-m", "vllm.entrypoints.openai.api_server", "--model"]
+    ns = vllm_parser.parse_args(cpu[3:])
+    assert ns.model == "org/model"
+    _assert_parsed(ns, FLAGS)
+    assert shlex.split(serve_command("org/model", FLAGS, {}, serve_program(Build.CUDA)))[:3] == [
+        "vllm", "serve", "org/model"]
+    assert config_command(Build.CPU) == "python -m vllm.entrypoints.openai.api_server --config FILE"
+    assert config_command(Build.CUDA) == "vllm serve --config FILE"
+
+    docker = shlex.split(docker_command("org/model", FLAGS, {"ODD": ENV["ODD"]}))
+    image = next(i for i, word in enumerate(docker) if word.startswith("vllm/vllm-openai:v"))
+    assert docker[:4] == ["docker", "run", "--gpus", "all"] and docker[image - 2:image] == ["-e", f"ODD={ENV['ODD']}"]
+    assert docker[image] == f"vllm/vllm-openai:v{installed_vllm()[1]}"
+    ns = vllm_parser.parse_args(docker[image + 1:])
+    assert ns.model == "org/model"
+    _assert_parsed(ns, FLAGS)
+    local = shlex.split(docker_command("/models/mine", {}))
+    assert "/models/mine:/models/mine:ro" in local  # a local model's folder is mounted where the flags name it
+
+
+def test_the_yaml_says_how_to_serve_it_here() -> None:
+    text = to_yaml({"max_num_seqs": 3}, model="org/m")
+    assert text.splitlines()[0] == f"# serve it: {config_command()}"
