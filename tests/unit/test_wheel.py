@@ -57,3 +57,6 @@ def test_the_wheel_installs_by_name_and_runs_autotune_help(tmp_path: Path) -> No
                             cwd=tmp_path)
     assert helped.returncode == 0, helped.stderr
     assert "Usage: autotune" in helped.stdout and "export" in helped.stdout
+    version = subprocess.run([str(venv / "bin" / "autotune"), "--version"], capture_output=True, text=True, env=env,
+                             cwd=tmp_path)
+    assert version.returncode == 0 and "version 0.1.0" in version.stdout, version.stderr  # read by the new name
