@@ -14,7 +14,8 @@ same count with one warm-up request before it, as vllm bench sends its single-pr
 
     .venv/bin/python -m benchmarks.client_vs_vllm_bench [--workloads long variable] [--pairs 5] [--ids]
 
-Takes /tmp/autotune-engine.lock for the whole run, so only one vLLM server runs on this machine at a time.
+Results: benchmarks/data/cpu-client-vs-vllm-bench. Takes /tmp/autotune-engine.lock for the whole run, so only one
+vLLM server runs on this machine at a time.
 """
 
 from __future__ import annotations
