@@ -12,7 +12,7 @@ autotune sends text prompts (what the shipped objectives send; `--ids` adds its 
 client, to see what text costs the server). The request count is vllm bench's `--num-prompts`; autotune sends the
 same count with one warm-up request before it, as vllm bench sends its single-prompt test run first.
 
-    .venv/bin/python -m benchmarks.client_vs_vllm_bench [--workloads long variable] [--pairs 5] [--ids]
+    .venv/bin/python -m benchmarks.client_vs_vllm_bench [--workloads long variable] [--pairs 5] [--ids] [--together]
 
 Results: benchmarks/data/cpu-client-vs-vllm-bench. Takes /tmp/autotune-engine.lock for the whole run, so only one
 vLLM server runs on this machine at a time.
