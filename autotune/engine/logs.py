@@ -21,6 +21,7 @@ class FailureKind(str, Enum):
     UNRESPONSIVE = "unresponsive"
     CANCELLED = "cancelled"
     KILLED = "killed_from_outside"  # a signal autotune did not send, and no failure in the log
+    FROZEN = "frozen_from_outside"  # silent because a process of it was stopped (SIGSTOP) by someone else
 
     @property
     def is_memory(self) -> bool:

@@ -25,6 +25,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
 
+import psutil
+
 from autotune.engine.compile_cache import cache_env, keep_triton_cache
 from autotune.engine.flags import CACHE_DIR, HOST, Build, detect_build, to_argv
 from autotune.engine.logs import (
@@ -39,6 +41,8 @@ from autotune.engine.logs import (
     watch_line,
 )
 from autotune.errors import EngineError
+
+STOPPED = (psutil.STATUS_STOPPED, psutil.STATUS_TRACING_STOP)  # process states that only a signal or a debugger end
 
 
 @dataclass(frozen=True)
@@ -185,6 +189,19 @@ class Server:
             return self._exit_failure()
         return None
 
+    def frozen(self) -> Failure | None:
+        """Why a silent server is silent when it is not its configuration's doing: a process of its group stopped by
+        a signal autotune never sends (SIGSTOP, a debugger): a server frozen from outside says nothing about its
+        flags. None when every process runs (then silence is the server's own: unresponsive)."""
+        if self._proc is None:
+            return None
+        for p in psutil.process_iter(["name", "status"]):
+            with contextlib.suppress(psutil.Error, ProcessLookupError):
+                if os.getpgid(p.pid) == self._proc.pid and p.info["status"] in STOPPED:
+                    return Failure(FailureKind.FROZEN, f"the server's process {p.info['name']} (pid {p.pid}) was "
+                                   "stopped by a signal autotune did not send: says nothing about the configuration")
+        return None
+
     def _exit_failure(self) -> Failure:
         """Why the exited server ended. Killed by a signal autotune did not send, with no failure in its log
         (an outside `kill -9`), it says nothing about the configuration; an engine crash or an out-of-memory
@@ -208,6 +225,7 @@ class Server:
         self._stopping = True
         with contextlib.suppress(ProcessLookupError):
             os.killpg(pgid, signal.SIGTERM)
+            os.killpg(pgid, signal.SIGCONT)  # a process stopped from outside acts on SIGTERM only once it runs
         try:
             self._proc.wait(timeout=grace_s)
         except subprocess.TimeoutExpired:

@@ -314,9 +314,9 @@ def _passed(outcome: LevelOutcome) -> bool:
 
 
 def _failed_at(s: _Servers, value: float, outcome: LevelOutcome) -> Failure | None:
-    """Why the server can measure no further after this level: it died, no request completed, or it hung (then
-    nothing is drained when it stops). Requests that all failed can be seen before the log's cause: an
-    out-of-memory line, once there, wins."""
+    """Why the server can measure no further after this level: it died, no request completed, it hung (then
+    nothing is drained when it stops), or a process of it was stopped from outside (frozen). Requests that all
+    failed can be seen before the log's cause: an out-of-memory line, once there, wins."""
     server, stats = s.server, outcome.stats
     refused = any(e.startswith("connection error") for e in stats.errors)
     at = f"{s.plan.objective.load.mode} {value:g}"
@@ -329,7 +329,9 @@ def _failed_at(s: _Servers, value: float, outcome: LevelOutcome) -> Failure | No
         failure = Failure(FailureKind.UNRESPONSIVE, f"the server hung at {at}: {stalled}")
     else:
         return None
-    s.hung = failure.kind is FailureKind.UNRESPONSIVE
+    if failure.kind is FailureKind.UNRESPONSIVE:  # silent: its own doing, or stopped from outside (not its flags')
+        failure = server.frozen() or failure
+    s.hung = failure.kind in (FailureKind.UNRESPONSIVE, FailureKind.FROZEN)
     seen = server.died()
     return seen if seen is not None and seen.kind.is_memory else failure
 

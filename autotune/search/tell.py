@@ -58,7 +58,7 @@ SCREENED_BEFORE_BOOT = "screened out before boot"
 
 
 _NOT_THE_CONFIGS_FAULT = (FailureKind.MEMORY_HELD, FailureKind.PORT_IN_USE, FailureKind.MODEL_NOT_FOUND,
-                         FailureKind.KILLED)
+                         FailureKind.KILLED, FailureKind.FROZEN)
 
 
 def set_constraints(trial: optuna.Trial, *, memory: float = 0.0, latency: float = 0.0, boots: float = 0.0) -> None:
