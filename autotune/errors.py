@@ -1,4 +1,4 @@
-"""One small exception tree. Only cli.py turns these into messages and exit codes (one line, no traceback).
+"""One small exception tree. Only cli/ turns these into messages and exit codes (one line, no traceback).
 
     AutotuneError                 exit 1; never raised itself
     ├── SpecError                 exit 2; a file (or a command-line option) and the key in it that is wrong:

@@ -94,7 +94,7 @@ class StudySpec:
     max_trials: int | None = None  # [budget] trials
     remeasure: int = DEFAULT_TOP  # [budget] remeasure: configurations re-measured before the budget ends
     description: str = ""
-    memory_cap: MemoryCap | None = None  # memory_cap_gib: plan and boot as on a card of this size (memcap.py)
+    memory_cap: MemoryCap | None = None  # memory_cap_gib: plan and boot as on a card of this size (fit/memcap.py)
 
     def fixed_flags(self) -> dict[str, object]:
         """Flags every trial gets: the model's load_format/quantization/revision, then [engine]."""

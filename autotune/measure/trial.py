@@ -46,7 +46,7 @@ Stage = Callable[[str], None]
 class LevelOutcome:
     stats: LevelStats
     verdict: Verdict
-    hung: bool = False  # the server sent nothing on any connection for the stall timeout (load.HUNG)
+    hung: bool = False  # the server sent nothing on any connection for the stall timeout (client.HUNG)
 
 
 
@@ -362,7 +362,7 @@ def _ran_out(blocks: int) -> str:
 
 
 def server_memory_watch(engine: EngineSpec, build: Build, gpu_indices: Sequence[int] = ()) -> MemoryWatch:
-    """NVML whenever vLLM is the CUDA build (hardware.memory_watch), on the GPUs the server may use."""
+    """NVML whenever vLLM is the CUDA build (memory.memory_watch), on the GPUs the server may use."""
     cuda = build is Build.CUDA
     visible = engine.env.get("CUDA_VISIBLE_DEVICES", os.environ.get("CUDA_VISIBLE_DEVICES"))
     return memory_watch(cuda, gpu_indices, visible, detect_gpus() if cuda else [])

@@ -224,7 +224,7 @@ def study_limits(study: optuna.Study) -> dict[str, float]:
 def view(t: FrozenTrial) -> TrialView:
     a, levels = figures_of(t)
     passed = [lv for lv in levels if lv.get("passed")]
-    if "p95_ttft_ms" in a:  # measured, with a best level (outcome.result_attrs)
+    if "p95_ttft_ms" in a:  # measured, with a best level (result_attrs)
         at, level = a, a.get("best_level")
     elif passed:  # pruned: its best passing level before the cut
         at = max(passed, key=lambda lv: lv.get("output_throughput", 0.0))

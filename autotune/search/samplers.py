@@ -5,7 +5,8 @@ No pruner between load levels: a sampled configuration is screened at the incumb
 
 The defaults here are chosen by `benchmarks/search_efficiency.py`, which replays a recorded response surface
 (benchmarks/data/h200-as-rtx3090-awq/surface.json, and the CPU one) over many seeds; see that script's output for the
-evidence. Constraints reach every sampler through `trial.set_constraint` (outcome.py), so infeasible trials teach it.
+evidence. Constraints reach every sampler through `trial.set_constraint` (search/tell.py), so infeasible trials
+teach it.
 """
 
 from __future__ import annotations
@@ -45,7 +46,7 @@ WARM_START_TOP = 3
 
 def sampler_for(name: str, seed: int | None, *, startup_trials: int | None = None) -> optuna.samplers.BaseSampler:
     """A sampler by the study file's name for it: the names are study_file.SAMPLERS, which the file reader
-    checks; every one has a branch here (tests/test_samplers.py builds each)."""
+    checks; every one has a branch here (tests/unit/search/test_samplers.py builds each)."""
     if name == "tpe":
         # Multivariate TPE with groups models the conditional parameters (speculative tokens only with MTP)
         # jointly; constant_liar keeps parallel slots from proposing the same point.

@@ -42,7 +42,8 @@ def condition_met(param: Param, values: Mapping[str, object]) -> bool:
 
 
 def suggest(trial: optuna.Trial, params: Sequence[Param]) -> dict[str, object]:
-    """Ask the trial for each parameter in order (spec.py orders conditions before their dependents)."""
+    """Ask the trial for each parameter in order (config/params.py in_dependency_order puts conditions before
+    their dependents)."""
     values: dict[str, object] = {}
     for p in params:
         if not condition_met(p, values):
