@@ -77,13 +77,6 @@ def joules_per_token(samples: Sequence[PowerSample], t0: float, t1: float, outpu
     return energy / output_tokens if energy is not None and output_tokens > 0 else None
 
 
-def energy_text(joules_per_output_token: float | None) -> str:
-    """How a figure (or its absence) is shown: never a number where none was measured."""
-    if joules_per_output_token is None:
-        return "energy per token: not measured (NVML, on a CUDA GPU only)"
-    return f"energy per token: {joules_per_output_token:.3g} J per output token (GPU, NVML)"
-
-
 class PowerSampler:
     """Samples the power of `gpu_indices` every `interval_s` on a thread, from start() to stop().
 

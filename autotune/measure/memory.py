@@ -11,52 +11,9 @@ import psutil
 import pynvml
 
 from autotune.errors import EngineError
-from autotune.fit.hardware import MEMORY_SOURCE_NAMES, MEMORY_SOURCE_SHORT, GpuInfo
+from autotune.fit.hardware import GpuInfo
 
 MemorySource = Literal["nvml", "rss"]
-
-
-def memory_source_name(source: str | None) -> str:
-    return MEMORY_SOURCE_NAMES.get(source or "", "memory (source not recorded)")
-
-
-def over_cap(gib: float | None, cap_gib: float | None) -> bool:
-    """A peak on a card capped to behave as a smaller one (memcap.py) above what CUDA has on the smaller card: the big
-    card held it, the small one may not (h200-as-rtx3090-awq: 22.1-24.3 GiB while serving on the H200 capped as a 3090,
-    whose CUDA has 23.62; vLLM's own budget was 0.8-1.8 GiB below each peak). "May": much of that excess is memory
-    PyTorch keeps because the big card has it. Held down to 23.62 GiB (h100-as-rtx3090-awq-machete), four configurations
-    that had peaked at 23.78-24.89 GiB capped served within it (22.90-23.58), though a cold boot given the warm KV cache
-    once ran out."""
-    return gib is not None and cap_gib is not None and gib > cap_gib
-
-
-def over_cap_text(cap_gib: float) -> str:
-    """What every view says beside a peak over the capped card's CUDA memory (over_cap)."""
-    return f"above the {cap_gib:.2f} GiB CUDA has on the capped card: it may not fit there"
-
-
-def memory_text(gib: float | None, source: str | None, short: bool = False, cap_gib: float | None = None) -> str:
-    """'20.57 GiB GPU memory (NVML)', '3.40 GiB host RSS' (short): a peak with what it measured; '> cap' (short)
-    where it is over the capped card's CUDA memory `cap_gib`."""
-    if gib is None:
-        return "-"
-    if short:
-        return f"{gib:.2f} GiB {MEMORY_SOURCE_SHORT.get(source or '', '(source?)')}" + (
-            " > cap" if over_cap(gib, cap_gib) else "")
-    return f"{gib:.2f} GiB {memory_source_name(source)}"
-
-
-def peak_text(gib: float | None, boot_gib: float | None, source: str | None, cap_gib: float | None = None) -> str:
-    """A trial's memory figure as every view writes it: 'peak 23.05 GiB GPU memory (NVML) while serving (31.36 GiB
-    while booting)'. The peak while serving is the configuration's; a boot's own (compiling, which
-    gpu_memory_utilization does not govern) is named beside it when higher. No boot figure: a whole-run peak.
-    Under a memory cap, a peak over the capped card's CUDA memory (`cap_gib`) says so."""
-    text = f"peak {memory_text(gib, source)}"
-    if gib is not None and boot_gib is not None:
-        text += " while serving" + (f" ({boot_gib:.2f} GiB while booting)" if boot_gib > gib else "")
-    if cap_gib is not None and over_cap(gib, cap_gib):
-        text += ", " + over_cap_text(cap_gib)
-    return text
 
 
 class MemoryWatch(NamedTuple):

@@ -17,7 +17,7 @@ from optuna.artifacts import (
 from optuna.trial import FrozenTrial, TrialState
 
 from autotune.engine.flags import serve_command, serve_program
-from autotune.measure.memory import peak_text
+from autotune.fit.hardware import MEMORY_SOURCE_NAMES, MEMORY_SOURCE_SHORT
 from autotune.measure.stats import OLD_NAMES, current_names
 from autotune.measure.trial import TrialResult
 from autotune.notices import old_names_notice
@@ -324,3 +324,55 @@ def trial_label(t) -> str:
     if isinstance(mark, dict):
         return f"baseline: {mark.get('name')}"
     return ", ".join(f"{k}={value_text(v)}" for k, v in t.params.items())
+
+
+# How a recorded figure reads, in every output: a memory peak with what measured it, a peak over a capped card, the
+# energy per token.
+def memory_source_name(source: str | None) -> str:
+    return MEMORY_SOURCE_NAMES.get(source or "", "memory (source not recorded)")
+
+
+def over_cap(gib: float | None, cap_gib: float | None) -> bool:
+    """A peak on a card capped to behave as a smaller one (memcap.py) above what CUDA has on the smaller card: the big
+    card held it, the small one may not (h200-as-rtx3090-awq: 22.1-24.3 GiB while serving on the H200 capped as a 3090,
+    whose CUDA has 23.62; vLLM's own budget was 0.8-1.8 GiB below each peak). "May": much of that excess is memory
+    PyTorch keeps because the big card has it. Held down to 23.62 GiB (h100-as-rtx3090-awq-machete), four configurations
+    that had peaked at 23.78-24.89 GiB capped served within it (22.90-23.58), though a cold boot given the warm KV cache
+    once ran out."""
+    return gib is not None and cap_gib is not None and gib > cap_gib
+
+
+def over_cap_text(cap_gib: float) -> str:
+    """What every view says beside a peak over the capped card's CUDA memory (over_cap)."""
+    return f"above the {cap_gib:.2f} GiB CUDA has on the capped card: it may not fit there"
+
+
+def memory_text(gib: float | None, source: str | None, short: bool = False, cap_gib: float | None = None) -> str:
+    """'20.57 GiB GPU memory (NVML)', '3.40 GiB host RSS' (short): a peak with what it measured; '> cap' (short)
+    where it is over the capped card's CUDA memory `cap_gib`."""
+    if gib is None:
+        return "-"
+    if short:
+        return f"{gib:.2f} GiB {MEMORY_SOURCE_SHORT.get(source or '', '(source?)')}" + (
+            " > cap" if over_cap(gib, cap_gib) else "")
+    return f"{gib:.2f} GiB {memory_source_name(source)}"
+
+
+def peak_text(gib: float | None, boot_gib: float | None, source: str | None, cap_gib: float | None = None) -> str:
+    """A trial's memory figure as every view writes it: 'peak 23.05 GiB GPU memory (NVML) while serving (31.36 GiB
+    while booting)'. The peak while serving is the configuration's; a boot's own (compiling, which
+    gpu_memory_utilization does not govern) is named beside it when higher. No boot figure: a whole-run peak.
+    Under a memory cap, a peak over the capped card's CUDA memory (`cap_gib`) says so."""
+    text = f"peak {memory_text(gib, source)}"
+    if gib is not None and boot_gib is not None:
+        text += " while serving" + (f" ({boot_gib:.2f} GiB while booting)" if boot_gib > gib else "")
+    if cap_gib is not None and over_cap(gib, cap_gib):
+        text += ", " + over_cap_text(cap_gib)
+    return text
+
+
+def energy_text(joules_per_output_token: float | None) -> str:
+    """How a figure (or its absence) is shown: never a number where none was measured."""
+    if joules_per_output_token is None:
+        return "energy per token: not measured (NVML, on a CUDA GPU only)"
+    return f"energy per token: {joules_per_output_token:.3g} J per output token (GPU, NVML)"

@@ -33,9 +33,8 @@ from autotune.engine.flags import (
     to_argv,
 )
 from autotune.errors import AutotuneError, SpecError
-from autotune.measure.memory import over_cap, over_cap_text
 from autotune.search import paired, remeasure
-from autotune.search.record import view
+from autotune.search.record import over_cap, over_cap_text, view
 from autotune.search.remeasure import best_trial
 
 

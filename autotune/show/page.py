@@ -14,9 +14,8 @@ import optuna
 import plotly.graph_objects as go
 
 from autotune.errors import AutotuneError
-from autotune.measure.memory import memory_text
 from autotune.search import paired
-from autotune.search.record import remeasure_views, study_limits, view, views
+from autotune.search.record import memory_text, remeasure_views, study_limits, view, views
 from autotune.search.remeasure import Best, best_trial, figure_line
 from autotune.show.report import figures, gains
 

@@ -18,13 +18,14 @@ import plotly.graph_objects as go
 from optuna.trial import FrozenTrial, TrialState
 from plotly.subplots import make_subplots
 
-from autotune.measure.energy import energy_text
-from autotune.measure.memory import memory_source_name, peak_text
 from autotune.search.record import (
     TrialView,
     at_level,
+    energy_text,
     feasible,
     level_value,
+    memory_source_name,
+    peak_text,
     remeasure_views,
     study_limits,
     view,

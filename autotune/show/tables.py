@@ -13,12 +13,10 @@ from rich.table import Table
 from rich.text import Text
 
 from autotune.fit.estimate import Estimate
-from autotune.measure.energy import energy_text
-from autotune.measure.memory import memory_text, peak_text
 from autotune.measure.plan import Objective
 from autotune.measure.trial import TrialResult
 from autotune.search.budget import Budget
-from autotune.search.record import TrialView, view
+from autotune.search.record import TrialView, energy_text, memory_text, peak_text, view
 from autotune.search.remeasure import Best
 from autotune.units import GiB, MiB, format_gib
 

@@ -12,8 +12,9 @@ from click.testing import CliRunner
 
 from autotune.cli import main
 from autotune.measure.client import LevelRun, LoadLevel, RequestRecord
-from autotune.measure.energy import PowerSample, energy_between, energy_text, joules_per_token
+from autotune.measure.energy import PowerSample, energy_between, joules_per_token
 from autotune.measure.stats import Limits, judge, level_stats
+from autotune.search.record import energy_text
 
 # PowerSampler (autotune.measure.energy) on an H100 80GB HBM3 (driver 580.159.04), every 0.1 s: 74 W idle, then a
 # child process running bf16 8192^3 matmuls from 2.0 s to 13.3 s (PyTorch's start took the first ~6 s: the draw
