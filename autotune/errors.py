@@ -3,15 +3,15 @@
     AutotuneError                 exit 1; never raised itself
     ├── SpecError                 exit 2; a file (or a command-line option) and the key in it that is wrong:
     │                             config/toml.py and config/study_file.py (study and objective files),
-    │                             measure/workload.py (datasets and length tables), engine/flags.py (flag names
-    │                             and values), engine/models.py and fit/model_shape.py (a model's config.json),
+    │                             measure/workload.py (datasets and length tables), engine/flag_checks.py (flag
+    │                             names and values), engine/models.py and fit/model_shape.py (a model's config.json),
     │                             fit/hardware.py (GPU profile names), fit/memcap.py (the memory cap),
     │                             fit/estimate.py (a configuration's values), cli/ (options)
     ├── ModelError                exit 2; also a ValueError: a model name that names nothing to serve
     │                             (engine/models.py: an unknown tiny:KIND)
     ├── EngineError               exit 1; the vLLM server or build itself, not a configuration's failure:
-    │                             engine/server.py (start, stop), engine/flags.py (build, version, the server's
-    │                             argument parser), search/one_trial.py (a model vLLM cannot find, a GPU held by another
+    │                             engine/server.py (start, stop), engine/flags.py (build, version), engine/flag_checks.py
+    │                             (the server's argument parser), search/one_trial.py (a model vLLM cannot find, a GPU held by another
     │                             process)
     └── StorageError              exit 2; the study storage cannot be reached or opened: search/storage.py, cli/$
 

@@ -33,7 +33,7 @@ def estimate_command(study_file: Path | None, model: str | None, hardware: str |
       autotune estimate --model Qwen/Qwen3.5-27B-GPTQ-Int4 --gpu rtx3090 --set max_model_len=8192
     """
     from autotune.config.study_file import load_study
-    from autotune.engine.flags import check_given
+    from autotune.engine.flag_checks import check_given
     from autotune.fit import feasibility
     from autotune.search.preview import estimate_profile, preview_estimates
     from autotune.show.tables import breakdown_table, calibration_text, estimates_json, estimates_table

@@ -46,7 +46,7 @@ def trial_command(model: str, objective_path: Path, sets: tuple[str, ...], envs:
     from autotune.config.study_file import check_prompt_tokenizer, check_workload_fits
     from autotune.config.toml import parse_duration
     from autotune.engine import defaults as engine_defaults
-    from autotune.engine import flags as engine_flags
+    from autotune.engine import flag_checks
     from autotune.engine.env import check_env
     from autotune.engine.weights import fetch_named
     from autotune.fit import memcap
@@ -59,7 +59,7 @@ def trial_command(model: str, objective_path: Path, sets: tuple[str, ...], envs:
     path, flags = configured_model_option(model, sets)
     check_prompt_tokenizer(objective, [path])
     check_workload_fits(objective, [path])
-    engine_flags.check_given("--set", flags, allow_flags)  # as `run` checks a study's (check_inputs)
+    flag_checks.check_given("--set", flags, allow_flags)  # as `run` checks a study's (check_inputs)
     env = parse_env(envs)
     check_env(env, "--env", None, allow_env)
     boot_timeout_s = parse_duration(boot_timeout, "--boot-timeout")

@@ -25,7 +25,7 @@ from autotune.config.objective import load_objective
 from autotune.config.params import PARAM_TYPES
 from autotune.config.study_file import SAMPLERS, load_study
 from autotune.engine.env import ALLOWED_PREFIXES, REFUSED
-from autotune.engine.flags import HOST_EXPOSING, UNMEASURABLE
+from autotune.engine.flag_checks import HOST_EXPOSING, UNMEASURABLE
 from autotune.fit.hardware import PROFILES
 from autotune.measure.ladder import LoadSearch
 from autotune.measure.stats import PERCENTILES, Limits, limit_key

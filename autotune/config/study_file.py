@@ -18,13 +18,12 @@ from autotune.config.objective import load_objective
 from autotune.config.params import Baseline, Param, in_dependency_order, is_scalar, read_param
 from autotune.config.toml import TomlTable, did_you_mean, parse_duration, read_toml, shown_value
 from autotune.engine.env import check_env
+from autotune.engine.flag_checks import check_exposure, exposure_problem
 from autotune.engine.flags import (
     MODEL,
     PSEUDO_PARAMS,
     RESERVED_REASONS,
     SPEC_TOKENS,
-    check_exposure,
-    exposure_problem,
     invalid_reason,
     pseudo_param_problem,
     spec_tokens_problem,
@@ -410,7 +409,7 @@ def study_flag_values(spec) -> list[tuple[str, str, str, object]]:
 
 def check_host_trust(spec: StudySpec, allow_flags: typing.Iterable[str] = (),
                      allow_env: typing.Iterable[str] = ()) -> None:
-    """What a study may do to the host that runs it (engine/env.py, engine/flags.exposure_problem): no flag that
+    """What a study may do to the host that runs it (engine/env.py, engine/flag_checks.exposure_problem): no flag that
     breaks the tuner's client or exposes the host, no variable that loads code, unless this host's user allows
     it. Checked before anything is written: a study file may come from a shared database."""
     check_exposure(study_flag_values(spec), allow_flags)

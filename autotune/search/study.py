@@ -132,7 +132,7 @@ def check_inputs(spec: StudySpec, slots: tuple[Slot, ...] = (Slot(),)) -> None:
     that the GPU it names is the one here, the flags the installed vLLM knows and the values they take, and that
     every model named can be resolved (a hub id: from the cache, or the hub in one quick request)."""
     from autotune.config import study_file
-    from autotune.engine import flags as engine_flags
+    from autotune.engine import flag_checks
     from autotune.errors import ModelUnavailable
 
     cpu_build, gpus = detect_build() is Build.CPU, present_gpus(slots)
@@ -146,8 +146,8 @@ def check_inputs(spec: StudySpec, slots: tuple[Slot, ...] = (Slot(),)) -> None:
             feasibility.planned_profiles(spec.hardware, spec.memory_cap, cpu_build, gpus)  # the card present
         except SpecError as e:
             raise SpecError(str(spec.path), "memory_cap_gib", e.message) from None
-    engine_flags.check(study_file.study_flag_names(spec))
-    engine_flags.check_values(study_file.study_flag_values(spec))
+    flag_checks.check(study_file.study_flag_names(spec))
+    flag_checks.check_values(study_file.study_flag_values(spec))
     for key, model in study_file.study_model_keys(spec):
         if model.startswith("tiny:") or Path(model).is_dir():
             continue

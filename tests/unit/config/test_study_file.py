@@ -239,7 +239,7 @@ def test_text_prompts_need_the_models_tokenizer_before_anything_boots(tmp_path: 
 ])
 def test_flag_values_are_judged_by_the_installed_vllms_parser_types(dest: str, value: object,
                                                                     problem: str | None) -> None:
-    from autotune.engine import flags
+    from autotune.engine import flag_checks as flags
 
     found = flags.value_problem(flags.flag_types()[dest], value)
     assert found == problem if problem is None else (found or "").startswith(problem), found
@@ -248,7 +248,7 @@ def test_flag_values_are_judged_by_the_installed_vllms_parser_types(dest: str, v
 @pytest.mark.parametrize("path", sorted((ROOT / "studies").glob("*.toml")), ids=lambda p: p.name)
 def test_shipped_studies_give_vllm_values_it_takes(path: Path) -> None:
     from autotune.config import study_file
-    from autotune.engine import flags
+    from autotune.engine import flag_checks as flags
 
     flags.check_values(study_file.study_flag_values(load_study(path)))
 def test_param_holds_is_one_rule_for_every_caller():
