@@ -10,10 +10,10 @@
     ├── ModelError                exit 2; also a ValueError: a model name that names nothing to serve
     │                             (engine/models.py: an unknown tiny:KIND)
     ├── EngineError               exit 1; the vLLM server or build itself, not a configuration's failure:
-    │                             engine/server.py (start, stop), engine/flags.py (build, version), engine/flag_checks.py
-    │                             (the server's argument parser), search/one_trial.py (a model vLLM cannot find, a GPU held by another
-    │                             process)
-    └── StorageError              exit 2; the study storage cannot be reached or opened: search/storage.py, cli/$
+    │                             engine/server.py (start, stop), engine/flags.py (build, version),
+    │                             engine/flag_checks.py (the server's argument parser), search/one_trial.py (a model
+    │                             vLLM cannot find, a GPU held by another process)
+    └── StorageError              exit 2; the study storage cannot be reached or opened: search/storage.py, cli/
 
 A configuration that fails to boot or run is not an exception here: it is a FailureKind recorded on its trial.
 """
