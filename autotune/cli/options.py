@@ -38,7 +38,7 @@ def parse_env(values: tuple[str, ...]) -> dict[str, str]:
 
 
 def configured_model_option(model: str, sets: tuple[str, ...]) -> tuple[str, dict[str, object]]:
-    """--model and --set as a trial boots them (measure/trial.configured), with a bad tiny:KIND or an
+    """--model and --set as a trial boots them (measure/plan.configured), with a bad tiny:KIND or an
     unresolvable hub id as a one-line error naming the flag (said before a bad --set, as it always was)."""
     from autotune.errors import ModelUnavailable
     from autotune.fit import feasibility

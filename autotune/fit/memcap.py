@@ -45,7 +45,7 @@ class MemoryCap:
 
     @property
     def cuda_total_gib(self) -> float:
-        """What CUDA has on the capped card, in GiB: the figure a peak is compared with (memory.over_cap)."""
+        """What CUDA has on the capped card, in GiB: the figure a peak is compared with (search/record.over_cap)."""
         return round(self.cuda_total_bytes / GiB, 3)
 
     @property

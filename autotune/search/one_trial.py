@@ -114,7 +114,7 @@ class Booted:
 
 @dataclass(frozen=True)
 class _Candidate:
-    """The configuration a trial was given, as it boots (measure/trial.configured)."""
+    """The configuration a trial was given, as it boots (measure/plan.configured)."""
 
     params: dict[str, object]  # what the sampler chose (empty for a baseline)
     model: str  # the study's model name, which abort_if_model_missing checks

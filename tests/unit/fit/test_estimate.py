@@ -213,7 +213,7 @@ def test_scheduler_rules_are_reasons():
 
 
 def test_kv_fits_is_the_kv_cache_alone_fitting_with_every_startup_rule_holding():
-    """What a first boot may be given its predicted blocks on (trial.warm_kv_blocks), whatever the boot's peaks."""
+    """What a first boot may be given its predicted blocks on (plan.warm_kv_blocks), whatever the boot's peaks."""
     shape = ModelShape.from_config(DENSE)
     base = {"kv_cache_memory_bytes": 100 * MiB, "max_model_len": 4096, "max_num_seqs": 8}
     assert estimate(shape, RTX3090, base).kv_fits
