@@ -136,6 +136,25 @@ def test_the_readmes_postgresql_url_opens_a_study_and_status_reads_it(work: Path
     assert missing.exit_code == 2 and "no such study" in line and "pg-s3cret" not in line and "***" in line
 
 
+def test_run_on_a_shared_database_prints_the_digest_its_workers_are_given(work: Path, postgres_url: str,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """`autotune run` on PostgreSQL says the digest a worker needs (--sha256), and a worker given it rebuilds the
+    study; the storage URL (which may hold a password) is not repeated."""
+    from autotune.cli.search import trusted_digest
+    from autotune.search import study as study_module
+
+    def no_search(*args, **kwargs):
+        raise SystemExit(0)  # the database and its files are made: nothing to boot for this test
+
+    monkeypatch.setattr(study_module, "run_study", no_search)
+    out = CliRunner().invoke(main, ["run", "studies/tiny-cpu.toml", "--n-trials", "1", "--storage", postgres_url])
+    digest = study_digest(*stored_texts(load_study(work / "studies" / "tiny-cpu.toml")))
+    assert out.exit_code == 0 and f"autotune worker --study tiny-cpu --storage URL --sha256 {digest}" in out.output
+    assert postgres_url not in out.output
+    rebuilt = spec_from_storage("tiny-cpu", postgres_url, work / "worker", trusted_digest(digest, None))
+    assert rebuilt.name == "tiny-cpu"
+
+
 @pytest.mark.parametrize("url", [
     "postgresql://tuner:pg-s3cret@127.0.0.1:9/autotune",  # nothing listens on the discard port
     "postgresql+psycopg2://tuner:pg-s3cret@127.0.0.1:9/autotune",
