@@ -74,7 +74,7 @@ from benchmarks.record_surface import (
     recorded_env,
     recorded_flags,
 )
-from benchmarks.surface import Point, Surface, _records, config_key, entry_params, judged, load_surface
+from benchmarks.surface import Point, Surface, config_key, entry_params, judged, level_records, load_surface
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -606,7 +606,7 @@ def measurement(doc: dict) -> str:
     rows = {"pass": [0, 0], "fail": [0, 0]}
     for c in doc["configs"]:
         for lv in c.get("levels", []):
-            ok = [r for r in _records(lv) if r.error is None and r.ttft is not None]
+            ok = [r for r in level_records(lv) if r.error is None and r.ttft is not None]
             undecided = False
             for key, values in (("p95_ttft_ms", [r.ttft for r in ok]),
                                 ("p95_tpot_ms", [(r.end - r.start - r.ttft) / (r.output_tokens - 1)

@@ -205,7 +205,7 @@ def distance(space: tuple[Param, ...], a: Mapping[str, object], b: Mapping[str, 
     return total
 
 
-def _records(level: dict, key: str = "records") -> list[RequestRecord]:
+def level_records(level: dict, key: str = "records") -> list[RequestRecord]:
     """A recorded rung's requests as the client saw them (record_surface.compact: times from the rung's start);
     `key` "dropped": those an abandoned rung cancelled, as far as they got."""
     return [RequestRecord(r[0], r[1], [], r[2], 0, r[3], r[4]) for r in level.get(key, [])]
@@ -216,8 +216,8 @@ def rejudge(level: dict, limits: Limits) -> tuple[bool, dict[str, float]]:
     the recording judged it). A rung the recording failed fails them too, with its recorded misses."""
     if not level["passed"]:
         return False, dict(level.get("misses", {}))
-    run = LevelRun(LoadLevel("concurrency", level["concurrency"]), _records(level), 0.0, level["duration_s"],
-                   dropped=tuple(_records(level, "dropped")))
+    run = LevelRun(LoadLevel("concurrency", level["concurrency"]), level_records(level), 0.0, level["duration_s"],
+                   dropped=tuple(level_records(level, "dropped")))
     verdict = judge(level_stats(run, limits), limits)
     return verdict.passed, verdict.misses
 
