@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import re
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import click
@@ -24,7 +25,29 @@ from autotune.cli.options import (
 from autotune.errors import SpecError
 
 
-@click.command("run")
+class GoodputCommand(click.Command):
+    """`--goodput ttft:2000 tpot:100` as vLLM's bench takes it (several values after one flag): each further value
+    is given its own --goodput before click reads them."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        return super().parse_args(ctx, spread_goodput(args))
+
+
+def spread_goodput(args: list[str]) -> list[str]:
+    """["--goodput", "ttft:2000", "tpot:100"] -> ["--goodput", "ttft:2000", "--goodput", "tpot:100"]: the words after
+    --goodput's value that are neither options nor a study file."""
+    out: list[str] = []
+    taking = False  # inside the values of a --goodput
+    for word in args:
+        if taking and not word.startswith("-") and not word.endswith(".toml"):
+            out += ["--goodput", word]
+            continue
+        taking = bool(out) and out[-1] == "--goodput"
+        out.append(word)
+    return out
+
+
+@click.command("run", cls=GoodputCommand)
 @click.argument("study_file", type=click.Path(path_type=Path))
 @budget_option
 @n_trials_option
@@ -37,9 +60,12 @@ from autotune.errors import SpecError
               help="Where --from-study lives (default: this study's storage).")
 @allow_flag_option
 @allow_env_option
+@click.option("--goodput", multiple=True, metavar="KEY:MS",
+              help="The limits instead of the objective's, as vLLM's bench takes them: --goodput ttft:2000 tpot:100 "
+                   "(KEY ttft, tpot, itl, e2el, each judged at p95; pNN_KEY at another percentile, e.g. p99_tpot:100).")
 def run_command(study_file: Path, budget: str | None, n_trials: int | None, storage: str | None,
                 workers: int | None, gpus: str | None, from_study: str | None, from_storage: str | None,
-                allow_flags: tuple[str, ...], allow_env: tuple[str, ...]) -> None:
+                allow_flags: tuple[str, ...], allow_env: tuple[str, ...], goodput: tuple[str, ...]) -> None:
     """Search the study's space: boot, measure and record trials until the budget is spent.
 
     Running the same command again resumes the same study.
@@ -48,10 +74,12 @@ def run_command(study_file: Path, budget: str | None, n_trials: int | None, stor
       autotune run studies/tiny-cpu.toml --budget 10m
       autotune run studies/qwen3.5-27b-rtx3090.toml --budget 4h
       autotune run studies/qwen3.5-27b-rtx3090.toml --budget 4h --gpus 0,1
+      autotune run studies/tiny-cpu.toml --budget 10m --goodput ttft:500 p99_tpot:60
       autotune run studies/tiny-cpu.toml --storage postgresql://tuner@db/autotune --budget 1h
       autotune run studies/tiny-hybrid-cpu.toml --budget 30m --from-study tiny-cpu \\
           --from-storage sqlite:///studies/tiny-cpu.db
     """
+    from autotune.config.objective import goodput_limits
     from autotune.config.study_file import (
         check_host_trust,
         check_prompt_tokenizer,
@@ -64,7 +92,10 @@ def run_command(study_file: Path, budget: str | None, n_trials: int | None, stor
     from autotune.search.slots import check_slots_fit, slots_for
     from autotune.search.study import check_inputs
 
+    limits = goodput_limits(goodput) if goodput else None  # a malformed one is said before the study is read
     spec = load_study(study_file)
+    if limits is not None:
+        spec = replace(spec, objective=replace(spec.objective, limits=limits))
     check_prompt_tokenizer(spec.objective, study_models(spec))
     check_workload_fits(spec.objective, study_models(spec))
     slots = check_slots_fit(slots_for(workers, gpus))

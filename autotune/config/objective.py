@@ -3,13 +3,17 @@ good configuration."""
 
 from __future__ import annotations
 
+import math
+import re
+from collections.abc import Sequence
 from pathlib import Path
 
 from autotune.config.toml import UNSET, TomlTable, build_dataclass, read_toml
+from autotune.errors import SpecError
 from autotune.measure.datasets import read_dataset, read_request_log
 from autotune.measure.ladder import LoadSearch
 from autotune.measure.plan import Objective
-from autotune.measure.stats import OLD_NAMES, Limits, current_names
+from autotune.measure.stats import OLD_NAMES, PERCENTILES, Limits, current_names, limit_key
 from autotune.measure.workload import LengthDist, Workload
 from autotune.notices import old_names_notice
 
@@ -104,3 +108,30 @@ def load_objective(path: str | Path) -> Objective:
             raise ld.error(key, f"{message}, got {getattr(load, key)}")
     top.done()
     return Objective(name=name, path=path, description=description, workload=workload, limits=limits, load=load)
+
+
+# `--goodput KEY:MS ...` as `vllm bench serve` takes it (ttft, tpot, e2el; itl too), each judged at autotune's p95;
+# pNN_KEY (p50, p90, p95, p99) for another percentile, as the limit's name in an objective file says it.
+GOODPUT_KEY = re.compile(r"(?:p(\d+)_)?(ttft|tpot|itl|e2el)(?:_ms)?")
+GOODPUT_FORM = ("expected KEY:MS, KEY one of ttft, tpot, itl, e2el (judged at p95) or pNN_KEY at another percentile "
+                "(p50, p90, p95, p99), MS a number of milliseconds > 0; e.g. --goodput ttft:2000 p99_tpot:100")
+
+
+def goodput_limits(items: Sequence[str]) -> Limits:
+    """The limits of `--goodput ttft:2000 p99_tpot:100` (a bad item: a one-line error naming it)."""
+    limits: dict[str, float] = {}
+    for item in items:
+        key, _, ms = item.partition(":")
+        match = GOODPUT_KEY.fullmatch(key.strip().lower())
+        try:
+            value = float(ms)
+        except ValueError:
+            value = math.nan
+        percentile = int(match[1] or 95) if match else None
+        if match is None or percentile not in PERCENTILES or not (math.isfinite(value) and value > 0):
+            raise SpecError("--goodput", item, GOODPUT_FORM)
+        name = limit_key(percentile, match[2])
+        if name in limits:
+            raise SpecError("--goodput", item, f"{name} is given twice")
+        limits[name] = value
+    return Limits(**limits)

@@ -5,6 +5,7 @@ server logs."""
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import importlib.util
 import json
@@ -28,7 +29,7 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from autotune.config.study_file import StudySpec, check_study_name, load_study, study_digest
 from autotune.errors import SpecError, StorageError
-from autotune.measure.stats import current_names
+from autotune.measure.stats import current_names, read_limits
 from autotune.search.space import enqueue_baseline
 from autotune.search.sqlite_file import ensure_schema
 
@@ -274,7 +275,11 @@ def spec_from_storage(name: str, url: str, root: Path, trust: Callable[[str], No
         objective.write_text(files["objective"])
     study_file = base / f"{name}.toml"
     study_file.write_text(files["study"])
-    return load_study(study_file)
+    spec = load_study(study_file)
+    if files.get("limits"):  # the limits the run judges by (`run --goodput` replaces the objective's)
+        spec = dataclasses.replace(spec, objective=dataclasses.replace(spec.objective,
+                                                                       limits=read_limits(json.loads(files["limits"]))))
+    return spec
 
 
 def resume(spec: StudySpec, study: optuna.Study, files: dict[str, str], say: Callable[[str], None]) -> None:
@@ -284,7 +289,8 @@ def resume(spec: StudySpec, study: optuna.Study, files: dict[str, str], say: Cal
     if not began:  # made before studies kept their files: nothing to compare with
         study.set_user_attr("files", files)
         return
-    changes = _changes(_definition(began["study"], began["objective"]), _definition(files["study"], files["objective"]))
+    changes = _changes(_definition(began["study"], began["objective"], began.get("limits")),
+                       _definition(files["study"], files["objective"], files.get("limits")))
     if changes:
         raise SpecError(str(spec.path), None, "; ".join(changes) + ": start a new study (another `name`; "
                         "`--from-study` begins it with this one's best) or restore the file")
@@ -300,7 +306,7 @@ def resume(spec: StudySpec, study: optuna.Study, files: dict[str, str], say: Cal
         study.set_user_attr("files", files)
 
 
-def _definition(study_text: str, objective_text: str) -> dict[str, object]:
+def _definition(study_text: str, objective_text: str, limits_json: str | None = None) -> dict[str, object]:
     """What every trial of a study shares, keyed as the files name it: the searched space, the fixed flags and
     environment, the hardware, and the objective's workload and limits. The budget, the sampler, the load search
     and the baselines may change between runs."""
@@ -310,7 +316,10 @@ def _definition(study_text: str, objective_text: str) -> dict[str, object]:
               "engine": engine}
     out: dict[str, object] = {f"[{table}.{k}]": v for table, items in tables.items() for k, v in items.items()}
     out |= {"hardware": study.get("hardware", "auto"), "memory_cap_gib": study.get("memory_cap_gib")}
-    limits = current_names(objective.get("limits", {}))[0]  # an old name for the same limit is the same limit
+    # The limits judged (the objective's, or `run --goodput`'s where stored); an old name for a limit is the same limit
+    limits = current_names(objective.get("limits", {}))[0]
+    if limits_json:  # as the file would write them: 500, not 500.0
+        limits = {k: int(v) if float(v).is_integer() else v for k, v in json.loads(limits_json).items()}
     out |= {f"the objective's [workload.{k}]": v for k, v in objective.get("workload", {}).items()}
     out |= {f"the objective's [limits.{k}]": v for k, v in limits.items()}
     return out

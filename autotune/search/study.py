@@ -8,6 +8,7 @@ a kill of the tuner loses at most the trial in flight, and the next run of the s
 from __future__ import annotations
 
 import functools
+import json
 import shlex
 import threading
 import tomllib
@@ -101,7 +102,8 @@ def _set_up(spec: StudySpec, storage: optuna.storages.BaseStorage, say: Callable
                                 # Screening at the incumbent's level (ladder.Prior) is what stops a worse trial.
                                 pruner=optuna.pruners.NopPruner(), load_if_exists=True)
     files = {"study": spec.path.read_text(), "objective": spec.objective.path.read_text(),
-             "objective_ref": tomllib.loads(spec.path.read_text())["objective"]}
+             "objective_ref": tomllib.loads(spec.path.read_text())["objective"],
+             "limits": json.dumps(spec.objective.limits.set(), sort_keys=True)}  # the objective's, or --goodput's
     if not study.trials:
         study.set_metric_names(["output_throughput"])
         study.set_user_attr("objective", spec.objective.name)
