@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import threading
@@ -98,10 +99,9 @@ def study_file(study: Path = STUDY) -> Path:
     hub_id = 'path = "QuantTrio/Qwen3.5-27B-AWQ"'
     if hub_id not in text:
         raise SystemExit(f"{STUDY}: expected the line {hub_id!r} in [model]")
-    if study == STUDY:
-        (WORK / OBJECTIVE.name).write_text(OBJECTIVE.read_text())
-    else:  # the shipped objectives, by an absolute path
-        text = text.replace('objective = "../../../objectives/', f'objective = "{ROOT}/objectives/')
+    # the objective by an absolute path: the copy under WORK has no objective beside it
+    text = re.sub(r'^objective = "([^"]+)"',
+                  lambda m: f'objective = {json.dumps(str((study.parent / m[1]).resolve()))}', text, flags=re.M)
     copy = WORK / study.name
     copy.write_text(text.replace(hub_id, f"path = {json.dumps(str(MODEL))}"))
     return copy
