@@ -8,7 +8,7 @@ from pathlib import Path
 import click
 
 from autotune.cli.console import console
-from autotune.cli.options import configured_model_option, storage_option
+from autotune.cli.options import configured_model_option, renamed_option, storage_option
 from autotune.errors import SpecError
 
 MAX_SAMPLES = 1000  # sampled configurations `estimate -n` shows: a table, not a search
@@ -17,20 +17,21 @@ MAX_SAMPLES = 1000  # sampled configurations `estimate -n` shows: a table, not a
 @click.command("estimate")
 @click.argument("study_file", required=False, type=click.Path(path_type=Path))
 @click.option("--model", default=None, help="Instead of a study: a model directory, hub id or tiny:KIND.")
-@click.option("--gpu", "hardware", default=None, help="Hardware profile (rtx3090, h100-80gb, cpu, ...).")
+@click.option("--hardware", "hardware", default=None, help="Hardware profile (rtx3090, h100-80gb, cpu, ...).")
+@click.option("--gpu", "old_hardware", default=None, hidden=True)
 @click.option("--set", "sets", multiple=True, metavar="KEY=VALUE", help="A vLLM flag by its dest name; repeatable.")
 @click.option("-n", "samples", default=10, show_default=True, help="Sampled configurations to show (study mode).")
 @storage_option
 @click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table", show_default=True,
               help="json: one JSON document (for scripts).")
-def estimate_command(study_file: Path | None, model: str | None, hardware: str | None, sets: tuple[str, ...],
-                     samples: int, storage: str | None, fmt: str) -> None:
+def estimate_command(study_file: Path | None, model: str | None, hardware: str | None, old_hardware: str | None,
+                     sets: tuple[str, ...], samples: int, storage: str | None, fmt: str) -> None:
     """Predict, without a GPU, whether configurations fit in memory and how many KV-cache tokens they leave.
 
     \b
       autotune estimate studies/qwen3.5-27b-rtx3090.toml          # baselines and sampled configurations
-      autotune estimate --model Qwen/Qwen3.5-27B --gpu rtx3090    # one configuration, line by line
-      autotune estimate --model Qwen/Qwen3.5-27B-GPTQ-Int4 --gpu rtx3090 --set max_model_len=8192
+      autotune estimate --model Qwen/Qwen3.5-27B --hardware rtx3090    # one configuration, line by line
+      autotune estimate --model Qwen/Qwen3.5-27B-GPTQ-Int4 --hardware rtx3090 --set max_model_len=8192
     """
     from autotune.config.study_file import load_study
     from autotune.engine.flag_checks import check_given
@@ -38,6 +39,7 @@ def estimate_command(study_file: Path | None, model: str | None, hardware: str |
     from autotune.search.preview import estimate_profile, preview_estimates
     from autotune.show.tables import breakdown_table, calibration_text, estimates_json, estimates_table
 
+    hardware = renamed_option(old_hardware, hardware, "--gpu", "--hardware")
     if (study_file is None) == (model is None):
         raise SpecError("estimate", None, "give either a study file or --model")
     if study_file is not None and sets:

@@ -10,6 +10,7 @@ import click
 
 from autotune.cli.console import console
 from autotune.errors import SpecError
+from autotune.notices import notice
 
 
 def parse_set(values: tuple[str, ...], flag: str = "--set") -> dict[str, object]:
@@ -35,6 +36,17 @@ def parse_env(values: tuple[str, ...]) -> dict[str, str]:
             raise SpecError("--env", item, "expected NAME=value")
         out[key] = raw
     return out
+
+
+def renamed_option(old_value: str | None, new_value: str | None, old: str, new: str) -> str | None:
+    """The value of an option given under its old spelling (a hidden alias), said in a notice; both at once: refused.
+    One name per meaning across commands: --gpus for GPU indices, --hardware for a hardware profile."""
+    if not old_value:
+        return new_value
+    if new_value:
+        raise SpecError(old, old_value, f"give {new} only ({old} is its old spelling)")
+    notice(f"{old} is now {new} (the name every command gives it); {old} is still read")
+    return old_value
 
 
 def configured_model_option(model: str, sets: tuple[str, ...]) -> tuple[str, dict[str, object]]:

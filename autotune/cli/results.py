@@ -107,8 +107,10 @@ def report_command(study: str | None, storage: str | None, out_dir: Path, png: b
 @click.command("dashboard")
 @study_option
 @storage_option
-@click.option("--port", default=8080, show_default=True, help="Port on 127.0.0.1 (0: any free port).")
-def dashboard_command(study: str | None, storage: str | None, port: int) -> None:
+@click.option("--port", default=8080, show_default=True, help="Port (0: any free port).")
+@click.option("--host", default="127.0.0.1", show_default=True,
+              help="Address to listen on; another than loopback lets other machines read the study (warned).")
+def dashboard_command(study: str | None, storage: str | None, port: int, host: str) -> None:
     """Serve optuna-dashboard on 127.0.0.1 for the study: its trials, their flags, the reasons of infeasible ones
     and each trial's server log. Runs until Ctrl-C.
 
@@ -118,7 +120,7 @@ def dashboard_command(study: str | None, storage: str | None, port: int) -> None
     import optuna
 
     from autotune.search.storage import open_storage, study_ref
-    from autotune.show.dashboard import serve
+    from autotune.show.dashboard import exposure_warning, serve
 
     if not 0 <= port <= 65535:
         raise SpecError("--port", str(port), "must be a TCP port, 0 to 65535 (0: any free port)")
@@ -129,4 +131,7 @@ def dashboard_command(study: str | None, storage: str | None, port: int) -> None
         sys.stdout.flush()
 
     stored_study(study, storage)  # it exists: found without creating anything
-    serve(optuna.load_study(study_name=name, storage=open_storage(url)), url, port, announce)  # writes trial notes
+    if warning := exposure_warning(host):
+        err_console.print(warning, soft_wrap=True, markup=False)
+    study_read = optuna.load_study(study_name=name, storage=open_storage(url))
+    serve(study_read, url, port, announce, host)  # writes trial notes

@@ -13,6 +13,7 @@ from autotune.cli.options import (
     allow_flag_option,
     configured_model_option,
     parse_env,
+    renamed_option,
     warn_slow_dtype,
 )
 
@@ -26,13 +27,14 @@ from autotune.cli.options import (
 @click.option("--log", "log_path", type=click.Path(path_type=Path), default=None,
               help="Where the server log goes (default runs/trial-<time>.log).")
 @click.option("--boot-timeout", default="15m", show_default=True, help="Give up on a boot after this long.")
-@click.option("--gpu", "gpus", default="", help="GPU indices to use and sample, e.g. 0 (CUDA build only).")
+@click.option("--gpus", "gpus", default="", help="GPU indices to use and sample, e.g. 0 (CUDA build only).")
+@click.option("--gpu", "old_gpus", default=None, hidden=True)
 @click.option("--memory-cap", default=None, metavar="GIB|PROFILE",
               help="Behave as a card with this much memory, e.g. 24 or rtx3090 (flags translated for the GPU present).")
 @allow_flag_option
 @allow_env_option
 def trial_command(model: str, objective_path: Path, sets: tuple[str, ...], envs: tuple[str, ...],
-                  log_path: Path | None, boot_timeout: str, gpus: str, memory_cap: str | None,
+                  log_path: Path | None, boot_timeout: str, gpus: str, old_gpus: str | None, memory_cap: str | None,
                   allow_flags: tuple[str, ...], allow_env: tuple[str, ...]) -> None:
     """Boot one vLLM server with the given flags and find the highest load it sustains within the limits.
 
@@ -55,6 +57,7 @@ def trial_command(model: str, objective_path: Path, sets: tuple[str, ...], envs:
     from autotune.search.slots import Slot, check_slots_fit, gpu_indices
     from autotune.show.tables import print_trial
 
+    gpus = renamed_option(old_gpus, gpus, "--gpu", "--gpus") or ""
     objective = load_objective(objective_path)
     path, flags = configured_model_option(model, sets)
     check_prompt_tokenizer(objective, [path])
@@ -63,9 +66,9 @@ def trial_command(model: str, objective_path: Path, sets: tuple[str, ...], envs:
     env = parse_env(envs)
     check_env(env, "--env", None, allow_env)
     boot_timeout_s = parse_duration(boot_timeout, "--boot-timeout")
-    indices = gpu_indices(gpus, "--gpu") if gpus.strip() else ()
+    indices = gpu_indices(gpus, "--gpus") if gpus.strip() else ()
     if indices:
-        check_slots_fit((Slot("trial", indices),), "--gpu")
+        check_slots_fit((Slot("trial", indices),), "--gpus")
     warn_slow_dtype(path, flags)
     cap, real = None, None
     if memory_cap is not None:  # the estimator's card is the capped one; the flags are translated for the real one

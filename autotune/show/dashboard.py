@@ -7,6 +7,7 @@ trial's page. The note says the result (or why the trial is not feasible) and th
 
 from __future__ import annotations
 
+import ipaddress
 import socketserver
 import sys
 from collections.abc import Callable
@@ -37,8 +38,20 @@ class Dashboard:
     close: Callable[[], None]
 
 
-def make_dashboard(study: optuna.Study, storage_url: str, port: int = 8080) -> Dashboard:
-    """An optuna-dashboard WSGI app on 127.0.0.1 (port 0: any free port), opened at the study's page."""
+def exposure_warning(host: str) -> str | None:
+    """What serving the dashboard on `host` exposes, when that is not this machine's loopback only."""
+    try:
+        loopback = host == "localhost" or ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        loopback = False
+    if loopback:
+        return None
+    return (f"warning: the dashboard on {host} can be reached from other machines, without a password: it shows "
+            "every trial's flags, environment and server log, and lets a visitor write notes")
+
+
+def make_dashboard(study: optuna.Study, storage_url: str, port: int = 8080, host: str = "127.0.0.1") -> Dashboard:
+    """An optuna-dashboard WSGI app on `host` (port 0: any free port), opened at the study's page."""
     from optuna_dashboard import wsgi
 
     from autotune.search.storage import open_storage
@@ -46,21 +59,23 @@ def make_dashboard(study: optuna.Study, storage_url: str, port: int = 8080) -> D
     storage = open_storage(storage_url)
     app = wsgi(storage, artifact_store=find_artifact_store(study, storage_url))
     try:
-        httpd = make_server("127.0.0.1", port, app, server_class=_Server, handler_class=_QuietHandler)
+        httpd = make_server(host, port, app, server_class=_Server, handler_class=_QuietHandler)
     except OSError as e:
-        raise AutotuneError(f"cannot listen on 127.0.0.1:{port} ({e.strerror}): choose another --port") from e
+        raise AutotuneError(f"cannot listen on {host}:{port} ({e.strerror}): choose another --host or --port") from e
     study_id = storage.get_study_id_from_name(study.study_name)
-    url = f"http://127.0.0.1:{httpd.server_port}/dashboard/studies/{study_id}"
+    shown = f"[{host}]" if ":" in host else host
+    url = f"http://{shown}:{httpd.server_port}/dashboard/studies/{study_id}"
     return Dashboard(url, httpd.serve_forever, httpd.server_close)
 
 
-def serve(study: optuna.Study, storage_url: str, port: int, announce: Callable[[str], None]) -> None:
+def serve(study: optuna.Study, storage_url: str, port: int, announce: Callable[[str], None],
+          host: str = "127.0.0.1") -> None:
     """Serve until Ctrl-C (or SIGTERM). Finished trials without a note get one first."""
     import signal
 
     from sqlalchemy.exc import OperationalError
 
-    board = make_dashboard(study, storage_url, port)
+    board = make_dashboard(study, storage_url, port, host)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     try:
         try:

@@ -213,9 +213,10 @@ def test_bad_command_lines_fail_in_one_line_with_exit_2(quick: Path, args: list[
     (["trial", "--model", "tiny:dense", "--objective", str(QUICK / "quick-objective.toml"), "--set",
       "max_num_seqs=lots"], "--set: max_num_seqs: must be an integer"),
     # `trial` checks what `run` checks: the GPUs, vLLM's rules between flags, finite values, the environment.
-    ([*TRIAL, "--gpu", "a"], "--gpu: a: expected GPU indices"),
-    ([*TRIAL, "--gpu", "-1"], "--gpu: -1: expected distinct GPU indices"),
-    ([*TRIAL, "--gpu", "0"], "--gpu: 0: the installed vLLM is the CPU build"),
+    ([*TRIAL, "--gpus", "a"], "--gpus: a: expected GPU indices"),
+    ([*TRIAL, "--gpus", "-1"], "--gpus: -1: expected distinct GPU indices"),
+    ([*TRIAL, "--gpus", "0"], "--gpus: 0: the installed vLLM is the CPU build"),
+    ([*TRIAL, "--gpus", "0", "--gpu", "0"], "--gpu: 0: give --gpus only (--gpu is its old spelling)"),
     ([*TRIAL, "--set", "max_num_seqs=64", "--set", "max_num_batched_tokens=8"],
      "--set: vLLM would refuse these flags: max_num_batched_tokens (8) must be >= max_num_seqs (64)"),
     ([*TRIAL, "--set", "gpu_memory_utilization=2"], "--set: vLLM would refuse these flags: gpu_memory_utilization"),
