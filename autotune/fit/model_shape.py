@@ -367,4 +367,3 @@ def _vision_modules(vc: Mapping | None, h: int) -> list[WeightModule]:
 QUANT_ALIASES = {"gptq": "gptq", "gptq_marlin": "gptq", "awq": "awq", "awq_marlin": "awq", "fp8": "fp8",
                   "compressed-tensors": "ct", "compressed_tensors": "ct", "inc": "auto-round",
                   "auto-round": "auto-round", "auto_round": "auto-round"}
-_QUANT_ALIASES = QUANT_ALIASES  # the name the estimator of 02e0249 imports: benchmarks/estimator_accuracy.py replays it
