@@ -259,11 +259,27 @@ def load_study_ref(study: str | None, storage: str | None) -> optuna.Study:
     return load_existing_study(*study_ref(study, storage))
 
 
+# The study and objective texts a study keeps (what `autotune worker` on another host rebuilds from, what a resumed
+# run is compared with): a system attribute, out of the user attributes `optuna studies` prints in its table (four
+# thousand characters wide with them). A study begun before keeps them as a user attribute: still read.
+FILES_ATTR = "files"
+
+
+def stored_files(study: optuna.Study) -> dict[str, str] | None:
+    """The files stored with a study, or None (a study made before studies kept them)."""
+    system = study._storage.get_study_system_attrs(study._study_id)
+    return system.get(FILES_ATTR) or study.user_attrs.get(FILES_ATTR)
+
+
+def store_files(study: optuna.Study, files: dict[str, str]) -> None:
+    study._storage.set_study_system_attr(study._study_id, FILES_ATTR, files)
+
+
 def spec_from_storage(name: str, url: str, root: Path, trust: Callable[[str], None]) -> StudySpec:
     """Rebuild a study's spec from the files `autotune run` stored with it (for workers on other hosts). `trust`
     raises unless the stored files' digest (study_digest) is the one this worker was given: whoever can write the
     database must not choose what runs on this host. Nothing is written before."""
-    files = load_existing_study(name, url).user_attrs.get("files")
+    files = stored_files(load_existing_study(name, url))
     if not files:
         raise StorageError(f"--study {name}: the study holds no study file; create it with `autotune run`")
     trust(study_digest(files["study"], files["objective"]))
@@ -285,9 +301,9 @@ def spec_from_storage(name: str, url: str, root: Path, trust: Callable[[str], No
 def resume(spec: StudySpec, study: optuna.Study, files: dict[str, str], say: Callable[[str], None]) -> None:
     """Refuse a study whose shared definition changed since it began (its files are stored with it); queue and say
     the baselines added since; keep the stored files current."""
-    began = study.user_attrs.get("files")
+    began = stored_files(study)
     if not began:  # made before studies kept their files: nothing to compare with
-        study.set_user_attr("files", files)
+        store_files(study, files)
         return
     changes = _changes(_definition(began["study"], began["objective"], began.get("limits")),
                        _definition(files["study"], files["objective"], files.get("limits")))
@@ -303,7 +319,7 @@ def resume(spec: StudySpec, study: optuna.Study, files: dict[str, str], say: Cal
     if new:
         say(f"{len(new)} new baseline(s) queued: {', '.join(b.name for b in new)}")
     if files != began:
-        study.set_user_attr("files", files)
+        store_files(study, files)
 
 
 def _definition(study_text: str, objective_text: str, limits_json: str | None = None) -> dict[str, object]:

@@ -42,6 +42,7 @@ from autotune.search.storage import (
     retry_trial,
     shown_url,
     sqlite_path,
+    store_files,
 )
 from autotune.search.threads import ctrl_c_stops, until_done
 from autotune.units import format_gib
@@ -110,7 +111,7 @@ def _set_up(spec: StudySpec, storage: optuna.storages.BaseStorage, say: Callable
         study.set_user_attr("limits", spec.objective.limits.set())
         study.set_user_attr("hardware", spec.hardware)
         study.set_user_attr("study_file", str(spec.path))
-        study.set_user_attr("files", files)  # so that `autotune worker` on another host needs only the storage URL
+        store_files(study, files)  # so that `autotune worker` on another host needs only the storage URL
     else:
         resume(spec, study, files, say)
     optuna.storages.fail_stale_trials(study)

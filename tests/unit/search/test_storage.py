@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import json
 import os
 import sqlite3
 import subprocess
@@ -22,7 +23,7 @@ from autotune.cli import main
 from autotune.config.study_file import load_study, stored_texts, study_digest
 from autotune.errors import SpecError
 from autotune.search.sqlite_file import ensure_schema, table_names
-from autotune.search.storage import open_storage, spec_from_storage
+from autotune.search.storage import open_storage, spec_from_storage, stored_files
 from autotune.search.study import export_command, open_study
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -332,13 +333,16 @@ def test_resuming_queues_new_baselines_says_so_and_stores_the_study_file_workers
     said: list[str] = []
     study = open_study(load_study(study_file), say=said.append)
     assert said == [] and len(study.trials) == 2  # trial 0 told, the second baseline waiting
-    assert study.user_attrs["files"]["study"] == study_file.read_text()  # what `autotune worker` rebuilds from
+    files = stored_files(study)
+    assert files is not None and files["study"] == study_file.read_text()  # what `autotune worker` rebuilds from
+    assert "files" not in study.user_attrs  # out of the table `optuna studies` prints
+    assert len(json.dumps(study.user_attrs)) < 400, study.user_attrs
     study_file.write_text(study_file.read_text() + '\n[[baselines]]\nname = "small"\nflags = { max_num_seqs = 4 }\n')
     study = open_study(load_study(study_file), say=said.append)
     waiting = [t.user_attrs["baseline"]["name"] for t in study.trials if t.state == TrialState.WAITING]
     assert waiting == ["recipe", "small"] and len(study.trials) == 3
     assert len(said) == 1 and "small" in said[0] and "queued" in said[0]
-    assert study.user_attrs["files"]["study"] == study_file.read_text()
+    assert stored_files(study)["study"] == study_file.read_text()
     again = open_study(load_study(study_file), say=said.append)  # the next resume: queued once, said once
     assert len(again.trials) == 3 and len(said) == 1
 
