@@ -35,11 +35,10 @@ def trial_note(t: FrozenTrial, has_log: bool = False) -> str:
 
     v = view(t)
     if v.kind == "feasible":
-        head = (f"**Feasible**: {v.throughput:,.0f} output tok/s {at_level(v)} (p95 TTFT "
+        head = (f"**{v.ending.capitalize()}**: {v.throughput:,.0f} output tok/s {at_level(v)} (p95 TTFT "
                 f"{v.p95_ttft_ms or 0:,.0f} ms, p95 TPOT {v.p95_tpot_ms or 0:,.1f} ms)")
     else:
-        kind = {"pruned": "Pruned (stopped early)", "failed": "Failed (not the configuration's fault)"}
-        head = f"**{kind.get(v.kind) or 'Not feasible: ' + v.why_not}**" + (f". {v.reason}" if v.reason else "")
+        head = f"**{v.ending.capitalize()}**" + (f". {v.reason}" if v.reason else "")
     if v.peak_memory_gib is not None:
         head += "; " + peak_text(v.peak_memory_gib, v.boot_peak_memory_gib, v.memory_source, v.cap_gib)
     what = f"Baseline **{v.baseline}**" if v.baseline else "Configuration"
@@ -159,6 +158,7 @@ class TrialView:
 
     number: int
     kind: str  # feasible | infeasible | pruned | failed | running
+    ending: str  # how it ended, in words (`ending`): what every output prints
     remeasure_of: int | None  # a re-measurement: the trial whose configuration it measured again
     label: str  # "baseline: NAME" or the sampled parameters
     baseline: str | None
@@ -192,6 +192,54 @@ class TrialView:
     model: str | None
     flags: dict | None  # as booted (config_attrs); None for a trial recorded without them
     env: dict[str, str]
+
+
+# How a trial ended, one word or phrase each, the same in every output (the run's table, `status`, the report's
+# summary, table and legends, the dashboard's notes).
+MEASURED = "measured"  # met the limits at some load level: it has a figure
+MISSED_LIMITS = "missed the limits"  # booted and measured, no load level met the limits
+OUT_OF_MEMORY = "out of memory"
+REFUSED = "refused before boot"  # vLLM would reject its flags, or predicted not to fit: cost nothing
+NO_BOOT = "failed to boot"  # for its flags (not memory): a crash, a hang, an unresponsive server
+SCREENED_OUT = "screened out"  # could not sustain the incumbent's level (measured there, or judged before boot)
+BUDGET_END = "stopped by the budget"
+INTERRUPTED = "interrupted"  # Ctrl-C, SIGTERM, or another slot's failure: measured again when the study resumes
+STALE = "stale"  # its worker stopped sending heartbeats (killed, lost): queued again once
+FAILED = "failed"  # not the configuration's fault: a busy GPU, the machine or the setup
+RUNNING = "running"
+QUEUED = "queued"
+
+
+def ending(t: FrozenTrial) -> str:
+    """How the trial ended, in the one vocabulary above."""
+    a, c = t.user_attrs, t.constraints or {}
+    if t.state == TrialState.WAITING:
+        return QUEUED
+    if t.state == TrialState.RUNNING:
+        return RUNNING
+    if t.state == TrialState.PRUNED:
+        return SCREENED_OUT
+    if t.state == TrialState.FAIL:
+        if "status" not in a:  # never told: Optuna's stale-trial check marked it (search/storage.py)
+            return STALE
+        if a["status"] == "stopped":
+            return BUDGET_END
+        reason = str(a.get("reason", ""))
+        return INTERRUPTED if reason.startswith(("interrupted", "stopped when slot")) else FAILED
+    if feasible(t):
+        return MEASURED
+    if a.get("booted") is False:
+        return REFUSED
+    if c.get("memory", 0) > 0:
+        return OUT_OF_MEMORY
+    return MISSED_LIMITS if c.get("latency", 0) > 0 else NO_BOOT
+
+
+def ending_reason(t: FrozenTrial) -> str:
+    """Why it ended so, where the trial says (a stale one never could)."""
+    if ending(t) == STALE:
+        return "its worker stopped sending heartbeats (killed or lost); queued again once"
+    return str(t.user_attrs.get("reason", ""))
 
 
 def _kind(t: FrozenTrial) -> str:
@@ -237,7 +285,7 @@ def view(t: FrozenTrial) -> TrialView:
     baseline = a.get("baseline")
     of = a.get(REMEASURE_ATTR)
     return TrialView(
-        number=t.number, kind=kind, remeasure_of=of,
+        number=t.number, kind=kind, ending=ending(t), remeasure_of=of,
         label=trial_label(t) if of is None else f"re-measure of trial {of}: {trial_label(t)}",
         baseline=baseline.get("name") if isinstance(baseline, dict) else None,
         throughput=t.value if kind == "feasible" else at.get("output_throughput"), level=level,
@@ -245,7 +293,7 @@ def view(t: FrozenTrial) -> TrialView:
         p95_ttft_ms=at.get("p95_ttft_ms"), p95_tpot_ms=at.get("p95_tpot_ms"),
         joules_per_token=at.get("joules_per_output_token"),
         peak_memory_gib=a.get("peak_memory_gib"), memory_source=a.get("memory_source"),
-        boot_peak_memory_gib=a.get("boot_peak_memory_gib"), cap_gib=a.get(CAP_ATTR), reason=a.get("reason", ""),
+        boot_peak_memory_gib=a.get("boot_peak_memory_gib"), cap_gib=a.get(CAP_ATTR), reason=ending_reason(t),
         completed=t.datetime_complete, command=a.get("vllm_command", ""), levels=levels,
         duration_s=a.get("duration_s"), cold_boot_s=a.get("cold_boot_s"),
         status=a.get("status") or t.state.name.lower(),
@@ -284,21 +332,10 @@ def level_value(level: dict) -> float | None:
 
 
 def why_not(t: FrozenTrial) -> str:
-    """The category of a trial that is not feasible, as the infeasible figure and table name it."""
-    c, a = t.constraints or {}, t.user_attrs
-    if t.state == TrialState.PRUNED:
-        if a.get("booted") is False:  # measure/queueing.py
-            return "screened out before boot (cannot sustain the incumbent's level)"
-        return "screened out (did not sustain the incumbent's level)"
-    if t.state == TrialState.FAIL:
-        return "failed (not the configuration's fault)"
-    if a.get("booted") is False:
-        return "rejected before boot"
-    if c.get("memory", 0) > 0:
-        return "out of memory"
-    if c.get("latency", 0) > 0:
-        return "missed the latency limits"
-    return "did not boot"
+    """How a trial that is not feasible ended (`ending`), with the detail the infeasible figure sorts by."""
+    if t.state == TrialState.PRUNED and t.user_attrs.get("booted") is False:  # measure/queueing.py
+        return f"{SCREENED_OUT} before boot"
+    return ending(t)
 
 
 WARM_START_ATTR = "warm_start"  # {"study": name, "trial": number, "output_throughput": value}

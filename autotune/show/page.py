@@ -6,6 +6,7 @@ from __future__ import annotations
 import html
 import os
 import shutil
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,7 +17,7 @@ import plotly.graph_objects as go
 from autotune.errors import AutotuneError
 from autotune.search import paired
 from autotune.search.record import memory_text, remeasure_views, study_limits, view, views
-from autotune.search.remeasure import Best, best_trial, figure_line
+from autotune.search.remeasure import Best, best_trial, figure_line, ranked
 from autotune.show.report import figures, gains
 
 
@@ -25,22 +26,29 @@ def _num(value: float | None, fmt: str, unit: str = "") -> str:
 
 
 def trials_table_html(study: optuna.Study, limit: int | None = 10) -> str:
-    """Feasible trials by throughput (the first `limit`), then every baseline, with the command each boots."""
+    """Configurations by their figure (remeasure.Best, with the latencies of the measurement it is; the first
+    `limit`), then every baseline, with the command each boots."""
+    trials = study.get_trials(deepcopy=False)
+    figures = {b.trial.number: b for b in ranked(trials)}
     vs = sorted((v for v in views(study) if v.kind != "running"),
-                key=lambda v: (v.kind != "feasible", -(v.throughput or 0.0), v.number))
+                key=lambda v: (v.number not in figures, -(figures[v.number].figure if v.number in figures else 0.0),
+                               v.number))
     top = vs if limit is None else vs[:limit] + [v for v in vs[limit:] if v.baseline is not None]
-    head = ("#", "trial", "result", "output_throughput", "level", "p95_ttft_ms", "p95_tpot_ms", "peak memory",
+    head = ("#", "trial", "ended", "output_throughput", "runs", "level", "p95_ttft_ms", "p95_tpot_ms", "peak memory",
             "configuration")
     rows = []
     for rank, v in enumerate(top, 1):
-        result = v.reason if v.reason.startswith(v.kind) else f"{v.kind}: {v.reason}" if v.reason else v.kind
+        b = figures.get(v.number)
+        at = view(trials[b.figure_trial]) if b is not None else v  # the measurement the figure is
+        result = f"{v.ending}: {v.reason}" if v.reason and b is None else v.ending
         cls = " class='baseline'" if v.baseline else ""
-        memory = memory_text(v.peak_memory_gib, v.memory_source, short=True, cap_gib=v.cap_gib)
+        memory = memory_text(at.peak_memory_gib, at.memory_source, short=True, cap_gib=at.cap_gib)
         rows.append(f"<tr{cls}><td>{rank}</td><td>{v.number}</td><td>{html.escape(result)}</td>"
-                    f"<td>{_num(v.throughput if v.kind == 'feasible' else None, ',.0f')}</td>"
-                    f"<td>{_num(v.level if v.kind == 'feasible' else None, 'g')}</td>"
-                    f"<td>{_num(v.p95_ttft_ms if v.kind == 'feasible' else None, ',.0f', ' ms')}</td>"
-                    f"<td>{_num(v.p95_tpot_ms if v.kind == 'feasible' else None, ',.1f', ' ms')}</td>"
+                    f"<td>{_num(b.figure if b is not None else None, ',.0f')}</td>"
+                    f"<td>{len(b.measurements) if b is not None else 1}</td>"
+                    f"<td>{_num(at.level if b is not None else None, 'g')}</td>"
+                    f"<td>{_num(at.p95_ttft_ms if b is not None else None, ',.0f', ' ms')}</td>"
+                    f"<td>{_num(at.p95_tpot_ms if b is not None else None, ',.1f', ' ms')}</td>"
                     f"<td>{html.escape(memory)}</td>"
                     f"<td>{html.escape(v.label)}<br><code>{html.escape(v.command)}</code></td></tr>")
     return (f"<table><thead><tr>{''.join(f'<th>{h}</th>' for h in head)}</tr></thead>"
@@ -49,7 +57,7 @@ def trials_table_html(study: optuna.Study, limit: int | None = 10) -> str:
 
 def summary_html(study: optuna.Study) -> str:
     vs = views(study)
-    counts = {k: sum(v.kind == k for v in vs) for k in ("feasible", "infeasible", "pruned", "failed", "running")}
+    counts = Counter(v.ending for v in vs)
     again = remeasure_views(study)
     a = study.user_attrs
     limits = ", ".join(f"{k} &le; {v:g}" for k, v in study_limits(study).items()) or "none recorded"

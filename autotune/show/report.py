@@ -19,6 +19,7 @@ from optuna.trial import FrozenTrial, TrialState
 from plotly.subplots import make_subplots
 
 from autotune.search.record import (
+    SCREENED_OUT,
     TrialView,
     at_level,
     energy_text,
@@ -92,7 +93,7 @@ def gains(study: optuna.Study) -> list[Gain]:
 
 
 def _hover(v: TrialView) -> str:
-    lines = [f"<b>trial {v.number}</b> ({v.kind})", _wrap(v.label)]
+    lines = [f"<b>trial {v.number}</b> ({v.ending})", _wrap(v.label)]
     if v.throughput is not None:
         lines.append(f"{v.throughput:,.0f} output tok/s {at_level(v)}")
     if v.p95_ttft_ms is not None:
@@ -133,10 +134,11 @@ def _tradeoff(study: optuna.Study, x: Callable[[TrialView], float | None], x_tit
     ok = [v for v in placed if v.kind == "feasible"]
     front = [ok[i] for i in pareto_front([(x(v), v.throughput) for v in ok])]  # type: ignore[misc]
     fig = go.Figure()
-    _points(fig, [v for v in placed if v.kind not in ("feasible", "pruned")], x, lambda v: v.throughput,
-            "missed the limits (at its lowest load level)", color=GREY, symbol="x")
+    for ended in dict.fromkeys(v.ending for v in placed if v.kind not in ("feasible", "pruned")):
+        _points(fig, [v for v in placed if v.ending == ended and v.kind != "feasible"], x, lambda v: v.throughput,
+                f"{ended} (at its lowest load level)", color=GREY, symbol="x")
     _points(fig, [v for v in placed if v.kind == "pruned"], x, lambda v: v.throughput,
-            "pruned (its best level before the cut)", color=GREY, symbol="circle-open")
+            f"{SCREENED_OUT} (its best level before the cut)", color=GREY, symbol="circle-open")
     _points(fig, [v for v in ok if v.baseline is None], x, lambda v: v.throughput, "feasible trial", color=BLUE)
     fig.add_trace(go.Scatter(x=[x(v) for v in front], y=[v.throughput for v in front], mode="lines",
                              line={"shape": "hv", "color": GREEN, "width": 2}, name="Pareto front", hoverinfo="skip"))

@@ -16,8 +16,8 @@ from autotune.fit.estimate import Estimate
 from autotune.measure.plan import Objective
 from autotune.measure.trial import TrialResult
 from autotune.search.budget import Budget
-from autotune.search.record import TrialView, energy_text, memory_text, peak_text, view
-from autotune.search.remeasure import Best
+from autotune.search.record import REMEASURE_ATTR, TrialView, energy_text, memory_text, peak_text, view
+from autotune.search.remeasure import Best, ranked
 from autotune.units import GiB, MiB, format_gib
 
 
@@ -144,27 +144,35 @@ def _best_level(v: TrialView) -> str:
     return f"{v.best_level:g} req/s (offered {best['offered_req_s']:.2f})"
 
 
-def study_table(trials, *, limit: int = 15, title: str = "trials, best feasible first") -> Table:
-    """Feasible trials by throughput, then the rest; baselines always shown so gains can be read against them."""
-    ordered = sorted((view(t) for t in trials),
-                     key=lambda v: (v.kind != "feasible", -(v.objective_value or 0.0), v.number))
+def study_table(trials, *, limit: int = 15, title: str = "configurations, best figure first") -> Table:
+    """One row per configuration tried, with its figure (remeasure.Best: the median of its measurements, and how
+    many) and the latencies of the measurement that figure is; measured ones by figure, then the rest by number;
+    baselines always shown so gains can be read against them. How each ended is said in one word (record.ending)."""
+    trials = list(trials)
+    by_number = {t.number: t for t in trials}
+    figures = {b.trial.number: b for b in ranked(trials)}
+    ordered = sorted((view(t) for t in trials if REMEASURE_ATTR not in t.user_attrs and t.state != TrialState.WAITING),
+                     key=lambda v: (v.number not in figures, -(figures[v.number].figure if v.number in figures
+                                                               else 0.0), v.number))
     shown = ordered[:limit] + [v for v in ordered[limit:] if v.baseline is not None]
     table = Table(title=escape(title), title_justify="left")
     # A GPU's memory (NVML) and a process tree's host memory (RSS) are different figures: each says which it is.
-    for col in ("#", "state", "output_throughput", "level", "p95_ttft_ms", "p95_tpot_ms", "peak memory",
+    for col in ("#", "ended", "output_throughput", "runs", "level", "p95_ttft_ms", "p95_tpot_ms", "peak memory",
                 "configuration / reason"):
-        table.add_column(col, justify="left" if col in ("state", "configuration / reason") else "right",
+        table.add_column(col, justify="left" if col in ("ended", "configuration / reason") else "right",
                          overflow="fold")
     for v in shown:
-        state = "feasible" if v.kind == "feasible" else "pruned" if v.kind == "pruned" else escape(v.status)
+        b = figures.get(v.number)
+        at = view(by_number[b.figure_trial]) if b is not None else v  # the measurement the figure is
         detail = escape(v.label)  # flag values and vLLM's words are text, never markup
-        if v.kind != "feasible" and v.reason:
+        if b is None and v.reason:
             detail += f"\n[dim]{escape(v.reason[:160])}[/]"
         table.add_row(
-            str(v.number), state, f"{v.objective_value:,.0f}" if v.objective_value else "-", _best_level(v),
-            f"{v.p95_ttft_ms:.0f}" if v.figures_recorded and v.p95_ttft_ms is not None else "-",
-            f"{v.p95_tpot_ms:.1f}" if v.figures_recorded and v.p95_tpot_ms is not None else "-",
-            memory_text(v.peak_memory_gib, v.memory_source, short=True, cap_gib=v.cap_gib), detail,
+            str(v.number), escape(v.ending), f"{b.figure:,.0f}" if b is not None and b.figure else "-",
+            str(len(b.measurements)) if b is not None else "1", _best_level(at),
+            f"{at.p95_ttft_ms:.0f}" if b is not None and at.p95_ttft_ms is not None else "-",
+            f"{at.p95_tpot_ms:.1f}" if b is not None and at.p95_tpot_ms is not None else "-",
+            memory_text(at.peak_memory_gib, at.memory_source, short=True, cap_gib=at.cap_gib), detail,
         )
     return table
 

@@ -113,3 +113,50 @@ def test_a_serving_peak_over_the_capped_cards_cuda_memory_is_said_in_every_view(
     trial = study.ask()
     tell.tell_result(study, trial, TrialResult("infeasible", memory=MemoryPeak(int(30 * GiB), "nvml", 0, 5)))
     assert "above" not in record.trial_note(study.trials[-1])
+
+
+def test_every_ending_has_one_word_in_every_output() -> None:
+    """How each trial ended, told through the real tell functions: one word each, the same in the `status` table,
+    the trial's note and the report's legend and summary."""
+    from autotune.show import page
+
+    study = optuna.create_study(direction="maximize")
+    study.set_user_attr("limits", {"ttft_p95_ms": 500})
+
+    def asked() -> optuna.Trial:
+        trial = study.ask()
+        trial.suggest_int("x", 0, 10)
+        return trial
+
+    levels = ()
+    tell.tell_result(study, asked(), TrialResult("ok", 100.0, 1, levels, BootInfo(10.0), duration_s=30.0))
+    tell.tell_result(study, asked(), TrialResult("infeasible", levels=levels, boot=BootInfo(10.0), miss_ratio=1.5))
+    tell.tell_result(study, asked(), TrialResult("infeasible", failure=Failure(FailureKind.KV_CACHE_TOO_SMALL, "KV",
+                                                                                "ValueError")))
+    tell.tell_rejected(study, asked(), "vLLM would reject it: --max-num-seqs 0")
+    tell.tell_screened_before_boot(study, asked(), "cannot sustain concurrency 16")
+    tell.tell_result(study, asked(), TrialResult("stopped", levels=levels, boot=BootInfo(10.0),
+                                                 stop_reason="stopped at the end of the time budget"))
+    tell.tell_interrupted(study, asked())
+    study.tell(asked(), state=TrialState.FAIL)  # what Optuna's stale-trial check leaves: never told by autotune
+    tell.tell_gpu_busy(study, asked(), "GPU 0: 3.1 GiB in use")
+    asked()  # still running
+    expected = [record.MEASURED, record.MISSED_LIMITS, record.OUT_OF_MEMORY, record.REFUSED, record.SCREENED_OUT,
+                record.BUDGET_END, record.INTERRUPTED, record.STALE, record.FAILED, record.RUNNING]
+    assert [record.ending(t) for t in study.trials] == expected
+    assert [v.ending for v in record.views(study)] == expected
+    stale = "its worker stopped sending heartbeats (killed or lost); queued again once"
+    assert record.view(study.trials[7]).reason == stale
+    assert record.view(study.trials[6]).reason == tell.INTERRUPTED
+    console = Console(width=250, record=True)
+    from autotune.show.tables import study_table
+
+    console.print(study_table(study.trials))
+    rows = {int(line.split("│")[1]): line.split("│")[2].strip() for line in console.export_text().splitlines()
+            if line.startswith("│") and line.split("│")[1].strip().isdigit()}
+    assert [rows[n] for n in range(10)] == expected
+    for n in range(1, 9):
+        assert record.trial_note(study.trials[n]).startswith(f"**{expected[n].capitalize()}**")
+    summary = page.summary_html(study)
+    assert "1 measured, 1 missed the limits, 1 out of memory, 1 refused before boot, 1 screened out, 1 stopped by " \
+           "the budget, 1 interrupted, 1 stale, 1 failed, 1 running" in summary

@@ -24,7 +24,7 @@ def test_dashboard_shows_trials_attrs_notes_and_log(demo_study_db, tmp_path: Pat
     db, name = demo_study_db
     detail = check_dashboard(db, name, ARTIFACTS / "dashboard-demo.png")
     assert "trial-0002.log" in detail  # trial 2 (the best) has its server log attached as an artifact
-    assert "Feasible: 1,500 output tok/s at concurrency 16" in detail  # its note, written when the dashboard started
+    assert "Measured: 1,500 output tok/s at concurrency 16" in detail  # its note, written when the dashboard started
     assert "--max-num-seqs 7" in detail
 
 
@@ -34,12 +34,12 @@ def test_trial_notes_say_the_result_in_words(demo_study_db) -> None:
     assert add_missing_notes(study) == 8 and add_missing_notes(study) == 0  # written once, not rewritten
     t = {t.number: t for t in study.trials}
     assert get_note(optuna.Trial(study, t[0]._trial_id)).startswith(
-        "**Feasible**: 900 output tok/s at concurrency 4 (p95 TTFT 300 ms, p95 TPOT 20.0 ms); "
+        "**Measured**: 900 output tok/s at concurrency 4 (p95 TTFT 300 ms, p95 TPOT 20.0 ms); "
         "peak 3.20 GiB host memory (RSS of the server's processes)"
         "\n\nBaseline **vllm-defaults**, booted as:\n\n```\nvllm serve tiny:dense \\\n"
         "  --host 127.0.0.1 \\\n  --dtype float32 \\\n  --enforce-eager \\\n  --load-format dummy")
-    assert trial_note(t[4]).startswith("**Not feasible: missed the latency limits**. no load level met the limits")
-    assert trial_note(t[6]).startswith("**Not feasible: rejected before boot**. predicted not to fit")
+    assert trial_note(t[4]).startswith("**Missed the limits**. no load level met the limits")
+    assert trial_note(t[6]).startswith("**Refused before boot**. predicted not to fit")
     assert "attached below" in get_note(optuna.Trial(study, t[2]._trial_id))
     assert "attached below" not in get_note(optuna.Trial(study, t[6]._trial_id))  # never booted: no log
 

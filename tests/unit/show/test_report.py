@@ -79,7 +79,7 @@ def test_history_levels_and_infeasible_figures(demo_study_db) -> None:
     assert list(trace(levels, "trial 2").x) == [1, 4, 16, 64]
     why = report.infeasible_figure(study).data[0]
     assert list(why.x) == [4, 5, 6]
-    assert list(why.y) == ["missed the latency limits", "out of memory", "rejected before boot"]
+    assert list(why.y) == ["missed the limits", "out of memory", "refused before boot"]
 
 
 def test_importances_need_enough_trials(tmp_path: Path, demo_study_db) -> None:
