@@ -12,6 +12,7 @@ import sys
 import click
 from rich.markup import escape
 
+from autotune.cli.compare import compare_command
 from autotune.cli.console import err_console
 from autotune.cli.estimate import estimate_command
 from autotune.cli.interrupt import EXIT_INTERRUPTED, stop_signals_interrupt
@@ -63,5 +64,5 @@ def _quiet_optuna() -> None:
 
 
 for _command in (run_command, worker_command, trial_command, estimate_command, status_command, export_command,
-                 report_command, dashboard_command):
+                 report_command, dashboard_command, compare_command):
     main.add_command(_command)

@@ -38,6 +38,8 @@ def status_command(study: str | None, storage: str | None, limit: int) -> None:
         console.print(figure_line(best, s.get_trials(deepcopy=False)), markup=False, soft_wrap=True)
     if (answer := paired.answer(s)) is not None:
         console.print(f"answer: {answer.sentence}", markup=False, soft_wrap=True)
+    for line in paired.noise_lines(s):
+        console.print(line, markup=False, soft_wrap=True)
 
 
 @click.command("export")

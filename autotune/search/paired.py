@@ -33,7 +33,7 @@ from scipy import stats
 from autotune.measure.stats import METRICS, current_names, limit_parts
 from autotune.search import remeasure
 from autotune.search.budget import Budget
-from autotune.search.record import BASELINE_ATTR, REMEASURE_ATTR, feasible, view
+from autotune.search.record import BASELINE_ATTR, QUEUED, REMEASURE_ATTR, feasible, view
 
 CONFIDENCE = 0.90  # two-sided: the winner is "better" when the interval's low end is above 0
 
@@ -137,12 +137,13 @@ def _pct(x: float) -> str:
 
 
 def sentence(winner: int, baseline: str, interval: Interval | None, pairs: Sequence[Pair], proven: bool,
-             limits: Mapping[str, float]) -> str:
+             limits: Mapping[str, float], unmet: str = "") -> str:
     """"trial 12: +14% output tok/s over the recipe (90% interval +9% to +19%) within p95 TTFT 2 s and TPOT
     100 ms", or why no configuration was shown better and what to keep."""
     within = limits_text(limits)
     if not baseline:
-        return f"trial {winner}: no baseline met the limits, so there is nothing to beat: use it"
+        how = f" ({unmet})" if unmet else ""
+        return f"trial {winner}: no baseline met the limits{how}, so there is nothing to beat: use it"
     if proven and interval is not None:
         return (f"trial {winner}: {_pct(interval.mid)} output tok/s over the {baseline} ({CONFIDENCE:.0%} interval "
                 f"{_pct(interval.low)} to {_pct(interval.high)}) within {within}")
@@ -186,7 +187,7 @@ def next_index(trials: Sequence[FrozenTrial]) -> int:
 
 
 def compare(winner: int, baseline: str, baseline_trial: int | None, pairs: Sequence[Pair],
-            limits: Mapping[str, float]) -> Comparison:
+            limits: Mapping[str, float], unmet: str = "") -> Comparison:
     """The comparison from its pairs: proven when the interval's low end is above 0 and the winner met the limits
     on every fresh boot; with no baseline that met the limits, the winner stands unopposed."""
     interval = gain_interval(pairs)
@@ -198,7 +199,7 @@ def compare(winner: int, baseline: str, baseline_trial: int | None, pairs: Seque
     if baseline and winner == baseline_trial:
         text = f"no configuration beat the {baseline}: it measured best itself (trial {winner}): keep it"
     else:
-        text = sentence(winner, baseline, interval, pairs, proven, limits)
+        text = sentence(winner, baseline, interval, pairs, proven, limits, unmet)
     return Comparison(winner, baseline, baseline_trial, tuple(pairs), interval, proven, text)
 
 
@@ -219,8 +220,11 @@ def current(trials: Sequence[FrozenTrial], limits: Mapping[str, float]) -> Compa
     if winner is None:
         return None
     base = best_baseline(trials)
-    if base is None:
-        return compare(winner.trial.number, "", None, (), limits)
+    if base is None:  # each baseline as it ended: "vllm-defaults failed to boot, recipe missed the limits"
+        unmet = ", ".join(f"{v.baseline} {v.ending}" for t in trials
+                          if BASELINE_ATTR in t.user_attrs and REMEASURE_ATTR not in t.user_attrs
+                          and (v := view(t)).ending != QUEUED)
+        return compare(winner.trial.number, "", None, (), limits, unmet)
     return compare(winner.trial.number, baseline_name(base.trial), base.trial.number,
                    pairs_of(trials, winner.trial.number, base.trial.number), limits)
 
@@ -309,3 +313,34 @@ def save_answer_note(study: optuna.Study) -> None:
     from optuna_dashboard import save_note
 
     save_note(study, answer_note(study))
+
+
+def spread(trials: Sequence[FrozenTrial]) -> tuple[float, int, int] | None:
+    """The spread of one measurement on this machine: the pooled standard deviation of log throughput over the
+    configurations measured more than once within the limits (re-measurements and pairs), as a fraction (0.2 =
+    ±20%), with how many measurements of how many configurations it stands on. None before any repeat."""
+    groups = [[math.log(x) for x in b.passing] for b in remeasure.ranked(trials) if len(b.passing) > 1]
+    if not groups:
+        return None
+    squares = sum((x - statistics.fmean(g)) ** 2 for g in groups for x in g)
+    dof = sum(len(g) - 1 for g in groups)
+    return math.expm1(math.sqrt(squares / dof)), sum(map(len, groups)), len(groups)
+
+
+def noise_lines(study: optuna.Study) -> list[str]:
+    """What the run says of this machine's noise: the spread of one measurement, and when the pairs could not
+    separate the winner from the baseline, that the noise is why and what would narrow it."""
+    trials = study.get_trials(deepcopy=False)
+    out = []
+    if (measured := spread(trials)) is not None:
+        s, n, k = measured
+        out.append(f"noise: one measurement on this machine spreads by ±{s * 100:.0f}% (standard deviation of {n} "
+                   f"measurements of {k} configuration(s) measured more than once)")
+    said = answer(study)
+    if (said is not None and said.baseline and not said.proven and said.winner != said.baseline_trial
+            and all(p.winner_tok_s is not None for p in said.pairs)
+            and (said.interval is None or not said.interval.resolved)):
+        out.append("this machine's noise is too large to separate these configurations in the pairs measured: more "
+                   "requests per load level ([load] min_requests in the objective), a quieter machine, or more time "
+                   "for pairs (`autotune compare`) would narrow the interval")
+    return out

@@ -64,6 +64,7 @@ class RunSummary:
     export_command: str = ""  # what gives the winner's flags, for a person to run next
     comparison: paired.Comparison | None = None  # the winner against the best baseline (paired.answer)
     figure: str = ""  # the measurement the winner's figure is (remeasure.figure_line)
+    noise: tuple[str, ...] = ()  # this machine's spread, and whether it kept the answer open (paired.noise_lines)
 
     def lines(self) -> list[str]:
         """The summary a person reads at the end of the run (without the best configuration's command)."""
@@ -74,6 +75,7 @@ class RunSummary:
             out.append(self.figure)
         if self.comparison is not None:
             out.append(f"answer: {self.comparison.sentence}")
+        out += self.noise
         if self.best is not None and self.export_command:
             out.append(f"export it: {self.export_command}")
         return out
@@ -213,7 +215,38 @@ def run_study(
     best = best_trial(study)
     figure = remeasure.figure_line(best, study.get_trials(deepcopy=False)) if best is not None else ""
     return RunSummary(run.booted, run.refused + len(again.done) - again.booted, again.booted, why,
-                      best, export_command(spec, storage_url), paired.answer(study), figure)
+                      best, export_command(spec, storage_url), paired.answer(study), figure,
+                      tuple(paired.noise_lines(study)))
+
+
+def compare_study(spec: StudySpec, budget: Budget, *, storage_url: str | None = None,
+                  progress: Progress | None = None, say: Callable[[str], object] = lambda line: None
+                  ) -> paired.PairsRun:
+    """`autotune compare`: the final paired comparison (paired.measure_pairs) of a study that has run, on fresh
+    boots, until the difference is resolved, MAX_PAIRS were measured or the budget has no room for a pair."""
+    study = open_study(spec, storage_url)
+    if any(t.state == TrialState.WAITING for t in study.get_trials(deepcopy=False)):
+        raise SpecError(str(spec.path), None, "the study has queued trials (a baseline not measured yet, or one "
+                        "to retry): finish them with `autotune run` before comparing")
+    reap_leftover_servers()
+    for t in study.trials:
+        if "duration_s" in t.user_attrs and t.state.is_finished():
+            budget.record(t.user_attrs["duration_s"], searched=searched_trial(t))
+    slot = Slot()
+    run = _start_run(spec, study, budget, progress or NoProgress(), spec.path.parent / f"{spec.name}-artifacts",
+                     (slot,), say)
+    ran: list[paired.PairsRun] = []
+
+    def target() -> None:
+        try:
+            ran.append(paired.measure_pairs(study, budget, functools.partial(one_trial, run, slot), run.stop))
+        except BaseException as e:
+            run.errors.append(e)
+
+    with ctrl_c_stops(run.halt):
+        until_done([("compare", target)])
+    run.raise_first_error()
+    return ran[0] if ran else paired.PairsRun(paired.answer(study))
 
 
 def _count_past_trials(study: optuna.Study, budget: Budget, spec: StudySpec) -> None:

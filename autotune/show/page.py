@@ -72,6 +72,7 @@ def summary_html(study: optuna.Study) -> str:
         answer = paired.answer(study)
         parts.append(f"<p class='best'><b>best: {html.escape(best.text)}</b></p>"
                      + (f"<p class='answer'><b>answer: {html.escape(answer.sentence)}</b></p>" if answer else "")
+                     + "".join(f"<p>{html.escape(line)}</p>" for line in paired.noise_lines(study))
                      + _figure_html(study, best))
     items = [f"<li>{html.escape(g.baseline)} (trial {g.number}): "
              + ("the best trial itself" if best is not None and g.number == best.trial.number

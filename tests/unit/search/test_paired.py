@@ -23,6 +23,7 @@ from autotune.search.paired import (
     limits_text,
     measure_pairs,
     needs_another_pair,
+    spread,
 )
 from autotune.search.record import BASELINE_ATTR, REMEASURE_ATTR
 
@@ -156,3 +157,22 @@ def test_pairs_stop_when_the_budget_has_no_room_for_a_whole_pair():
     assert ran.booted == 2 and not ran.comparison.proven  # type: ignore[union-attr]
     assert "less than one more pair of trial 1 and the recipe" in ran.stopped_because
     assert "too few for an interval: keep it" in answer(lab.study).sentence  # type: ignore[union-attr]
+
+
+def test_the_spread_of_one_measurement_is_the_pooled_deviation_of_the_repeats():
+    lab = Machine({"recipe": [100.0], "w": [100.0]})
+    assert spread(lab.study.trials) is None  # nothing measured twice
+    for c, figures in (("recipe", [100.0, 110.0]), ("w", [200.0, 180.0, 220.0])):
+        lab.figures[c] = list(figures)
+        lab.first(c, baseline=c == "recipe")
+        for _ in figures[1:]:
+            first = next(t for t in lab.study.trials if t.params["c"] == c)
+            lab.study.enqueue_trial({"c": c}, user_attrs={REMEASURE_ATTR: first.number})
+            lab.run_one()
+    # logs: recipe ln 100, ln 110 (1 dof); w ln 200, ln 180, ln 220 (2 dof): pooled over 3 dof
+    logs = {"recipe": [math.log(100), math.log(110)], "w": [math.log(200), math.log(180), math.log(220)]}
+    squares = sum((x - sum(g) / len(g)) ** 2 for g in logs.values() for x in g)
+    got = spread(lab.study.trials)
+    assert got is not None and got[1:] == (5, 2)
+    assert got[0] == pytest.approx(math.expm1(math.sqrt(squares / 3)))
+    assert 0.09 < got[0] < 0.10  # ±9.5%

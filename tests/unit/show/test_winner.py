@@ -213,6 +213,16 @@ def test_export_gives_the_baseline_when_the_winner_was_not_shown_better(tmp_path
     assert "exported the recipe (trial 1)" in yaml_out.stderr and "max-num-seqs: 16" in yaml_out.stdout
     as_json = json.loads(runner.invoke(main, ["export", *ref, "--format", "json"]).stdout)
     assert as_json["metrics"]["trial"] == 1 and as_json["metrics"]["proven"] is False
+    status = " ".join(runner.invoke(main, ["status", *ref]).output.split())
+    assert "noise: one measurement on this machine spreads by ±" in status
+    assert "this machine's noise is too large to separate these configurations" in status
     unproven = runner.invoke(main, ["export", *ref, "--format", "flags", "--unproven"])
     assert unproven.stdout.strip() == search_record.view(study.trials[2]).command
     assert "exported the recipe" not in unproven.stderr
+
+
+def test_compare_refuses_a_study_whose_baselines_are_not_measured_yet(tmp_path: Path):
+    spec_path = _study_copy(tmp_path)
+    got = CliRunner().invoke(main, ["compare", str(spec_path), "--storage", f"sqlite:///{tmp_path / 'new.db'}"])
+    assert got.exit_code != 0
+    assert "queued trials" in got.output and "finish them with `autotune run` before comparing" in got.output
