@@ -277,11 +277,7 @@ def measure_pairs(study: optuna.Study, budget: Budget, run_one: Callable[[], obj
             break
         index = next_index(trials)
         for t in (a, b) if index % 2 == 0 else (b, a):
-            attrs: dict[str, object] = {REMEASURE_ATTR: t.number,
-                                        PAIR_ATTR: {"winner": a.number, "baseline": b.number, "index": index}}
-            if BASELINE_ATTR in t.user_attrs:  # boot exactly what the baseline booted
-                attrs[BASELINE_ATTR] = t.user_attrs[BASELINE_ATTR]
-            study.enqueue_trial(t.params, user_attrs=attrs)
+            remeasure.enqueue_again(study, t, {PAIR_ATTR: {"winner": a.number, "baseline": b.number, "index": index}})
             result = run_one()
             done.append(t.number)
             if result is not None:

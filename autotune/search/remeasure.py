@@ -277,6 +277,15 @@ class RemeasureRun:
     stopped_because: str = ""
 
 
+def enqueue_again(study: optuna.Study, t: FrozenTrial, marks: dict[str, object] | None = None) -> None:
+    """Queue trial t's configuration to boot again, marked as its re-measurement (plus `marks`); a baseline boots
+    exactly what it booted."""
+    attrs: dict[str, object] = {REMEASURE_ATTR: t.number, **(marks or {})}
+    if BASELINE_ATTR in t.user_attrs:
+        attrs[BASELINE_ATTR] = t.user_attrs[BASELINE_ATTR]
+    study.enqueue_trial(t.params, user_attrs=attrs)
+
+
 def remeasure_top(study: optuna.Study, budget: Budget, reserved: Reserve, run_one: Callable[[], object | None],
                   stop: threading.Event | None = None) -> RemeasureRun:
     """Give the reserve back to `budget` and spend it booting configurations again, as `next_to_remeasure`
@@ -301,10 +310,7 @@ def remeasure_top(study: optuna.Study, budget: Budget, reserved: Reserve, run_on
                 why = (f"{budget.remaining():.0f} s left, less than one re-measurement of trial {t.number} "
                        f"(~{needed:.0f} s with a quarter to spare)")
             break
-        attrs: dict[str, object] = {REMEASURE_ATTR: t.number}
-        if BASELINE_ATTR in t.user_attrs:  # boot exactly what the baseline booted
-            attrs[BASELINE_ATTR] = t.user_attrs[BASELINE_ATTR]
-        study.enqueue_trial(t.params, user_attrs=attrs)
+        enqueue_again(study, t)
         result = run_one()
         if result is None:
             budget.release()

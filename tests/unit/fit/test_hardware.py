@@ -8,7 +8,6 @@ import sys
 import time
 
 import psutil
-import pynvml
 import pytest
 
 from autotune.errors import SpecError
@@ -22,16 +21,7 @@ from autotune.fit.hardware import (
 )
 from autotune.measure.memory import MemoryReading, MemorySampler, PeakTracker
 from autotune.units import GiB, MiB
-
-
-def _nvml_available() -> bool:
-    try:
-        pynvml.nvmlInit()
-    except pynvml.NVMLError:
-        return False
-    pynvml.nvmlShutdown()
-    return True
-
+from tests.nvml import nvml_available
 
 # ---- profiles ---------------------------------------------------------------------------------------------------
 
@@ -73,7 +63,7 @@ def test_cpu_profile_is_the_memory_vllm_budgets_from():
 
 def test_detect_gpus_matches_nvml():
     gpus = detect_gpus()
-    if not _nvml_available():
+    if not nvml_available():
         assert gpus == []
     else:
         assert gpus and all(g.total_bytes >= g.used_bytes for g in gpus)
@@ -214,7 +204,7 @@ CUDA_CHILD = (
 )
 
 
-@pytest.mark.skipif(not _nvml_available(), reason="needs an NVIDIA GPU and driver")
+@pytest.mark.skipif(not nvml_available(), reason="needs an NVIDIA GPU and driver")
 def test_nvml_sampler_sees_a_child_allocate_on_a_real_gpu():
     gpus = detect_gpus()
     assert gpus and gpus[0].total_bytes > 0 and profile_for(gpus[0]).memory_bytes == gpus[0].total_bytes

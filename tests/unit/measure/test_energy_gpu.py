@@ -7,20 +7,10 @@ import subprocess
 import sys
 import time
 
-import pynvml
 import pytest
 
 from autotune.measure.energy import PowerSample, PowerSampler, energy_between
-
-
-def _nvml_available() -> bool:
-    try:
-        pynvml.nvmlInit()
-    except pynvml.NVMLError:
-        return False
-    pynvml.nvmlShutdown()
-    return True
-
+from tests.nvml import nvml_available
 
 # A child that keeps the GPU busy for 3 s: PyTorch where it is installed, else a CUDA context that idles.
 LOAD = ("import time\n"
@@ -34,7 +24,7 @@ LOAD = ("import time\n"
         "    time.sleep(3)\n")
 
 
-@pytest.mark.skipif(not _nvml_available(), reason="needs an NVIDIA GPU and driver")
+@pytest.mark.skipif(not nvml_available(), reason="needs an NVIDIA GPU and driver")
 def test_power_is_sampled_through_a_level_on_a_real_gpu() -> None:
     with PowerSampler([0], interval_s=0.05) as sampler:
         started = time.perf_counter()
