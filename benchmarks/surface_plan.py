@@ -27,6 +27,7 @@ fail is part of the surface.
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
 import math
 from pathlib import Path
@@ -176,8 +177,9 @@ def append_picks(plan_path: Path = PLAN, surface_path: Path = GPU_OUT) -> list[d
         prov = surface["provenance"]
         if prov["how"] == old_how:
             prov["how"] = doc["how"]
-            prov["plan_revised"] = (prov.get("plan_revised", "") + f" Stop 25: {len(new)} start picks appended "
-                                    f"(plan indices {len(doc['configs']) - len(new)}-{len(doc['configs']) - 1}).")
+            first, last = len(doc["configs"]) - len(new), len(doc["configs"]) - 1
+            prov["plan_revised"] = (prov.get("plan_revised", "") + f" {datetime.date.today()}: {len(new)} start picks "
+                                    f"appended (plan indices {first}-{last}).")
             save(surface, surface_path)
     return new
 
