@@ -195,8 +195,8 @@ def warm_start_from(spec, storage: str | None, name: str, from_storage: str | No
 
 def _search(spec, plan, storage: str | None, slots) -> None:
     from autotune.config.study_file import stored_texts, study_digest
-    from autotune.search.record import view
     from autotune.search.study import fetch_checkpoints, open_study, run_study
+    from autotune.show.export import export_winner
     from autotune.show.tables import LiveProgress, study_table
 
     try:
@@ -220,7 +220,10 @@ def _search(spec, plan, storage: str | None, slots) -> None:
     console.print(study_table(study.trials))
     for line in summary.lines():
         console.print(line, markup=False, soft_wrap=True)
-    if summary.best is not None:
-        console.print(view(summary.best.trial).command, markup=False, soft_wrap=True)
+    if summary.best is not None:  # what `export` gives: the winner only where it was shown better
+        command, notes = export_winner(study, "flags")
+        for note in notes[2 if summary.comparison is not None else 1:]:  # past the best and answer lines above
+            console.print(note, markup=False, soft_wrap=True)
+        console.print(command.rstrip("\n"), markup=False, soft_wrap=True)
     if summary.stopped_because == "interrupted":
         sys.exit(130)

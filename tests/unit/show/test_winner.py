@@ -220,6 +220,10 @@ def test_export_gives_the_baseline_when_the_winner_was_not_shown_better(tmp_path
     unproven = runner.invoke(main, ["export", *ref, "--format", "flags", "--unproven"])
     assert unproven.stdout.strip() == search_record.view(study.trials[2]).command
     assert "exported the recipe" not in unproven.stderr
+    run = runner.invoke(main, ["run", str(spec.path), "--budget", "80s", "--storage", url])  # no trial fits
+    assert run.exit_code == 0, run.output
+    assert run.output.rstrip().splitlines()[-1] == recipe_command  # the run ends with what export gives
+    assert "exported the recipe (trial 1), not trial 2" in run.output
 
 
 def test_compare_refuses_a_study_whose_baselines_are_not_measured_yet(tmp_path: Path):
