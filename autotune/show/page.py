@@ -18,6 +18,7 @@ from autotune.errors import AutotuneError
 from autotune.search import paired
 from autotune.search.record import memory_text, remeasure_views, study_limits, view, views
 from autotune.search.remeasure import Best, best_trial, figure_line, ranked
+from autotune.show import bought
 from autotune.show.report import figures, gains
 
 
@@ -84,6 +85,12 @@ def summary_html(study: optuna.Study) -> str:
     return "".join(parts)
 
 
+def bought_html(study: optuna.Study) -> str:
+    """The first panel's words (show/bought.py): the gain over each baseline, and what more time would add."""
+    items = "".join(f"<li>{html.escape(line)}</li>" for line in bought.lines(study))
+    return f"<h2>What the run bought</h2><ul class='bought'>{items}</ul>"
+
+
 def _figure_html(study: optuna.Study, best: Best) -> str:
     """The measurement the winner's figure is (remeasure.figure_line), and the command it boots."""
     return (f"<p>{html.escape(figure_line(best, study.get_trials(deepcopy=False)))}</p>"
@@ -113,9 +120,9 @@ def write_report(study: optuna.Study, out_dir: Path, *, png: bool | None = True)
             for i, (key, fig) in enumerate(figs.items())]
     name = study.study_name
     page = (f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>autotune: {html.escape(name)}</title>"
-            f"<style>{_CSS}</style></head><body><h1>autotune study {html.escape(name)}</h1>{summary_html(study)}"
-            + "".join(divs[:4]) + f"<h2>Top trials and baselines</h2>{trials_table_html(study)}"
-            + "".join(divs[4:]) + "</body></html>")
+            f"<style>{_CSS}</style></head><body><h1>autotune study {html.escape(name)}</h1>{bought_html(study)}"
+            + divs[0] + summary_html(study) + "".join(divs[1:5])
+            + f"<h2>Top trials and baselines</h2>{trials_table_html(study)}" + "".join(divs[5:]) + "</body></html>")
     html_path = out_dir / f"{name}.html"
     html_path.write_text(page, encoding="utf-8")
     if png is False:

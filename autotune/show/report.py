@@ -33,6 +33,7 @@ from autotune.search.record import (
     views,
 )
 from autotune.search.remeasure import best_trial
+from autotune.show.bought import bought_figure
 
 LATENCY_TITLES = {"p95_ttft_ms": "p95_ttft_ms (p95 time to first token)",
                   "p95_tpot_ms": "p95_tpot_ms (p95 time per output token)"}
@@ -392,6 +393,7 @@ def infeasible_figure(study: optuna.Study) -> go.Figure:
 
 def figures(study: optuna.Study) -> dict[str, go.Figure]:
     return {
+        "bought": bought_figure(study),
         "pareto_ttft": latency_figure(study, "p95_ttft_ms"),
         "pareto_tpot": latency_figure(study, "p95_tpot_ms"),
         "pareto_memory": memory_figure(study),

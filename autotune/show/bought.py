@@ -1,0 +1,168 @@
+"""What the run bought, the report's first panel: the winner's gain over each baseline, the best figure found
+against the study's elapsed time, and what more time would likely add, all read from the study's own trials.
+
+A gain is the paired comparison's interval where the comparison measured the winner against that baseline
+(search/paired.py, the sentence every output prints); against any other baseline it is the ratio of the two
+configurations' figures (remeasure.Best.figure), unpaired, which carries the whole of the machine's noise.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+
+import optuna
+import plotly.graph_objects as go
+from optuna.trial import FrozenTrial
+from plotly.subplots import make_subplots
+
+from autotune.search import paired, remeasure
+from autotune.search.record import BASELINE_ATTR, REMEASURE_ATTR, view
+
+MIN_BOOTED = 4  # booted trials before the rate of improvement says anything about more time
+
+
+@dataclass(frozen=True)
+class BaselineGain:
+    """The winner against one baseline: low/high are None for an unpaired ratio (no interval measured)."""
+
+    baseline: str
+    trial: int
+    mid: float | None  # a fraction (0.14 = +14%); None when the baseline did not hold its limits
+    low: float | None
+    high: float | None
+    how: str  # "paired, 90% interval", "unpaired ratio of figures", or why there is no gain
+
+    def text(self) -> str:
+        if self.mid is None:
+            return f"{self.baseline} (trial {self.trial}): no gain to give: {self.how}"
+        head = f"{self.baseline} (trial {self.trial}): {_pct(self.mid)} output tok/s"
+        if self.low is not None and self.high is not None:
+            return f"{head} ({paired.CONFIDENCE:.0%} interval {_pct(self.low)} to {_pct(self.high)}, paired)"
+        return f"{head} ({self.how})"
+
+
+@dataclass(frozen=True)
+class BestSoFar:
+    """The winner's figure as the study stood when one booted trial finished."""
+
+    minutes: float  # since the study's first trial started
+    figure: float  # 0 before anything met the limits
+    trial: int  # the trial that finished then
+
+
+def _pct(x: float) -> str:
+    return f"{x * 100:+.0f}%"
+
+
+def _is_baseline_original(t: FrozenTrial) -> bool:
+    return BASELINE_ATTR in t.user_attrs and REMEASURE_ATTR not in t.user_attrs and t.state.is_finished()
+
+
+def baseline_gains(study: optuna.Study) -> list[BaselineGain]:
+    """For each baseline, the winner's gain over it: paired where the comparison measured it, else unpaired."""
+    trials = study.get_trials(deepcopy=False)
+    winner = remeasure.best(trials)
+    said = paired.answer(study)
+    out = []
+    for t in (t for t in trials if _is_baseline_original(t)):
+        name = paired.baseline_name(t)
+        if winner is None:
+            out.append(BaselineGain(name, t.number, None, None, None, "no configuration met the limits"))
+            continue
+        if winner.trial.number == t.number:
+            out.append(BaselineGain(name, t.number, 0.0, None, None, "it is the winner itself"))
+            continue
+        if said is not None and said.baseline_trial == t.number and said.interval is not None:
+            i = said.interval
+            out.append(BaselineGain(name, t.number, i.mid, i.low, i.high, f"paired, {paired.CONFIDENCE:.0%} interval"))
+            continue
+        own = remeasure.best(trials, keep=lambda r, n=t.number: r.number == n)  # type: ignore[misc]
+        if own is None or not own.figure:
+            out.append(BaselineGain(name, t.number, None, None, None, view(t).ending))
+            continue
+        out.append(BaselineGain(name, t.number, winner.figure / own.figure - 1, None, None,
+                                "unpaired ratio of figures, no interval"))
+    return out
+
+
+def best_over_time(trials: Sequence[FrozenTrial]) -> list[BestSoFar]:
+    """The winner's figure (remeasure.best over the trials finished by then) after each booted trial, by the
+    minutes since the first trial started: from the trials' own datetime_start and datetime_complete."""
+    starts = [t.datetime_start for t in trials if t.datetime_start is not None]
+    done = sorted((t for t in trials if t.datetime_complete is not None and view(t).booted),
+                  key=lambda t: t.datetime_complete or datetime.min)
+    if not starts or not done:
+        return []
+    origin = min(starts)
+    out = []
+    for k, t in enumerate(done, 1):
+        so_far = remeasure.best(done[:k])
+        minutes = ((t.datetime_complete or origin) - origin).total_seconds() / 60
+        out.append(BestSoFar(minutes, so_far.figure if so_far is not None else 0.0, t.number))
+    return out
+
+
+def last_improvement(curve: Sequence[BestSoFar]) -> BestSoFar:
+    """When the best figure last rose above every figure before it (a re-measurement may lower it since)."""
+    last, peak = curve[0], 0.0
+    for p in curve:
+        if p.figure > peak:
+            last, peak = p, p.figure
+    return last
+
+
+def more_time(curve: Sequence[BestSoFar]) -> str:
+    """What running as long again would likely add, from the study's own rate of improvement: the relative gain
+    of the best figure over the second half of the elapsed time, carried on for as long again. Searches improve
+    less as they go, so this is an upper estimate; with fewer than MIN_BOOTED booted trials it is unknown."""
+    if len(curve) < MIN_BOOTED or curve[-1].figure <= 0:
+        return (f"what more time would add: unknown ({len(curve)} booted trial(s) with a figure; it takes "
+                f"{MIN_BOOTED} to see a rate of improvement)")
+    end = curve[-1]
+    half = [p for p in curve if p.minutes <= end.minutes / 2]
+    at_half = half[-1].figure if half else 0.0
+    last = last_improvement(curve)
+    since = len([p for p in curve if p.minutes > last.minutes])
+    when = (f"the best was last improved {last.minutes:,.0f} min into the {end.minutes:,.0f} min run (trial "
+            f"{last.trial}); {since} booted trial(s) since")
+    if at_half <= 0:
+        return (f"what more time would add: unknown (nothing met the limits in the first half of the run); {when}")
+    gain = end.figure / at_half - 1
+    if gain <= 0:
+        return (f"what more time would add: likely little; the best did not improve in the second half of the run "
+                f"({end.minutes / 2:,.0f} min); {when}")
+    return (f"what more time would add: at most about {_pct(gain)} for as long again ({end.minutes:,.0f} min), "
+            f"the gain of the second half of the run carried on ({at_half:,.0f} to {end.figure:,.0f} output tok/s); "
+            f"{when}")
+
+
+def lines(study: optuna.Study) -> list[str]:
+    """The panel's words: each baseline's gain, then what more time would add."""
+    return ([f"gain over {g.text()}" for g in baseline_gains(study)]
+            + [more_time(best_over_time(study.get_trials(deepcopy=False)))])
+
+
+def bought_figure(study: optuna.Study) -> go.Figure:
+    """The gains as bars (the paired interval as its error bar), and the best figure against elapsed minutes."""
+    gains = [g for g in baseline_gains(study) if g.mid is not None]
+    curve = best_over_time(study.get_trials(deepcopy=False))
+    fig = make_subplots(rows=1, cols=2, horizontal_spacing=0.1,
+                        subplot_titles=("gain over each baseline, %", "best figure found, by elapsed time"))
+    fig.add_trace(go.Bar(
+        x=[g.baseline for g in gains], y=[g.mid * 100 for g in gains],  # type: ignore[operator]
+        error_y={"type": "data", "symmetric": False,
+                 "array": [(g.high - g.mid) * 100 if g.high is not None else 0 for g in gains],  # type: ignore
+                 "arrayminus": [(g.mid - g.low) * 100 if g.low is not None else 0 for g in gains]},  # type: ignore
+        text=[g.how for g in gains], hovertext=[g.text() for g in gains], hoverinfo="text",
+        marker_color=["#2ca02c" if g.low is not None else "#9e9e9e" for g in gains], name="gain"), 1, 1)
+    fig.add_trace(go.Scatter(
+        x=[p.minutes for p in curve], y=[p.figure for p in curve], mode="lines+markers",
+        line={"shape": "hv", "color": "#2ca02c"}, name="best figure so far",
+        hovertext=[f"after trial {p.trial}: {p.figure:,.0f} output tok/s" for p in curve], hoverinfo="text"), 1, 2)
+    fig.update_xaxes(title_text="minutes since the study started", row=1, col=2)
+    fig.update_yaxes(title_text="output tok/s", rangemode="tozero", row=1, col=2)
+    fig.update_layout(title="What the run bought<br><sup>" + more_time(curve) + "</sup>", template="plotly_white",
+                      showlegend=False)
+    return fig
