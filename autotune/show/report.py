@@ -18,6 +18,7 @@ import plotly.graph_objects as go
 from optuna.trial import FrozenTrial, TrialState
 from plotly.subplots import make_subplots
 
+from autotune.search import remeasure
 from autotune.search.record import (
     SCREENED_OUT,
     TrialView,
@@ -33,7 +34,7 @@ from autotune.search.record import (
     views,
 )
 from autotune.search.remeasure import best_trial
-from autotune.show.bought import bought_figure
+from autotune.show.bought import baseline_gains, bought_figure
 
 LATENCY_TITLES = {"p95_ttft_ms": "p95_ttft_ms (p95 time to first token)",
                   "p95_tpot_ms": "p95_tpot_ms (p95 time per output token)"}
@@ -80,16 +81,15 @@ class Gain:
 
 
 def gains(study: optuna.Study) -> list[Gain]:
-    """Against each baseline's own measurement, the winner's figure (remeasure.best)."""
-    best = best_trial(study)
+    """Against each baseline, the winner's gain as the report's first panel states it (bought.baseline_gains:
+    paired where the comparison measured it), beside the baseline's own figure."""
+    trials = study.get_trials(deepcopy=False)
     out = []
-    for v in views(study):
-        if v.baseline is None or v.kind == "running":
-            continue
-        # a baseline without a (non-zero) feasible figure has no gain: its reason is shown instead
-        figure = v.throughput if v.kind == "feasible" and v.throughput else None
-        pct = (best.figure / figure - 1) * 100 if figure is not None and best is not None and best.figure else None
-        out.append(Gain(v.baseline, v.number, figure, pct, "" if figure is not None else v.reason or v.kind))
+    for g in baseline_gains(study):
+        own = remeasure.best(trials, keep=lambda t, n=g.trial: t.number == n)  # type: ignore[misc]
+        figure = own.figure if own is not None and own.figure else None
+        out.append(Gain(g.baseline, g.trial, figure, g.mid * 100 if g.mid is not None else None,
+                        "" if figure is not None else g.how))
     return out
 
 

@@ -13,7 +13,7 @@ from optuna.trial import FrozenTrial, TrialState
 
 from autotune.search import paired
 from autotune.search.record import BASELINE_ATTR, REMEASURE_ATTR
-from autotune.show import bought, page
+from autotune.show import bought, page, report
 
 T0 = datetime(2026, 1, 5, 9, 0)
 
@@ -69,6 +69,9 @@ def test_the_paired_gain_is_the_stored_comparisons_sentence(study: optuna.Study)
     mid, interval = text.split(": ", 1)[1].split(" (", 1)
     assert mid in said.sentence  # "+36% output tok/s"
     assert interval.removesuffix(", paired)") in said.sentence  # "90% interval +22% to +49%"
+    # the report's summary and its best-trial note say the same gain as the panel, not the first measurements' ratio
+    summary = {g.baseline: g for g in report.gains(study)}["recipe"]
+    assert summary.gain_pct == pytest.approx(gain.mid * 100)  # type: ignore[operator]
 
 
 def test_a_baseline_without_pairs_gets_the_unpaired_ratio_of_figures_labelled_so(study: optuna.Study) -> None:
