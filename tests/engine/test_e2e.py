@@ -49,7 +49,8 @@ def test_run_export_and_resume(cpu_study_db: tuple[Path, str]) -> None:
     from vllm.entrypoints.launchers.cli_args import make_arg_parser
     from vllm.utils.argparse_utils import FlexibleArgumentParser
 
-    args = make_arg_parser(FlexibleArgumentParser()).parse_args(words[3:])  # vLLM's own parser accepts it
-    assert words[:3] == ["VLLM_CPU_KVCACHE_SPACE=1", "vllm", "serve"]  # the study's [engine.env], as booted
-    assert args.model_tag == trials[0].user_attrs["model"] and args.load_format == "dummy"
+    # the study's [engine.env] as booted, then what serves where autotune runs: the CPU build's API server module
+    assert words[:4] == ["VLLM_CPU_KVCACHE_SPACE=1", "python", "-m", "vllm.entrypoints.openai.api_server"]
+    args = make_arg_parser(FlexibleArgumentParser()).parse_args(words[4:])  # vLLM's own parser accepts it
+    assert args.model == trials[0].user_attrs["model"] and args.load_format == "dummy"
     assert args.dtype == "float32"
