@@ -151,7 +151,9 @@ def study_table(trials, *, limit: int = 15, title: str = "configurations, best f
     trials = list(trials)
     by_number = {t.number: t for t in trials}
     figures = {b.trial.number: b for b in ranked(trials)}
-    ordered = sorted((view(t) for t in trials if REMEASURE_ATTR not in t.user_attrs and t.state != TrialState.WAITING),
+    # queued trials are not shown, save the baselines (queued first, they are what every result reads against)
+    ordered = sorted((v for v in map(view, trials) if REMEASURE_ATTR not in by_number[v.number].user_attrs
+                      and (by_number[v.number].state != TrialState.WAITING or v.baseline is not None)),
                      key=lambda v: (v.number not in figures, -(figures[v.number].figure if v.number in figures
                                                                else 0.0), v.number))
     shown = ordered[:limit] + [v for v in ordered[limit:] if v.baseline is not None]

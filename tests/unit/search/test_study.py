@@ -14,6 +14,7 @@ from optuna.trial import TrialState
 
 from autotune.cli import main
 from autotune.config.study_file import load_study
+from autotune.engine.flags import serve_program
 from autotune.engine.logs import BootInfo, Failure, FailureKind
 from autotune.engine.server import EngineSpec, server_env
 from autotune.errors import EngineError
@@ -200,8 +201,10 @@ def test_export_flags_parse_back_with_vllms_own_parser(spec, monkeypatch) -> Non
     out = CliRunner().invoke(main, ["export", "--study", str(spec.path), "--format", "flags"])
     assert out.exit_code == 0, out.output
     words = shlex.split(out.stdout)
-    assert words[:3] == ["vllm", "serve", "/models/tiny"]
-    ns = make_arg_parser(FlexibleArgumentParser()).parse_args(words[2:])
+    program = list(serve_program())  # what serves where autotune runs: `vllm serve`, or the CPU build's module
+    assert words[:len(program) + 1] == [*program, "/models/tiny"]
+    ns = make_arg_parser(FlexibleArgumentParser()).parse_args(words[len(program) - 1 if program[-1] == "--model"
+                                                                      else len(program):])
     for dest, value in flags.items():
         assert getattr(ns, dest) == value, dest
     as_json = CliRunner().invoke(main, ["export", "--study", str(spec.path), "--format", "json"])
@@ -223,7 +226,7 @@ def test_export_carries_the_environment_the_trial_booted_with(spec, monkeypatch)
         return out.stdout  # the winner's figure goes to stderr: stdout is what a user pastes or captures
 
     assert shlex.split(export("flags"))[:4] == ["VLLM_CPU_KVCACHE_SPACE=2", "VLLM_USE_FLASHINFER_SAMPLER=0",
-                                                "vllm", "serve"]
+                                                *serve_program()[:2]]
     assert json.loads(export("json"))["env"] == booted_with
     header = [line for line in export("yaml").splitlines() if line.startswith("#")]
     assert "# VLLM_CPU_KVCACHE_SPACE=2" in header and "# VLLM_USE_FLASHINFER_SAMPLER=0" in header
