@@ -269,11 +269,8 @@ def measure_pairs(study: optuna.Study, budget: Budget, run_one: Callable[[], obj
         a, b = by_number[now.winner], by_number[now.baseline_trial]
         la, lb = remeasure.length_s(a), remeasure.length_s(b)
         needed = la + lb if la is not None and lb is not None else None
-        fits, why = budget.claim(needed)
+        fits, why = remeasure.claim(budget, needed, f"one more pair of trial {a.number} and the {now.baseline}")
         if not fits:
-            if needed is not None and "left" in why:
-                why = (f"{budget.remaining():.0f} s left, less than one more pair of trial {a.number} and the "
-                       f"{now.baseline} (~{needed:.0f} s)")
             break
         index = next_index(trials)
         for t in (a, b) if index % 2 == 0 else (b, a):

@@ -277,6 +277,14 @@ class RemeasureRun:
     stopped_because: str = ""
 
 
+def claim(budget: Budget, needed: float | None, what: str, spare: str = "") -> tuple[bool, str]:
+    """Claim `needed` seconds of the budget for `what`; where too little time is left, say so in those words."""
+    fits, why = budget.claim(needed)
+    if not fits and needed is not None and "left" in why:
+        why = f"{budget.remaining():.0f} s left, less than {what} (~{needed:.0f} s{spare})"
+    return fits, why
+
+
 def enqueue_again(study: optuna.Study, t: FrozenTrial, marks: dict[str, object] | None = None) -> None:
     """Queue trial t's configuration to boot again, marked as its re-measurement (plus `marks`); a baseline boots
     exactly what it booted."""
@@ -303,12 +311,8 @@ def remeasure_top(study: optuna.Study, budget: Budget, reserved: Reserve, run_on
         t = next_to_remeasure(study.get_trials(deepcopy=False), reserved.top)
         if t is None:
             break
-        needed = length_s(t)
-        fits, why = budget.claim(needed)
+        fits, why = claim(budget, length_s(t), f"one re-measurement of trial {t.number}", " with a quarter to spare")
         if not fits:
-            if needed is not None and "left" in why:
-                why = (f"{budget.remaining():.0f} s left, less than one re-measurement of trial {t.number} "
-                       f"(~{needed:.0f} s with a quarter to spare)")
             break
         enqueue_again(study, t)
         result = run_one()
