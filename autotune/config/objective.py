@@ -51,6 +51,10 @@ def _check_workload(workload: Workload, wt: TomlTable) -> None:
         raise wt.error("replay", "give either 'dataset' (prompts) or 'replay' (a request log), not both")
     if workload.turns > 1 and (workload.dataset is not None or workload.replay is not None):
         raise wt.error("turns", "conversations are drawn: 'turns' > 1 goes with neither 'dataset' nor 'replay'")
+    if workload.clip_to_context and (workload.dataset is not None or workload.replay is not None
+                                     or workload.turns > 1):
+        raise wt.error("clip_to_context", "cuts drawn prompts: it goes with neither 'dataset', 'replay' nor "
+                                          "'turns' > 1")
     if workload.dataset is not None:
         read_dataset(workload.dataset)
     if workload.replay is not None:

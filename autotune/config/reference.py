@@ -274,6 +274,10 @@ OBJECTIVE_KEYS: dict[str, str] = {
                     "server renders with the model's chat template).",
     "workload.turns": "Turns per conversation (>= 1): turn k resends the turns before it and their answers, a "
                       "prefix the server may have cached, and is sent once the answer to turn k-1 came.",
+    "workload.clip_to_context": "Cut each drawn prompt to the trial's max_model_len, less its answer (and 64 "
+                                "tokens of chat template): an agent compacts its context to the window the server "
+                                "offers, so a trial with a longer context is sent longer prompts. Not with "
+                                "dataset, replay or turns > 1.",
     "workload.seed": "Seed of the drawn prompts and lengths (>= 0): every trial is sent the same requests.",
     "workload.prompt": "One of {prompt_kinds}: on /v1/completions, send token ids (exact lengths, no tokenizer), "
                        "or the same ids decoded to text with the model's tokenizer.json (the server then tokenizes, "

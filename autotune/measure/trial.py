@@ -381,8 +381,10 @@ def _measure(server: Server, plan: TrialPlan, value: float, seed_offset: int,
     w = search.warmup_requests
     workload = plan.objective.workload
     tokenize, decode = tokenizer_of(workload, plan.engine.model)
+    context = plan.engine.flags.get("max_model_len")
     requests = workload.requests(rule.max_requests + w, plan.vocab_size, seed_offset=seed_offset,
-                                 tokenize=tokenize, decode=decode)
+                                 tokenize=tokenize, decode=decode,
+                                 context=context if isinstance(context, int) else None)
     cancelled = cancel or threading.Event()  # set: the level ends with the requests in flight (Ctrl-C)
     power = PowerSampler(power_gpus) if power_gpus else None
     if power is not None:

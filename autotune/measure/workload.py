@@ -115,6 +115,9 @@ class Workload:
     api: Literal["completions", "chat"] = "completions"
     replay: Path | None = None  # a request log (measure/datasets.py), replayed at each level's rate
     turns: int = 1  # turns per conversation: turn k resends turns 1..k-1 and their answers (a prefix to reuse)
+    # Cut each prompt to the trial's max_model_len (less the answer, and the chat template's tokens): an agent
+    # compacts its context to the window the server offers, so a longer context is sent longer prompts.
+    clip_to_context: bool = False
 
     @property
     def sends_text(self) -> bool:
@@ -129,9 +132,11 @@ class Workload:
         seed_offset: int = 0,
         tokenize: Tokenize | None = None,
         decode: Decode | None = None,
+        context: int | None = None,
     ) -> list[RequestSpec]:
         """`n` requests, the same for the same (seed, seed_offset); when the workload sends text, each carries its
-        text: the dataset's own, else its ids decoded by `decode` (the model's tokenizer: prompt_decoder)."""
+        text: the dataset's own, else its ids decoded by `decode` (the model's tokenizer: prompt_decoder).
+        `context`: the trial's max_model_len, which `clip_to_context` cuts each prompt to (None: not cut)."""
         if n < 0:
             raise ValueError(f"n must be >= 0, got {n}")
         rng = np.random.default_rng([self.seed, seed_offset])
@@ -143,12 +148,31 @@ class Workload:
             specs = self._conversations(n, vocab_size, rng)
         else:
             specs = self._ids(n, vocab_size, rng)
+        room = self.prompt_room(context)
         if not self.sends_text:
-            return specs
+            return [_cut(s, room) for s in specs]
         if decode is None:
             raise ValueError("a workload that sends text needs the model's tokenizer to decode the prompts "
                              "(decode=None)")
-        return [self._with_text(s, decode) for s in specs]
+        texts = [self._with_text(_cut(s, room), decode) for s in specs]
+        return texts if room is None or tokenize is None else [_text_within(s, room, tokenize, decode) for s in texts]
+
+    def prompt_room(self, context: int | None, output_len: int | None = None) -> int | None:
+        """The most prompt tokens a request may carry in a `context` (max_model_len) of tokens where the workload
+        clips to it: its answer (`output_len`, else the longest drawn) and, for chat, the template's tokens fit
+        beside it. None where prompts are not cut."""
+        if not self.clip_to_context or context is None:
+            return None
+        answer = self.output_len.max if self.output_len.kind != "fixed" else self.output_len.mean
+        return max(1, context - (answer if output_len is None else output_len)
+                   - (CHAT_TEMPLATE_TOKENS if self.api == "chat" else 0))
+
+    def mean_request_tokens(self, context: int | None = None) -> float:
+        """A request's mean length in tokens (prompt and answer), its prompt cut to `context` where the workload
+        clips to it: what a KV cache holds per request, for the load search's first level and the screen."""
+        room = self.prompt_room(context)
+        prompt = self.input_len.mean if room is None else min(self.input_len.mean, room)
+        return prompt + self.output_len.mean
 
     def _with_text(self, spec: RequestSpec, decode: Decode) -> RequestSpec:
         if spec.prompt_text is not None:
@@ -241,6 +265,28 @@ class Workload:
             at = (row.timestamp - first) * per_second + cycle * len(log)  # the next pass follows one mean gap later
             specs.append(RequestSpec(prefix + body, row.output_len, at=at))
         return specs
+
+
+# Tokens a chat template wraps a user message in (Qwen's: "<|im_start|>user\n", "<|im_end|>\n", the assistant's
+# turn and an empty think block; others' system lines), with room to spare.
+CHAT_TEMPLATE_TOKENS = 64
+
+
+def _cut(spec: RequestSpec, room: int | None) -> RequestSpec:
+    """The request with its prompt cut to `room` tokens (the shared prefix comes first, so it is kept)."""
+    if room is None or spec.prompt_len <= room:
+        return spec
+    return dataclasses.replace(spec, prompt_token_ids=spec.prompt_token_ids[:room])
+
+
+def _text_within(spec: RequestSpec, room: int, tokenize: Tokenize, decode: Decode) -> RequestSpec:
+    """A text prompt cut until the server's count of it fits `room`: random ids decoded and read back by the
+    tokenizer may come to a few more tokens than were drawn."""
+    ids, text = spec.prompt_token_ids, spec.prompt_text or ""
+    while (count := len(tokenize(text))) > room:
+        ids = ids[: min(len(ids) - 1, len(ids) * room // count)]  # in proportion: the tokens per id stay alike
+        text = decode(ids)
+    return dataclasses.replace(spec, prompt_token_ids=ids, prompt_text=text)
 
 
 def _random_ids(seed: list[int], n: int, vocab_size: int) -> tuple[int, ...]:

@@ -44,9 +44,9 @@ def _runs_as_booted(spec: StudySpec, flags: dict[str, object], estimate: Estimat
 def _holds_at_once(spec: StudySpec, flags: dict[str, object], kv_tokens: int | None,
                    running: int | None = None) -> float | None:
     """ladder.capacity of a configuration's flags for the study's mean request."""
-    w, seqs = spec.objective.workload, flags.get("max_num_seqs")
-    return capacity(float(seqs) if isinstance(seqs, int | float) else None, kv_tokens,
-                    w.input_len.mean + w.output_len.mean, running)
+    seqs, context = flags.get("max_num_seqs"), flags.get("max_model_len")
+    per_request = spec.objective.workload.mean_request_tokens(context if isinstance(context, int) else None)
+    return capacity(float(seqs) if isinstance(seqs, int | float) else None, kv_tokens, per_request, running)
 
 
 def screen_before_boot(prior: Prior, flags: dict[str, object], estimate: Estimate, profile: GpuProfile,

@@ -74,6 +74,7 @@ def test_a_bad_request_log_line_is_refused_at_load(tmp_path: Path) -> None:
     ("turns = 0", 'mode = "rate"', "workload.turns: must be >= 1"),
     ('turns = 2\nreplay = "log.jsonl"', 'mode = "rate"', "workload.turns: conversations are drawn"),
     ('api = "chats"', 'mode = "rate"', "workload.api: must be one of 'completions', 'chat'"),
+    ("turns = 2\nclip_to_context = true", 'mode = "concurrency"', "workload.clip_to_context: cuts drawn prompts"),
 ])
 def test_workload_keys_that_cannot_go_together_are_refused(tmp_path: Path, workload: str, load: str,
                                                            named: str) -> None:
@@ -87,6 +88,15 @@ def test_the_shipped_objectives_send_text_and_the_chat_one_chat_requests() -> No
     objectives = {p.stem: load_objective(p) for p in (ROOT / "objectives").glob("*.toml")}
     assert objectives and all(o.workload.sends_text for o in objectives.values())
     assert objectives["chat-p95"].workload.api == "chat"
+
+
+def test_the_long_context_objective_sends_long_chat_prompts_behind_a_shared_prefix_cut_to_the_context() -> None:
+    agentic = load_objective(ROOT / "objectives" / "long-context-agentic.toml").workload
+    assert agentic.api == "chat" and agentic.clip_to_context
+    assert (agentic.input_len.min, agentic.input_len.max, agentic.shared_prefix_len) == (16_384, 120_000, 16_384)
+    assert agentic.prompt_room(32_768) == 32_768 - 512 - 64  # a 32k trial is sent 32k prompts
+    scaled = load_objective(ROOT / "tests" / "data" / "workloads" / "long-context-objective.toml").workload
+    assert (scaled.api, scaled.clip_to_context, scaled.shared_prefix_len) == ("chat", True, 512)
 
 
 def test_the_shipped_workload_files_load_and_fit_the_tiny_model() -> None:

@@ -243,3 +243,47 @@ def test_a_request_log_needs_a_time_span(tmp_path) -> None:
         read_request_log(write_log(tmp_path, [{"timestamp": 2, "input_len": 10, "output_len": 2}]))
     with pytest.raises(SpecError, match="same timestamp"):
         read_request_log(write_log(tmp_path, [{"timestamp": 2, "input_len": 10, "output_len": 2}] * 2))
+
+
+LONG = Workload(LengthDist("lognormal", mean=1400, std=800, min=512, max=3600), LengthDist(mean=16),
+                shared_prefix_len=512, clip_to_context=True)
+
+
+def test_prompts_clipped_to_the_context_keep_the_shared_prefix_and_the_rest_of_the_draw() -> None:
+    whole = LONG.requests(40, VOCAB)
+    cut = LONG.requests(40, VOCAB, context=1024)
+    assert max(r.prompt_len for r in whole) > 1024 > min(r.prompt_len for r in whole)  # some are cut, some not
+    for w, c in zip(whole, cut, strict=True):
+        assert c.prompt_len == min(w.prompt_len, 1024 - 16)  # the answer fits beside it
+        assert c.prompt_token_ids == w.prompt_token_ids[: c.prompt_len] and c.max_tokens == w.max_tokens
+    assert {r.prompt_token_ids[:512] for r in cut} == {whole[0].prompt_token_ids[:512]}
+    unclipped = Workload(LONG.input_len, LONG.output_len, shared_prefix_len=512)
+    assert unclipped.requests(40, VOCAB, context=1024) == whole  # only an objective that asks for it is cut
+
+
+def test_a_chat_prompt_leaves_room_for_the_template_and_the_longest_answer() -> None:
+    chat = Workload(LONG.input_len, LengthDist("normal", mean=16, std=4, min=8, max=32), shared_prefix_len=512,
+                    api="chat", clip_to_context=True)
+    assert chat.prompt_room(2048) == 2048 - 32 - 64
+    assert chat.prompt_room(None) is None and Workload().prompt_room(2048) is None
+    assert chat.mean_request_tokens(1024) == 1024 - 32 - 64 + 16
+    assert chat.mean_request_tokens(262_144) == chat.mean_request_tokens() == 1400 + 16
+
+
+def test_a_text_prompt_is_cut_until_the_tokenizer_counts_it_within_the_context(tmp_path) -> None:
+    """Random ids decoded to text may read back as more tokens than were drawn (a BPE merges and splits across the
+    joins): the cut goes by the tokenizer's count. Here every id above 2,000 reads back as two tokens."""
+    from autotune.engine.models import VOCAB_SIZE, write_tiny_model
+    from autotune.measure.workload import prompt_decoder, prompt_encoder
+
+    model = str(write_tiny_model("dense", tmp_path / "dense"))
+    encode, decode = prompt_encoder(model), prompt_decoder(model)
+
+    def tokenize(text: str) -> list[int]:
+        return [t for i in encode(text) for t in ((i, i) if i > 2000 else (i,))]
+
+    text = Workload(LONG.input_len, LONG.output_len, shared_prefix_len=512, prompt="text", clip_to_context=True)
+    sent = text.requests(20, VOCAB_SIZE, tokenize=tokenize, decode=decode, context=1024)
+    assert all(len(tokenize(r.prompt_text or "")) <= 1024 - 16 for r in sent)
+    assert max(len(tokenize(r.prompt_text or "")) for r in sent) > 0.98 * (1024 - 16)  # not much further than needed
+    assert all(decode(r.prompt_token_ids) == r.prompt_text for r in sent)
