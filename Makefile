@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.autotune-installed
-BUDGET ?= 10m
+BUDGET ?= 20m
 
 .PHONY: setup run lint test test-fast test-engine clean
 

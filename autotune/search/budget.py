@@ -22,7 +22,7 @@ if TYPE_CHECKING:
 Clock = Callable[[], float]
 
 
-RESERVE_MAX_SHARE = 0.25  # of a time budget, at most, is held back from the search for re-measuring
+RESERVE_MAX_SHARE = 0.5  # of a time budget, at most, is held back from the search: the search keeps half
 
 
 @dataclass
@@ -38,6 +38,7 @@ class Budget:
     # Seconds kept at the end for re-measuring: the search sees its deadline earlier by what `held` says.
     held_s: float = 0.0  # the reserve's share of the budget (remeasure.reserve)
     remeasure_s: float = 0.0  # what the re-measurement due next will take, with its margin (remeasure.hold)
+    pairs_s: float = 0.0  # what the final pairs will take, with their margin (paired.hold_pairs); 0: none due
 
     def __post_init__(self) -> None:
         self.start = self.clock()
@@ -51,15 +52,32 @@ class Budget:
         return self.start + self.seconds - self.held()
 
     def held(self) -> float:
-        """Seconds the search leaves for re-measuring: the reserve, and at least the re-measurement due next
-        (`remeasure_s`: sized on that configuration's own warm measurement, as the median trial says nothing of
-        it: screened trials are short), or the time kept would buy nothing; never more than RESERVE_MAX_SHARE of
-        the budget. Where the re-measurement needs more than that, nothing is held: the search keeps the whole
-        budget, and a re-measurement runs only if the search leaves time for one."""
+        """Seconds the search leaves for the end of the run: the re-measurement due next (`remeasure_s`: sized
+        on that configuration's own warm measurement, as the median trial says nothing of it: screened trials
+        are short) and the final pairs after it (`pairs_s`), or at least the reserve (`held_s`, before anything
+        is measured); never more than RESERVE_MAX_SHARE of the budget. Where the pairs do not fit in that, the
+        re-measurement alone is held (and the run says the budget is too short for them: `pairs_short_s`);
+        where it does not fit either, nothing is held: the search keeps the whole budget, and a re-measurement
+        runs only if the search leaves time for one."""
         if self.held_s <= 0 or self.seconds is None:
             return 0.0
-        held = max(self.held_s, self.remeasure_s)
-        return held if held <= RESERVE_MAX_SHARE * self.seconds else 0.0
+        cap = RESERVE_MAX_SHARE * self.seconds
+        for held in (max(self.held_s, self.remeasure_s + self.pairs_s), max(self.held_s, self.remeasure_s)):
+            if held <= cap:
+                return held
+        return 0.0
+
+    def pairs_held(self) -> float:
+        """Seconds of the final pairs that the reserve holds: all of `pairs_s`, or 0 when they do not fit in it."""
+        fits = self.seconds is not None and self.remeasure_s + self.pairs_s <= RESERVE_MAX_SHARE * self.seconds
+        return self.pairs_s if fits else 0.0
+
+    def pairs_short_s(self) -> float:
+        """How much longer the budget would have to be for the reserve to hold the final pairs (0: it holds
+        them, or none are due)."""
+        if self.seconds is None or self.pairs_s <= 0:
+            return 0.0
+        return max(0.0, (self.remeasure_s + self.pairs_s) / RESERVE_MAX_SHARE - self.seconds)
 
     def remaining(self) -> float:
         """Seconds the search has left: the budget's, less what is held for re-measuring."""

@@ -32,7 +32,7 @@ from scipy import stats
 
 from autotune.measure.stats import METRICS, current_names, limit_parts
 from autotune.search import remeasure
-from autotune.search.budget import Budget
+from autotune.search.budget import RESERVE_MAX_SHARE, Budget
 from autotune.search.record import BASELINE_ATTR, QUEUED, REMEASURE_ATTR, feasible, view
 
 CONFIDENCE = 0.90  # two-sided: the winner is "better" when the interval's low end is above 0
@@ -238,6 +238,49 @@ def answer(study: optuna.Study) -> Comparison | None:
     if isinstance(stored, dict) and now is not None and stored.get("winner") == now.winner:
         return Comparison.from_attr(stored)
     return now
+
+
+def pair_length_s(trials: Sequence[FrozenTrial]) -> float | None:
+    """What one pair takes on this machine: a warm boot and measurement of the best baseline and of the best
+    searched configuration (the one a pair would boot against it; the baseline's own length again while none is
+    measured), each as remeasure.length_s sizes it. None without a baseline that met the limits, or a length."""
+    base = best_baseline(trials)
+    if base is None:
+        return None
+    rival = remeasure.best(trials, keep=lambda t: BASELINE_ATTR not in t.user_attrs) or base
+    lengths = [remeasure.length_s(rival.trial), remeasure.length_s(base.trial)]
+    return None if None in lengths else sum(x for x in lengths if x is not None)
+
+
+def pairs_due(trials: Sequence[FrozenTrial], limits: Mapping[str, float]) -> int:
+    """How many more pairs the run owes at least: MIN_PAIRS, less those the winner has measured already."""
+    now = current(trials, limits)
+    if now is None or not now.baseline:
+        return 0
+    measured = len(now.pairs) if now.winner != now.baseline_trial else 0
+    return max(0, MIN_PAIRS - measured) if measured == 0 or needs_another_pair(now.pairs) else 0
+
+
+def hold_pairs(budget: Budget, study: optuna.Study) -> None:
+    """Size the time the search leaves for the final pairs (Budget.pairs_s) on what a pair costs here: the search
+    calls it after each trial, beside remeasure.hold."""
+    trials = study.get_trials(deepcopy=False)
+    length = pair_length_s(trials)
+    budget.pairs_s = pairs_due(trials, study.user_attrs.get("limits") or {}) * length if length else 0.0
+
+
+def too_short_line(budget: Budget, comparison: Comparison | None) -> str:
+    """When the budget was too short to hold the final pairs and the run ended without them, by how much."""
+    short = budget.pairs_short_s()
+    if comparison is None or not comparison.baseline or comparison.winner == comparison.baseline_trial or short <= 0:
+        return ""
+    if len(comparison.pairs) >= MIN_PAIRS or budget.seconds is None:
+        return ""
+    needed, kept = budget.remeasure_s + budget.pairs_s, RESERVE_MAX_SHARE * budget.seconds
+    return (f"the budget ({budget.seconds / 60:g} min) is too short for the final pairs: a re-measurement and "
+            f"{MIN_PAIRS} pairs of the winner and the {comparison.baseline} take ~{needed:.0f} s here, "
+            f"{needed - kept:.0f} s more than the {kept:.0f} s the search leaves them: "
+            f"--budget {math.ceil((budget.seconds + short) / 60)}m would hold them")
 
 
 @dataclass(frozen=True)

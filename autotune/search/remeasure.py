@@ -2,7 +2,7 @@
 
 A search keeps the configuration whose one measurement came out highest, and among several close ones that is
 partly luck: its figure is biased upwards (the winner's curse) and may not hold when the user deploys it. So
-part of the budget is set aside (`reserve`, at most a quarter: see Budget.held) and spent at the end
+part of the budget is set aside (`reserve`, at most half: see Budget.held) and spent at the end
 (`remeasure_top`) booting configurations again, each as a new trial marked `remeasure_of`, but only where a
 measurement can change the answer (`next_to_remeasure`); what it cannot spend goes back to the search
 (`search_and_remeasure`): the reserve never leaves time idle. The winner is then chosen on all of each configuration's
@@ -57,9 +57,9 @@ class Reserve:
 
 
 def reserve(budget: Budget, top: int = DEFAULT_TOP, fraction: float = RESERVE_FRACTION) -> Reserve:
-    """Take the reserve out of `budget` before the search: `fraction` of its time (and never less than the
-    re-measurement due next: Budget.held, `hold`), and `top` trials of a trial budget when that leaves the search
-    at least four fifths of it. Give it back with `remeasure_top`."""
+    """Take the reserve out of `budget` before the search: `fraction` of its time until a trial is measured, then
+    the re-measurement due next and the final pairs (Budget.held, `hold`, paired.hold_pairs), and `top` trials of
+    a trial budget when that leaves the search at least four fifths of it. Give it back with `remeasure_top`."""
     if top <= 0:
         return Reserve()
     seconds = fraction * budget.seconds if budget.seconds is not None else 0.0
@@ -299,6 +299,7 @@ def remeasure_top(study: optuna.Study, budget: Budget, reserved: Reserve, run_on
     """Give the reserve back to `budget` and spend it booting configurations again, as `next_to_remeasure`
     says, while one still fits. `run_one` runs the next queued trial (the study loop's own trial function) and
     returns its result, or None when it was rejected before boot. The study's SUMMARY_ATTR holds the figures."""
+    pairs_s = budget.pairs_held()  # a re-measurement starts only if the final pairs still fit after it
     _release(budget, reserved)
     if reserved.top <= 0 or (stop is not None and stop.is_set()):
         return RemeasureRun()
@@ -311,7 +312,10 @@ def remeasure_top(study: optuna.Study, budget: Budget, reserved: Reserve, run_on
         t = next_to_remeasure(study.get_trials(deepcopy=False), reserved.top)
         if t is None:
             break
-        fits, why = claim(budget, length_s(t), f"one re-measurement of trial {t.number}", " with a quarter to spare")
+        length = length_s(t)
+        fits, why = claim(budget, None if length is None else length + pairs_s,
+                          f"one re-measurement of trial {t.number}" + (" and the final pairs" if pairs_s else ""),
+                          " with a quarter to spare")
         if not fits:
             break
         enqueue_again(study, t)

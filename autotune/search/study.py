@@ -64,7 +64,9 @@ class RunSummary:
     export_command: str = ""  # what gives the winner's flags, for a person to run next
     comparison: paired.Comparison | None = None  # the winner against the best baseline (paired.answer)
     figure: str = ""  # the measurement the winner's figure is (remeasure.figure_line)
-    noise: tuple[str, ...] = ()  # this machine's spread, and whether it kept the answer open (paired.noise_lines)
+    # a budget too short for the final pairs (paired.too_short_line), this machine's spread, and whether it kept
+    # the answer open (paired.noise_lines)
+    noise: tuple[str, ...] = ()
 
     def lines(self) -> list[str]:
         """The summary a person reads at the end of the run (without the best configuration's command)."""
@@ -214,9 +216,11 @@ def run_study(
     why = "interrupted" if interrupted.is_set() else again.stopped_because
     best = best_trial(study)
     figure = remeasure.figure_line(best, study.get_trials(deepcopy=False)) if best is not None else ""
+    said = paired.answer(study)
+    short = paired.too_short_line(budget, said)
     return RunSummary(run.booted, run.refused + len(again.done) - again.booted, again.booted, why,
-                      best, export_command(spec, storage_url), paired.answer(study), figure,
-                      tuple(paired.noise_lines(study)))
+                      best, export_command(spec, storage_url), said, figure,
+                      (*([short] if short else []), *paired.noise_lines(study)))
 
 
 def compare_study(spec: StudySpec, budget: Budget, *, storage_url: str | None = None,
@@ -255,7 +259,14 @@ def _count_past_trials(study: optuna.Study, budget: Budget, spec: StudySpec) -> 
     for t in study.trials:
         if "duration_s" in t.user_attrs and t.state.is_finished():
             budget.record(t.user_attrs["duration_s"], searched=searched_trial(t))
+    _hold(budget, study, spec)
+
+
+def _hold(budget: Budget, study: optuna.Study, spec: StudySpec) -> None:
+    """Size what the search leaves for the end of the run: the re-measurement due next and the final pairs."""
     remeasure.hold(budget, study.get_trials(deepcopy=False), spec.remeasure)
+    if spec.remeasure > 0:
+        paired.hold_pairs(budget, study)
 
 
 def _start_run(spec: StudySpec, study: optuna.Study, budget: Budget, progress: Progress, artifacts_dir: Path,
@@ -311,7 +322,7 @@ def _search_on(run: StudyRun, slot: Slot) -> None:
         with run.asking:
             run.booted += 1
         run.budget.record(result.duration_s, searched=result.searched)
-        remeasure.hold(run.budget, run.study.get_trials(deepcopy=False), run.spec.remeasure)
+        _hold(run.budget, run.study, run.spec)
 
 
 def _remeasure(run: StudyRun, slot: Slot, reserved: remeasure.Reserve) -> remeasure.RemeasureRun:

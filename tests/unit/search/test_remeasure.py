@@ -253,22 +253,22 @@ def test_the_summary_and_the_table_say_which_figures_chose_the_winner():
     assert "re-measure of" not in text
 
 
-def test_the_reserve_never_takes_more_than_a_quarter_of_the_budget():
-    """An incumbent of 300 s in a 1,000 s budget: holding its re-measurement back would leave the search 62.5%;
-    a quarter is the most the re-measuring may take."""
+def test_the_reserve_never_takes_more_than_half_the_budget():
+    """An incumbent of 420 s in a 1,000 s budget: holding its re-measurement back (525 s with its quarter to
+    spare) would leave the search less than half; half is the most the end of the run may take."""
     clock = Clock()
     budget = Budget(seconds=1000, clock=clock)
     reserve(budget, top=3)
     assert budget.remaining() == 850.0  # 15% before any trial
-    lab = Lab({"a": [900.0], "b": [1000.0]}, clock, lengths={"a": 180.0, "b": 300.0})
+    lab = Lab({"a": [900.0], "b": [1000.0]}, clock, lengths={"a": 180.0, "b": 420.0})
     lab.run_one()
-    hold(budget, lab.study.get_trials())  # a's re-measurement with a quarter to spare: 225 s, within the quarter
+    hold(budget, lab.study.get_trials())  # a's re-measurement with a quarter to spare: 225 s, within half
     assert budget.held() == 225.0 and budget.remaining() == 1000 - 180 - 225
     assert budget.left_text() == "13m40s left, 3m45s of it for re-measuring"
     lab.run_one()
-    hold(budget, lab.study.get_trials())  # b wins: 375 s with its quarter to spare, so the reserve would buy
-    assert budget.held() == 0.0 and budget.remaining() == 1000 - 480  # nothing, and none is held
-    assert budget.left_text() == "8m40s left"  # what progress prints: the budget's clock, which only runs down
+    hold(budget, lab.study.get_trials())  # b wins: 525 s with its quarter to spare, so the reserve would buy
+    assert budget.held() == 0.0 and budget.remaining() == 1000 - 600  # nothing, and none is held
+    assert budget.left_text() == "6m40s left"  # what progress prints: the budget's clock, which only runs down
 
 
 def test_a_lone_clear_winner_is_confirmed_once_and_nothing_else_is_re_measured():
