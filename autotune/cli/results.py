@@ -25,6 +25,7 @@ def status_command(study: str | None, storage: str | None, limit: int) -> None:
     """
     from autotune.search import paired
     from autotune.search.remeasure import best_trial, figure_line
+    from autotune.show.longest_context import context_lines
     from autotune.show.tables import study_table
 
     if limit < 1:
@@ -39,6 +40,8 @@ def status_command(study: str | None, storage: str | None, limit: int) -> None:
     if (answer := paired.answer(s)) is not None:
         console.print(f"answer: {answer.sentence}", markup=False, soft_wrap=True)
     for line in paired.noise_lines(s):
+        console.print(line, markup=False, soft_wrap=True)
+    for line in context_lines(s):
         console.print(line, markup=False, soft_wrap=True)
 
 

@@ -197,6 +197,7 @@ def _search(spec, plan, storage: str | None, slots) -> None:
     from autotune.config.study_file import stored_texts, study_digest
     from autotune.search.study import fetch_checkpoints, open_study, run_study
     from autotune.show.export import export_winner
+    from autotune.show.longest_context import context_lines
     from autotune.show.tables import LiveProgress, study_table
 
     try:
@@ -225,5 +226,7 @@ def _search(spec, plan, storage: str | None, slots) -> None:
         for note in notes[2 if summary.comparison is not None else 1:]:  # past the best and answer lines above
             console.print(note, markup=False, soft_wrap=True)
         console.print(command.rstrip("\n"), markup=False, soft_wrap=True)
+    for line in context_lines(study):
+        console.print(line, markup=False, soft_wrap=True)
     if summary.stopped_because == "interrupted":
         sys.exit(130)

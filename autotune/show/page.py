@@ -19,6 +19,7 @@ from autotune.search import paired
 from autotune.search.record import memory_text, remeasure_views, study_limits, view, views
 from autotune.search.remeasure import Best, best_trial, figure_line, ranked
 from autotune.show import bought
+from autotune.show.longest_context import context_lines
 from autotune.show.report import figures, gains
 
 
@@ -82,6 +83,9 @@ def summary_html(study: optuna.Study) -> str:
                 else f"not feasible ({html.escape(g.reason)})") + "</li>" for g in gains(study)]
     if items:
         parts.append(f"<p>Against the baselines:</p><ul>{''.join(items)}</ul>")
+    if longest := context_lines(study):
+        parts.append(f"<p>{html.escape(longest[0])}</p><ul>"
+                     + "".join(f"<li>{html.escape(line.strip())}</li>" for line in longest[1:]) + "</ul>")
     return "".join(parts)
 
 
