@@ -2,9 +2,12 @@
 # Download vLLM 0.25.0 (CUDA 13 build, matching the device image's torch 2.11.0+cu130) and the pure-Python and
 # small native packages it needs that the device image lacks, then split them into carry folders of at most
 # 50 MiB each: .gpu1 ... .gpuN in the current directory (the repository's .gitignore ignores /.gpu*/).
-# Usage: bash benchmarks/h200/fetch-wheels.sh            (run in the repository root; see run_h200.sh)
+# Usage: bash benchmarks/h200/fetch-wheels.sh [VERSION]  (run in the repository root; see run_h200.sh)
+# VERSION other than 0.25.0 (e.g. 0.32.0, which needs torch 2.13.0 and triton 3.7.1 beside the image's torch 2.11):
+# every wheel of wheels-vllm-VERSION.txt goes into one tar split into 50 MiB pieces, .gpu-VERSION-01 ... -NN.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
+version=${1:-0.25.0}
 dl=$(mktemp -d)
 plat=(--platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_17_x86_64
       --platform manylinux2014_x86_64 --platform manylinux1_x86_64 --platform manylinux_2_24_x86_64
@@ -14,7 +17,16 @@ while read -r req; do
   [ -n "$req" ] || continue
   python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
     "${plat[@]}" -d "$dl" "$req" 2>&1 | grep -v '^WARNING' || true
-done < "$here/wheels-vllm-0.25.0.txt"
+done < "$here/wheels-vllm-$version.txt"
+if [ "$version" != 0.25.0 ]; then
+  rm -rf ".gpu-$version-"*
+  tar cf "$dl/all.tar" -C "$dl" $(cd "$dl" && ls *.whl)
+  split -b 52428800 -d -a 2 --numeric-suffixes=1 "$dl/all.tar" "$dl/part."
+  for p in "$dl"/part.*; do d=".gpu-$version-${p##*.}"; mkdir -p "$d"; mv "$p" "$d/"; done
+  du -shc ".gpu-$version-"* | tail -1; ls -d ".gpu-$version-"* | tail -1
+  echo "carry each .gpu-$version-NN in turn (run_h200.sh stage NN with VLLM_VERSION=$version), then install"
+  exit 0
+fi
 rm -rf .gpu[0-9]*
 n=1; mkdir -p .gpu1
 # the big vLLM wheel goes in 50 MiB pieces (a call carries the tree too, ~4 MiB, under 64 MiB in all: a 60 MiB

@@ -5,7 +5,11 @@
 set -uo pipefail
 phase=$1
 here=$(cd "$(dirname "$0")" && pwd)
-export GPURUN=/tmp/gpurun PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1 VLLM_USE_FLASHINFER_SAMPLER=0 \
+# VLLM_VERSION picks the vLLM release: 0.25.0 (the image's torch 2.11) lives in /tmp/site, another in
+# /tmp/site-VERSION with its own torch (fetch-wheels.sh VERSION, then stage NN and install-version).
+VLLM_VERSION=${VLLM_VERSION:-0.25.0}
+SITE=/tmp/site; [ "$VLLM_VERSION" = 0.25.0 ] || SITE=/tmp/site-$VLLM_VERSION
+export GPURUN=/tmp/gpurun PYTHONPATH=$SITE PYTHONUNBUFFERED=1 VLLM_USE_FLASHINFER_SAMPLER=0 \
   HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 VLLM_NO_USAGE_STATS=1 DO_NOT_TRACK=1
 mkdir -p /tmp/acc "$GPURUN"
 # A response surface (surface-start, surface-wait) resumes a dataset of benchmarks/data/ (DATASET, a folder name).
@@ -65,7 +69,26 @@ wait_for() {  # PATTERN SECONDS [FILE]: wait up to SECONDS while a process match
 
 case $phase in
   stage)
-    cp ".gpu$2"/* /tmp/acc/ && ls /tmp/acc | wc -l ;;
+    if [ "$VLLM_VERSION" = 0.25.0 ]; then cp ".gpu$2"/* /tmp/acc/ && ls /tmp/acc | wc -l
+    else mkdir -p "/tmp/acc-$VLLM_VERSION" && cp ".gpu-$VLLM_VERSION-$2"/* "/tmp/acc-$VLLM_VERSION/" \
+      && ls "/tmp/acc-$VLLM_VERSION" | wc -l; fi ;;
+  install-version)
+    # after every piece of .gpu-VERSION-NN was staged: install that release into /tmp/site-VERSION
+    bash "$here/device-install.sh" "$VLLM_VERSION" 2>&1 | tail -5; echo "installed after ${SECONDS}s" ;;
+  boots-start)
+    # Ground truth for the memory estimator: benchmarks/h200/boot_matrix.py boots the plan $3 (a JSON file in the
+    # tree) one configuration after another for $2 s in the background, into $GPURUN/boots. Then boots-wait calls.
+    rm -rf /tmp/src && mkdir -p /tmp/src "$GPURUN/boots"
+    tar cf - --exclude='./.gpu*' --exclude=./.whl --exclude=./.git . | tar xf - -C /tmp/src
+    nvidia-smi --query-gpu=name,memory.total,memory.used,driver_version --format=csv,noheader
+    export VLLM_LOGGING_LEVEL=DEBUG
+    launch boots python3 -m benchmarks.h200.boot_matrix "$3" "$GPURUN/boots" --seconds "$2" ;;
+  boots-wait)
+    # waits up to $2 s or until boots.json is rewritten (after every boot), then brings back boots.json and the logs
+    wait_for "benchmarks.h200.boot_matrix" "$2" "$GPURUN/boots/boots.json"
+    grep -v '^\[' "$GPURUN/boots.out" | tail -20
+    cp "$GPURUN/boots/boots.json" "$OUT/" 2>/dev/null
+    tar czf "$OUT/boots-logs.tgz" -C "$GPURUN/boots" logs "../boots.out" 2>/dev/null ;;
   trials)
     cp .gpu5/* .whl/*.whl /tmp/acc/
     bash "$here/device-install.sh" | tail -3
