@@ -8,12 +8,12 @@ import re
 from collections.abc import Sequence
 from pathlib import Path
 
-from autotune.config.toml import UNSET, TomlTable, build_dataclass, read_toml
+from autotune.config.toml import UNSET, TomlTable, build_dataclass, did_you_mean, read_toml
 from autotune.errors import SpecError
 from autotune.measure.datasets import read_dataset, read_request_log
 from autotune.measure.ladder import LoadSearch
 from autotune.measure.plan import Objective
-from autotune.measure.stats import OLD_NAMES, PERCENTILES, Limits, current_names, limit_key
+from autotune.measure.stats import MAXIMIZE, OLD_NAMES, PERCENTILES, Limits, current_names, limit_key
 from autotune.measure.workload import LengthDist, Workload
 from autotune.notices import old_names_notice
 
@@ -68,6 +68,10 @@ def load_objective(path: str | Path) -> Objective:
     top = TomlTable(read_toml(path, source), source)
     name = top.label("name", path.stem)
     description = top.label("description", "", lines=True)
+    maximize = top.text("maximize", "output_throughput")
+    if maximize not in MAXIMIZE:
+        raise top.error("maximize", f"must be one of {', '.join(map(repr, MAXIMIZE))}, got {maximize!r}"
+                        + did_you_mean(maximize, MAXIMIZE))
 
     wt = top.table("workload", required=True)
 
@@ -111,7 +115,8 @@ def load_objective(path: str | Path) -> Objective:
         if not ok:
             raise ld.error(key, f"{message}, got {getattr(load, key)}")
     top.done()
-    return Objective(name=name, path=path, description=description, workload=workload, limits=limits, load=load)
+    return Objective(name=name, path=path, description=description, workload=workload, limits=limits, load=load,
+                     maximize=maximize)
 
 
 # `--goodput KEY:MS ...` as `vllm bench serve` takes it (ttft, tpot, e2el; itl too), each judged at autotune's p95;

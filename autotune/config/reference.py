@@ -28,7 +28,7 @@ from autotune.engine.env import ALLOWED_PREFIXES, REFUSED
 from autotune.engine.flag_checks import HOST_EXPOSING, UNMEASURABLE
 from autotune.fit.hardware import PROFILES
 from autotune.measure.ladder import LoadSearch
-from autotune.measure.stats import PERCENTILES, Limits, limit_key
+from autotune.measure.stats import MAXIMIZE, PERCENTILES, Limits, limit_key
 from autotune.measure.workload import LengthDist, Workload
 
 REPO = Path(__file__).resolve().parents[2]
@@ -161,9 +161,9 @@ def study_keys() -> list[Key]:
         probe = Path(tmp) / "probe.toml"
         probe.write_text(PROBE_STUDY)
         keys = asked_keys(load_study, [probe, *_shipped("studies")])
-    objective_tables = {"workload", "limits", "load"}
+    objective_tables = {"workload", "limits", "load"}  # and the objective's own top-level key, read through it
     return [k for k in keys if k.table.split(".")[0] not in objective_tables
-            and not (k.table == "" and k.name in objective_tables)]
+            and not (k.table == "" and k.name in objective_tables | {"maximize"})]
 
 
 def objective_keys() -> list[Key]:
@@ -191,6 +191,7 @@ FACTS = {
     "host_exposing": ", ".join(HOST_EXPOSING),
     "unmeasurable": ", ".join(UNMEASURABLE),
     "api_kinds": _choices(Workload, "api"),
+    "maximize": ", ".join(f'"{m}"' for m in MAXIMIZE),
 }
 
 # What each key means, with its unit and the values it takes ({profiles} and the like: FACTS, read from the code).
@@ -252,6 +253,10 @@ STUDY_KEYS: dict[str, str] = {
 OBJECTIVE_KEYS: dict[str, str] = {
     "name": "The objective's name, shown in reports.",
     "description": "Free text shown in reports.",
+    "maximize": "What the study maximises, at each trial's best load level within the limits: one of {maximize}: "
+                "output tokens per second, as `vllm bench serve` names it, or output tokens per joule of GPU energy "
+                "(NVML's energy counter, or power, over the level's steady window). Energy is measured on CUDA GPUs "
+                "only: refused on the CPU build.",
     "workload": "What each load level sends.",
     "workload.input_len": "Prompt length in tokens: an integer (fixed), or a table "
                           "`{ kind, mean, std, min, max }` (below).",

@@ -22,6 +22,7 @@ class FailureKind(str, Enum):
     CANCELLED = "cancelled"
     KILLED = "killed_from_outside"  # a signal autotune did not send, and no failure in the log
     FROZEN = "frozen_from_outside"  # silent because a process of it was stopped (SIGSTOP) by someone else
+    NOT_MEASURED = "not_measured"  # served, but the figure the objective maximises was not measured (no NVML energy)
 
     @property
     def is_memory(self) -> bool:

@@ -19,13 +19,14 @@ from autotune.fit import memcap
 from autotune.fit.estimate import Estimate
 from autotune.fit.hardware import GpuProfile
 from autotune.measure.ladder import NO_PRIOR, LoadSearch, Prior, first_level
-from autotune.measure.stats import Limits
+from autotune.measure.stats import ENERGY_FIGURE, Limits
 from autotune.measure.workload import Workload
 
 
 @dataclass(frozen=True)
 class Objective:
-    """What "good" means: the workload sent and the p95 limits it must meet, and how load rises."""
+    """What "good" means: the workload sent, the limits it must meet, how load rises, and the figure maximised at
+    the best level within the limits (a stats.MAXIMIZE key)."""
 
     name: str
     path: Path
@@ -33,6 +34,14 @@ class Objective:
     workload: Workload
     limits: Limits
     load: LoadSearch
+    maximize: str = "output_throughput"
+
+    @property
+    def energy_key(self) -> str | None:
+        """The objective file's key that needs energy measured (NVML), if any: what the CPU build refuses."""
+        if self.maximize == ENERGY_FIGURE:
+            return "maximize"
+        return "limits.joules_per_token" if self.limits.joules_per_token is not None else None
 
 
 @dataclass(frozen=True)

@@ -102,6 +102,12 @@ class Percentiles:
         return float(getattr(self, f"p{percentile}_ms"))
 
 
+# What a study can maximise at its best level: the output throughput, named as `vllm bench serve` names it, or the
+# output tokens per joule of GPU energy (NVML, on a CUDA GPU; vLLM's bench has no energy figure), with its unit.
+MAXIMIZE = {"output_throughput": "output tok/s", "output_tokens_per_joule": "output tokens/J"}
+ENERGY_FIGURE = "output_tokens_per_joule"
+
+
 @dataclass(frozen=True)
 class LevelStats:
     level: LoadLevel
@@ -139,6 +145,12 @@ class LevelStats:
         if self.request_throughput <= 0:
             return 0.0
         return self.output_throughput * self.request_goodput / self.request_throughput
+
+    def figure(self, maximize: str) -> float | None:
+        """The figure a study maximises (a MAXIMIZE key) at this level; None: not measured (energy without NVML)."""
+        if maximize == ENERGY_FIGURE:
+            return 1 / self.joules_per_token if self.joules_per_token else None
+        return self.output_throughput
 
     def to_dict(self) -> dict[str, float]:
         """Flat, JSON-ready numbers keyed as `vllm bench serve`'s result JSON keys them (for Optuna user attrs and

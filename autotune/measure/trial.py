@@ -83,6 +83,13 @@ class TrialResult:
     compile_cache: CompileCache | None = None  # the (last) boot's: "cold" compiled, "warm" loaded, None eager
     cold_boot: ColdBoot | None = None  # a cold boot's memory failure that was booted again warm
     kv_blocks_set: int | None = None  # the KV blocks the measured server was given (warm_kv_blocks), if it was
+    # The objective's figure at the best level where it maximises another than the throughput (tokens per joule)
+    maximized: float | None = None
+
+    @property
+    def value(self) -> float:
+        """What the study maximises: the objective's figure at the best level (Objective.maximize)."""
+        return self.throughput_tok_s if self.maximized is None else self.maximized
 
     @property
     def best(self) -> LevelOutcome | None:
@@ -353,8 +360,13 @@ def _classify(s: _Servers, climb: _Climb, duration_s: float) -> TrialResult:
         lowest = min(levels, key=lambda lv: lv[0])[1].verdict  # the search may have come down to it
         return s.result("infeasible", levels, duration_s, boot=boot,
                         miss_ratio=max(lowest.misses.values(), default=None))
+    maximize = s.plan.objective.maximize
+    figure = sla.best.stats.figure(maximize)
+    if figure is None:  # NVML gave no energy figure: the machine's doing, not the configuration's
+        unmeasured = Failure(FailureKind.NOT_MEASURED, f"{maximize}: no energy figure (NVML gave no samples)")
+        return s.result("failed", levels, duration_s, boot=boot, failure=unmeasured)
     return s.result("ok", levels, duration_s, boot=boot, throughput_tok_s=sla.best.stats.output_throughput,
-                    best_level=sla.best_level)
+                    maximized=None if maximize == "output_throughput" else figure, best_level=sla.best_level)
 
 
 def _ran_out(blocks: int) -> str:

@@ -260,6 +260,7 @@ def _summary(result: TrialResult) -> str:
     if result.status == "ok":
         best = result.best
         assert best is not None
-        return (f"{result.throughput_tok_s:,.0f} tok/s at level {result.best_level:g}, "
+        energy = f"{result.maximized:.3g} output tokens/J, " if result.maximized is not None else ""
+        return (f"{energy}{result.throughput_tok_s:,.0f} tok/s at level {result.best_level:g}, "
                 f"p95 TTFT {best.stats.ttft.p95_ms:.0f} ms")
     return f"{result.status}: {result.reason}"

@@ -18,7 +18,7 @@ from optuna.trial import FrozenTrial, TrialState
 
 from autotune.engine.flags import serve_command, serve_program
 from autotune.fit.hardware import MEMORY_SOURCE_NAMES, MEMORY_SOURCE_SHORT
-from autotune.measure.stats import OLD_NAMES, current_names
+from autotune.measure.stats import ENERGY_FIGURE, MAXIMIZE, OLD_NAMES, current_names
 from autotune.measure.trial import TrialResult
 from autotune.notices import old_names_notice
 from autotune.units import GiB
@@ -85,6 +85,8 @@ def result_attrs(result: TrialResult) -> dict[str, object]:
         "duration_s": round(result.duration_s, 1),
         "output_throughput": round(result.throughput_tok_s, 1),
     }
+    if result.maximized is not None:  # an energy objective's figure at the best level
+        attrs[ENERGY_FIGURE] = round(result.maximized, 4)
     if result.reason:
         attrs["reason"] = result.reason
     if result.failure is not None:
@@ -262,6 +264,18 @@ def figures_of(t: FrozenTrial) -> tuple[dict, tuple[dict, ...]]:
     return a, tuple(levels)
 
 
+def figure_number(value: float, t: FrozenTrial) -> str:
+    """A trial's value as printed: "1,319" (output tok/s), or "3.12" (output tokens/J) where its objective maximised
+    energy efficiency (the trial then records that figure beside its throughput)."""
+    return f"{value:.3g}" if ENERGY_FIGURE in t.user_attrs else f"{value:,.0f}"
+
+
+def figure_text(value: float, t: FrozenTrial) -> str:
+    """A trial's value with its unit: "1,319 output tok/s" or "3.12 output tokens/J"."""
+    unit = MAXIMIZE[ENERGY_FIGURE if ENERGY_FIGURE in t.user_attrs else "output_throughput"]
+    return f"{figure_number(value, t)} {unit}"
+
+
 def study_limits(study: optuna.Study) -> dict[str, float]:
     """The objective's limits recorded with the study, keyed as vLLM names the figures (p95_ttft_ms)."""
     limits, old = current_names(study.user_attrs.get("limits") or {})
@@ -288,7 +302,9 @@ def view(t: FrozenTrial) -> TrialView:
         number=t.number, kind=kind, ending=ending(t), remeasure_of=of,
         label=trial_label(t) if of is None else f"re-measure of trial {of}: {trial_label(t)}",
         baseline=baseline.get("name") if isinstance(baseline, dict) else None,
-        throughput=t.value if kind == "feasible" else at.get("output_throughput"), level=level,
+        # A feasible trial's value is its throughput, unless its study maximised energy efficiency
+        throughput=t.value if kind == "feasible" and ENERGY_FIGURE not in a else at.get("output_throughput"),
+        level=level,
         level_unit="req/s" if any("rate_req_s" in lv for lv in levels) else "concurrency",
         p95_ttft_ms=at.get("p95_ttft_ms"), p95_tpot_ms=at.get("p95_tpot_ms"),
         joules_per_token=at.get("joules_per_output_token"),

@@ -29,6 +29,8 @@ from autotune.search.record import (
     REMEASURE_ATTR,
     at_level,
     feasible,
+    figure_number,
+    figure_text,
     view,
 )
 
@@ -153,12 +155,13 @@ class Best:
     def describe(self) -> str:
         """"181 output tok/s (1 of 2 measurements met the limits)": the figure and what it stands on."""
         n, ok = len(self.measurements), self.passing
-        head = f"{self.figure:,.0f} output tok/s"
+        head = figure_text(self.figure, self.trial)
         if n == 1:
             return f"{head} (one measurement)"
         if not self.holds:
             return f"{head} ({n - len(ok)} of {n} measurements missed the limits)"
-        spread = f", {min(ok):,.0f}-{max(ok):,.0f}" if len(ok) > 1 else ""
+        low, high = (figure_number(v, self.trial) for v in (min(ok), max(ok)))
+        spread = f", {low}-{high}" if len(ok) > 1 else ""
         median = "median" if len(ok) % 2 else "lower median"
         if len(ok) == n:
             return f"{head} ({median} of {n} measurements{spread})"
@@ -174,7 +177,7 @@ class Best:
             return text
         r = self.rival
         name = f" ({view(r.trial).baseline})" if view(r.trial).baseline else ""
-        return (f"{text}; trial {r.trial.number}{name} measured higher once, {r.figure:,.0f} output tok/s, and was "
+        return (f"{text}; trial {r.trial.number}{name} measured higher once, {figure_text(r.figure, r.trial)}, and was "
                 "not re-measured: it may still win")
 
 
@@ -184,7 +187,7 @@ def figure_line(b: Best, trials: Sequence[FrozenTrial]) -> str:
     at = view(next(t for t in trials if t.number == b.figure_trial))
     ttft = "-" if at.p95_ttft_ms is None else f"{at.p95_ttft_ms:,.0f} ms"
     tpot = "-" if at.p95_tpot_ms is None else f"{at.p95_tpot_ms:,.1f} ms"
-    return (f"its figure is trial {at.number}'s measurement: {b.figure:,.0f} output tok/s {at_level(at)} "
+    return (f"its figure is trial {at.number}'s measurement: {figure_text(b.figure, b.trial)} {at_level(at)} "
             f"(p95 TTFT {ttft}, p95 TPOT {tpot})")
 
 

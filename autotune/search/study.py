@@ -110,7 +110,7 @@ def _set_up(spec: StudySpec, storage: optuna.storages.BaseStorage, say: Callable
              "objective_ref": tomllib.loads(spec.path.read_text())["objective"],
              "limits": json.dumps(spec.objective.limits.set(), sort_keys=True)}  # the objective's, or --goodput's
     if not study.trials:
-        study.set_metric_names(["output_throughput"])
+        study.set_metric_names([spec.objective.maximize])
         study.set_user_attr("objective", spec.objective.name)
         study.set_user_attr("limits", spec.objective.limits.set())
         study.set_user_attr("hardware", spec.hardware)
@@ -145,8 +145,8 @@ def check_inputs(spec: StudySpec, slots: tuple[Slot, ...] = (Slot(),)) -> None:
     cpu_build, gpus = detect_build() is Build.CPU, present_gpus(slots)
     if why := card_mismatch(spec.hardware, gpus, cpu_build, spec.memory_cap is not None):
         raise SpecError(str(spec.path), "hardware", why)
-    if cpu_build and spec.objective.limits.joules_per_token is not None:
-        raise SpecError(str(spec.objective.path), "limits.joules_per_token",
+    if cpu_build and (key := spec.objective.energy_key):
+        raise SpecError(str(spec.objective.path), key,
                         "energy is measured with NVML on a CUDA GPU; on the CPU build it is not measured")
     if spec.memory_cap is not None:
         try:

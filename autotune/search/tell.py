@@ -58,7 +58,7 @@ SCREENED_BEFORE_BOOT = "screened out before boot"
 
 
 _NOT_THE_CONFIGS_FAULT = (FailureKind.MEMORY_HELD, FailureKind.PORT_IN_USE, FailureKind.MODEL_NOT_FOUND,
-                         FailureKind.KILLED, FailureKind.FROZEN)
+                         FailureKind.KILLED, FailureKind.FROZEN, FailureKind.NOT_MEASURED)
 
 
 def set_constraints(trial: optuna.Trial, *, memory: float = 0.0, latency: float = 0.0, boots: float = 0.0) -> None:
@@ -96,7 +96,7 @@ def tell_result(study: optuna.Study, trial: optuna.Trial, result: TrialResult) -
         set_constraints(trial, boots=1.0)
     else:  # booted, measured, no level met the limits
         set_constraints(trial, latency=max((result.miss_ratio or 2.0) - 1.0, 1e-3))
-    study.tell(trial, result.throughput_tok_s, state=TrialState.COMPLETE)
+    study.tell(trial, result.value, state=TrialState.COMPLETE)
     return TrialState.COMPLETE
 
 

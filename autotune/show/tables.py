@@ -16,7 +16,15 @@ from autotune.fit.estimate import Estimate
 from autotune.measure.plan import Objective
 from autotune.measure.trial import TrialResult
 from autotune.search.budget import Budget
-from autotune.search.record import REMEASURE_ATTR, TrialView, energy_text, memory_text, peak_text, view
+from autotune.search.record import (
+    REMEASURE_ATTR,
+    TrialView,
+    energy_text,
+    figure_text,
+    memory_text,
+    peak_text,
+    view,
+)
 from autotune.search.remeasure import Best, ranked
 from autotune.units import GiB, MiB, format_gib
 
@@ -42,7 +50,8 @@ class LiveProgress:
             self._live.__exit__(None, None, None)
 
     def _render(self) -> Group:
-        best = f"{self.best.figure:,.0f} tok/s (trial {self.best.trial.number})" if self.best else "none feasible yet"
+        best = (f"{figure_text(self.best.figure, self.best.trial)} (trial {self.best.trial.number})" if self.best
+                else "none feasible yet")
         lines: list[RenderableType] = [
             Text(f"best {best}  ·  {self.done} done  ·  {self.budget.left_text()}", style="bold")]
         for number, (label, slot, stage) in sorted(self.running.items()):

@@ -28,6 +28,8 @@ BAD_FILES = [
     ("obj-negative-limit.toml", "limits.p95_tpot_ms", "must be > 0"),
     ("obj-float-length.toml", "workload.input_len", "must be an integer or a table"),
     ("obj-bad-prompt.toml", "workload.prompt", "must be one of 'token_ids', 'text', got 'txt'; did you mean 'text'?"),
+    ("obj-bad-maximize.toml", "maximize", "must be one of 'output_throughput', 'output_tokens_per_joule', got "
+     "'output_tokens_per_jule'; did you mean 'output_tokens_per_joule'?"),
     ("study-int-string.toml", "space.max_num_seqs.low", "must be an integer, got 'abc'"),
     ("study-low-gt-high.toml", "space.max_num_seqs.low", "low (64) must be <= high (8)"),
     ("study-log-zero.toml", "space.max_num_batched_tokens.log", "log = true needs low > 0"),
@@ -101,8 +103,18 @@ def test_shipped_study_count() -> None:
     assert {"tiny-cpu", "tiny-hybrid-cpu", "qwen3.5-27b-rtx3090"} <= names
 
 
+def test_an_objective_maximises_throughput_unless_it_says_energy(tmp_path: Path) -> None:
+    body = '[workload]\ninput_len = 8\noutput_len = 4\n[limits]\np95_ttft_ms = 10\n'
+    assert load_objective(_write(tmp_path, "plain.toml", body)).maximize == "output_throughput"
+    energy = load_objective(_write(tmp_path, "energy.toml", 'maximize = "output_tokens_per_joule"\n' + body))
+    assert (energy.maximize, energy.energy_key) == ("output_tokens_per_joule", "maximize")
+    limited = load_objective(_write(tmp_path, "limit.toml", body + "joules_per_token = 0.5\n"))
+    assert (limited.maximize, limited.energy_key) == ("output_throughput", "limits.joules_per_token")
+
+
 def test_tiny_objective_values() -> None:
     o = load_objective(ROOT / "objectives" / "tiny-cpu.toml")
+    assert o.maximize == "output_throughput" and o.energy_key is None
     assert (o.workload.input_len.kind, o.workload.input_len.mean) == ("fixed", 256)
     assert o.workload.output_len.mean == 64
     assert (o.limits.p95_ttft_ms, o.limits.p95_tpot_ms, o.limits.p95_e2el_ms) == (500.0, 50.0, None)

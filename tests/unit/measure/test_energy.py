@@ -84,15 +84,29 @@ def test_an_energy_limit_is_judged_and_an_unmeasured_one_is_not_met() -> None:
     assert energy_text(None) == "energy per token: not measured (NVML, on a CUDA GPU only)"
 
 
-def test_an_energy_limit_is_refused_on_the_cpu_build_before_anything_is_written(tmp_path: Path) -> None:
+def test_energy_as_the_figure_maximised_is_tokens_per_joule_at_the_level() -> None:
+    run = run_of(8, 5)
+    samples = [PowerSample(t / 10, 200.0, 20.0 * t / 10) for t in range(-5, 60)]
+    stats = level_stats(run, Limits(), samples)
+    assert stats.joules_per_token is not None
+    assert stats.figure("output_tokens_per_joule") == pytest.approx(1 / stats.joules_per_token)
+    assert stats.figure("output_throughput") == stats.output_throughput
+    assert level_stats(run, Limits()).figure("output_tokens_per_joule") is None  # no NVML: not measured
+
+
+@pytest.mark.parametrize(("key", "edit"), [
+    ("limits.joules_per_token", lambda text: text.replace("[limits]\n", "[limits]\njoules_per_token = 0.5\n")),
+    ("maximize", lambda text: 'maximize = "output_tokens_per_joule"\n' + text),
+])
+def test_energy_is_refused_on_the_cpu_build_before_anything_is_written(tmp_path: Path, key: str, edit) -> None:
     quick = Path(__file__).resolve().parents[2] / "data" / "quick"
     for f in quick.iterdir():
         shutil.copy(f, tmp_path / f.name)
     objective = tmp_path / "quick-objective.toml"
-    objective.write_text(objective.read_text().replace("[limits]\n", "[limits]\njoules_per_token = 0.5\n"))
+    objective.write_text(edit(objective.read_text()))
     before = sorted(tmp_path.iterdir())
     out = CliRunner().invoke(main, ["run", str(tmp_path / "quick.toml"), "--n-trials", "1"])
     lines = [line for line in out.output.splitlines() if line.strip()]
-    said = f"error: {objective}: limits.joules_per_token: energy is measured with NVML on a CUDA GPU; on the CPU build"
+    said = f"error: {objective}: {key}: energy is measured with NVML on a CUDA GPU; on the CPU build"
     assert out.exit_code == 2 and lines == [said + " it is not measured"], out.output
     assert sorted(tmp_path.iterdir()) == before

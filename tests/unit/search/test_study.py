@@ -170,6 +170,22 @@ def test_outcomes_the_sampler_can_learn_from(spec) -> None:
     assert trials[1].user_attrs["failure_kind"] == "kv_cache_too_small"
 
 
+def test_an_energy_objective_tells_tokens_per_joule_and_the_views_keep_the_throughput(spec) -> None:
+    study = open_study(spec)
+    efficient = ok_result(400.0)
+    efficient = TrialResult(**{**efficient.__dict__, "maximized": 2.5})  # output tokens per joule at its best level
+    told(study, ok_result(900.0))
+    told(study, efficient)
+    plain, energy = [t for t in study.trials if t.state == TrialState.COMPLETE]
+    assert (plain.value, energy.value) == (900.0, 2.5)
+    assert "output_tokens_per_joule" not in plain.user_attrs and energy.user_attrs["output_tokens_per_joule"] == 2.5
+    assert [record.view(t).throughput for t in (plain, energy)] == [900.0, 400.0]
+    assert [record.figure_text(t.value, t) for t in (plain, energy)] == ["900 output tok/s", "2.5 output tokens/J"]
+    # NVML gave no energy: the machine's doing, not a verdict on the configuration (not COMPLETE, no constraint)
+    unmeasured = Failure(FailureKind.NOT_MEASURED, "output_tokens_per_joule: no energy figure (NVML gave no samples)")
+    assert told(study, TrialResult("failed", failure=unmeasured)) == TrialState.FAIL
+
+
 def test_best_trial_ignores_infeasible_and_applies_filters(spec) -> None:
     study = open_study(spec)
     told(study, ok_result(400.0, peak_gib=3.0))
