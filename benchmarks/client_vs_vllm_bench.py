@@ -12,7 +12,8 @@ autotune sends text prompts (what the shipped objectives send; `--ids` adds its 
 client, to see what text costs the server). The request count is vllm bench's `--num-prompts`; autotune sends the
 same count with one warm-up request before it, as vllm bench sends its single-prompt test run first.
 
-    .venv/bin/python -m benchmarks.client_vs_vllm_bench [--workloads long variable] [--pairs 5] [--ids] [--together]
+    .venv/bin/python -m benchmarks.client_vs_vllm_bench [--workloads long variable] [--pairs 5] [--ids]
+        [--modes in-turn at-once]
 
 Results: benchmarks/data/cpu-client-vs-vllm-bench. Takes /tmp/autotune-engine.lock for the whole run, so only one
 vLLM server runs on this machine at a time.
@@ -25,16 +26,18 @@ import contextlib
 import dataclasses
 import io
 import json
+import math
 import os
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
+from typing import IO
 
 from autotune.measure.client import LoadLevel, measure_level
 from autotune.measure.stats import Limits, level_stats
@@ -100,13 +103,20 @@ def vllm_server(model: Path, log: Path) -> Iterator[str]:
         yield server.base_url
 
 
-def run_ours(url: str, model: Path, vocab: int, shape: Shape, seed: int, prompt: str = "text") -> dict[str, float]:
+def run_ours(url: str, model: Path, vocab: int, shape: Shape, seed: int, prompt: str = "text",
+             wait: Callable[[], None] | None = None) -> dict[str, float]:
+    """autotune's client: one warm-up request, then the measured ones (after `wait` returns, when given)."""
     wl = Workload(shape.input_dist(), LengthDist(mean=shape.output_len), seed=seed, prompt=prompt)  # type: ignore[arg-type]
     cpu0 = time.process_time()
     reqs = wl.requests(shape.prompts + 1, vocab, decode=prompt_decoder(str(model)))
+    level = LoadLevel("concurrency", shape.concurrency)
     cpu1 = time.process_time()
-    run = measure_level(url, SERVED_NAME, reqs[1:], LoadLevel("concurrency", shape.concurrency), warmup=reqs[:1])
-    cpu2 = time.process_time()
+    measure_level(url, SERVED_NAME, reqs[:1], level)
+    if wait is not None:
+        wait()
+    cpu_wait = time.process_time()
+    run = measure_level(url, SERVED_NAME, reqs[1:], level)
+    cpu2 = time.process_time() - (cpu_wait - cpu1)  # the warm-up's CPU counts, the wait's does not
     s = level_stats(run, Limits())
     return {
         "output_tok_s": s.span_output_tok_s,
@@ -122,9 +132,9 @@ def run_ours(url: str, model: Path, vocab: int, shape: Shape, seed: int, prompt:
 
 
 def run_vllm(url: str, model: Path, shape: Shape, seed: int,
-             on_start: Callable[[], None] | None = None) -> dict[str, float]:
-    """`vllm bench serve` in this process (the CPU build has no `vllm` script); `on_start` is called as its request
-    phase begins (after its tokenizer loaded and its prompts were drawn)."""
+             on_main: Callable[[], None] | None = None) -> dict[str, float]:
+    """`vllm bench serve` in this process (the CPU build has no `vllm` script); `on_main` is called as its measured
+    requests begin (after its tokenizer loaded, its prompts were drawn and its single test request came back)."""
     from vllm.benchmarks import serve
     from vllm.utils.argparse_utils import FlexibleArgumentParser
 
@@ -141,26 +151,29 @@ def run_vllm(url: str, model: Path, shape: Shape, seed: int,
     ])  # fmt: skip
     # CPU spent inside the request phase alone (vLLM's `benchmark` coroutine), apart from tokenizer loading and
     # prompt generation, which the whole-run figure includes.
-    original = serve.benchmark
+    original, original_schedule = serve.benchmark, serve.get_request
     phase: list[float] = []
 
     async def timed(*a, **kw):
-        if on_start is not None:
-            on_start()
         t = time.process_time()
         try:
             return await original(*a, **kw)
         finally:
             phase.append(time.process_time() - t)
 
-    serve.benchmark = timed
+    def schedule(*a, **kw):  # vllm bench's arrival schedule, asked for once, as its measured requests begin
+        if on_main is not None:
+            on_main()
+        return original_schedule(*a, **kw)
+
+    serve.benchmark, serve.get_request = timed, schedule
     try:
         cpu0 = time.process_time()
         with contextlib.redirect_stdout(io.StringIO()):
             result = serve.main(args)
         cpu = time.process_time() - cpu0
     finally:
-        serve.benchmark = original
+        serve.benchmark, serve.get_request = original, original_schedule
     return {
         "output_tok_s": result["output_throughput"],
         "ttft_p50_ms": result["median_ttft_ms"],
@@ -187,17 +200,31 @@ ROWS = [
 ]
 
 
+def median_interval(values: Sequence[float], level: float = 0.95) -> tuple[float, float] | None:
+    """A distribution-free interval for the median: the k-th smallest and k-th largest value, for the largest k
+    whose chance of both missing the median is at most 1 - level (sign test). None: too few values for one."""
+    n, ordered = len(values), sorted(values)
+    below = 0.0  # P(Binomial(n, 1/2) < k)
+    k = 0
+    while below + math.comb(n, k) / 2**n <= (1 - level) / 2:
+        below += math.comb(n, k) / 2**n
+        k += 1
+    return (ordered[k - 1], ordered[n - k]) if k else None
+
+
 def table(ours: list[dict[str, float]], theirs: list[dict[str, float]], label: str = "autotune") -> str:
-    """Each client's median, and the median and min-max of the per-pair ratios (ours / theirs)."""
+    """Each client's median, and the median, min-max and 95% interval of the per-pair ratios (ours / theirs)."""
     lines = [f"{'median of ' + str(len(ours)) + ' pairs':<42}{label:>14}{'vllm bench':>12}{'ratio':>8}"
-             f"{'ratio min-max':>16}"]
+             f"{'ratio min-max':>16}{'95% interval':>15}"]
     for name, key, fmt in ROWS:
         a = statistics.median(r[key] for r in ours)
         b = statistics.median(r[key] for r in theirs)
         ratios = [x[key] / y[key] for x, y in zip(ours, theirs, strict=True) if y[key]]
         spread = f"{min(ratios):.2f}-{max(ratios):.2f}" if ratios else "-"
         ratio = f"{statistics.median(ratios):.2f}" if ratios else "-"
-        lines.append(f"{name:<42}{fmt.format(a):>14}{fmt.format(b):>12}{ratio:>8}{spread:>16}")
+        interval = median_interval(ratios)
+        within = f"{interval[0]:.2f}-{interval[1]:.2f}" if interval else "-"
+        lines.append(f"{name:<42}{fmt.format(a):>14}{fmt.format(b):>12}{ratio:>8}{spread:>16}{within:>15}")
     return "\n".join(lines)
 
 
@@ -217,7 +244,8 @@ def compare(url: str, model: Path, vocab: int, shape: Shape, pairs: int, ids: bo
 
     def one(name: str, run: Callable[[], dict[str, float]], into: list[dict[str, float]]) -> None:
         into.append(run())
-        print(f"  {name} {len(into)}: " + ", ".join(f"{k}={v:.4g}" for k, v in into[-1].items()), flush=True)
+        print(f"  {name} {len(into)}: " + ", ".join(f"{k}={v:.4g}" for k, v in into[-1].items())
+              + f" (load average {os.getloadavg()[0]:.1f})", flush=True)
 
     for i in range(pairs):
         order = [("autotune (text)", partial(run_ours, url, model, vocab, shape, seed=i), ours),
@@ -238,7 +266,7 @@ def say_go() -> None:
 
 
 def vllm_child(spec: str) -> None:
-    """`vllm bench serve` for together(): says "go" on stdout as its request phase begins, then its figures (JSON)."""
+    """`vllm bench serve` for together(): says "go" on stdout as its measured requests begin, then its figures."""
     d = json.loads(spec)
     result = run_vllm(d["url"], Path(d["model"]), Shape(**d["shape"]), d["seed"], say_go)
     print(json.dumps(result), flush=True)
@@ -246,7 +274,10 @@ def vllm_child(spec: str) -> None:
 
 def together(url: str, model: Path, vocab: int, shape: Shape, pairs: int) -> str:
     """Both clients at once, each with half the requests in flight, so that both see the same server at the same
-    moment however busy the machine is: what differs is then only how each client sends and times."""
+    moment however busy the machine is: what differs is then only how each client sends and times.
+
+    Each client's warm-up (vllm bench's single test request, autotune's one) goes first; the measured requests of
+    both start together, so that neither client's first burst finds the server busy with the other's warm-up."""
     half = dataclasses.replace(shape, concurrency=max(1, shape.concurrency // 2))
     ours: list[dict[str, float]] = []
     theirs: list[dict[str, float]] = []
@@ -255,22 +286,26 @@ def together(url: str, model: Path, vocab: int, shape: Shape, pairs: int) -> str
         child = subprocess.Popen([sys.executable, "-m", "benchmarks.client_vs_vllm_bench", "--vllm-child", spec],
                                  stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, cwd=REPO)
         assert child.stdout is not None
-        while (line := child.stdout.readline()) and line.strip() != "go":
-            pass
-        ours.append(run_ours(url, model, vocab, half, seed=1000 + i))
+        ours.append(run_ours(url, model, vocab, half, seed=1000 + i, wait=partial(wait_for_go, child.stdout)))
         out, _ = child.communicate()
         theirs.append(json.loads(out.strip().splitlines()[-1]))
         print(f"  together {i + 1}: autotune p95 TTFT {ours[-1]['ttft_p95_ms']:.0f} ms, vllm bench "
-              f"{theirs[-1]['ttft_p95_ms']:.0f} ms", flush=True)
+              f"{theirs[-1]['ttft_p95_ms']:.0f} ms (load average {os.getloadavg()[0]:.1f})", flush=True)
     return f"\n{describe(half)}, both clients at once\n{table(ours, theirs, 'autotune text')}"
+
+
+def wait_for_go(stream: IO[str]) -> None:
+    while (line := stream.readline()) and line.strip() != "go":
+        pass
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     ap.add_argument("--workloads", nargs="+", choices=sorted(SHAPES), default=["long", "variable"])
     ap.add_argument("--pairs", type=int, default=5)
-    ap.add_argument("--ids", action="store_true", help="also run autotune with token-id prompts")
-    ap.add_argument("--together", action="store_true", help="also run both clients at once, half the load each")
+    ap.add_argument("--ids", action="store_true", help="also run autotune with token-id prompts (in turn)")
+    ap.add_argument("--modes", nargs="+", choices=["in-turn", "at-once"], default=["in-turn"],
+                    help="in turn: one client after the other; at once: both together, half the load each")
     ap.add_argument("--vllm-child", help=argparse.SUPPRESS)
     opts = ap.parse_args()
     if opts.vllm_child:
@@ -286,8 +321,9 @@ def main() -> None:
         run_vllm(url, model, warm, seed=99)
         for name in opts.workloads:
             print(f"{name}:", flush=True)
-            tables.append(compare(url, model, vocab, SHAPES[name], opts.pairs, opts.ids))
-            if opts.together:
+            if "in-turn" in opts.modes:
+                tables.append(compare(url, model, vocab, SHAPES[name], opts.pairs, opts.ids))
+            if "at-once" in opts.modes:
                 tables.append(together(url, model, vocab, SHAPES[name], opts.pairs))
     print("\n".join(tables))
 
