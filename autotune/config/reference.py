@@ -207,6 +207,9 @@ STUDY_KEYS: dict[str, str] = {
     "memory_cap_gib": "Plan and boot as on a smaller card: a size in GiB (24, \"24GiB\") or a profile name "
                       "(\"rtx3090\"). vLLM is given a gpu_memory_utilization that leaves it what the smaller card "
                       "would.",
+    "vllm_version": "The vLLM version the GPU machine runs (\"0.25.0\"): the memory estimate before each boot and "
+                    "`autotune estimate` predict for it instead of the installed one. A version the estimator does not "
+                    "model is predicted with the nearest one it models, with a wider range.",
     "model": "The checkpoint every trial serves.",
     "model.path": "\"tiny:dense\" or \"tiny:hybrid\" (a tiny model with random weights, written by autotune), a "
                   "directory with a config.json (relative to the study file), or a Hugging Face hub id.",

@@ -33,6 +33,7 @@ from autotune.engine.models import KINDS as TINY_KINDS
 from autotune.errors import SpecError
 from autotune.fit.hardware import PROFILES
 from autotune.fit.memcap import MemoryCap, parse_cap
+from autotune.fit.vllm_version import parse_vllm_version
 from autotune.measure.plan import Objective
 
 DEFAULT_TOP = 3  # [budget] remeasure: how many configurations to re-measure (0: none)
@@ -94,6 +95,7 @@ class StudySpec:
     remeasure: int = DEFAULT_TOP  # [budget] remeasure: configurations re-measured before the budget ends
     description: str = ""
     memory_cap: MemoryCap | None = None  # memory_cap_gib: plan and boot as on a card of this size (fit/memcap.py)
+    vllm_version: str | None = None  # the vLLM the GPU machine runs, predicted for (fit/vllm_version.py)
 
     def fixed_flags(self) -> dict[str, object]:
         """Flags every trial gets: the model's load_format/quantization/revision, then [engine]."""
@@ -368,11 +370,13 @@ def load_study(path: str | Path) -> StudySpec:
     boot_timeout, time_budget, max_trials, remeasure = _budget(top)
     cap_raw = top.get("memory_cap_gib", None)
     memory_cap = parse_cap(cap_raw, source, "memory_cap_gib") if cap_raw is not None else None
+    version_raw = top.text("vllm_version", None)
+    vllm_version = parse_vllm_version(version_raw, source, "vllm_version") if version_raw is not None else None
     top.done()
     return StudySpec(name=name, path=path, objective=objective, hardware=hardware, model=model, engine=engine,
                      env=env, space=space, baselines=baselines, sampler=sampler, boot_timeout_s=boot_timeout,
                      storage=storage, time_budget_s=time_budget, max_trials=max_trials, remeasure=remeasure,
-                     description=description, memory_cap=memory_cap)
+                     description=description, memory_cap=memory_cap, vllm_version=vllm_version)
 
 
 def study_flag_names(spec) -> list[tuple[str, str]]:

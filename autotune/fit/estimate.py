@@ -44,6 +44,7 @@ from autotune.fit.model_shape import (
 from autotune.fit.quantization import Quantization
 from autotune.fit.settings import Settings, settings
 from autotune.fit.vllm_memory import ACTIVATION_UNCERTAINTY, CudaTerms, cuda_terms, forward_peak, sampler_peak
+from autotune.fit.vllm_version import ModelledVersion, modelled_version
 from autotune.fit.weight_bytes import (
     kernel_bytes_per_group,
     quantization_not_modelled,
@@ -134,6 +135,10 @@ class Estimate:
     # #35 of the Marlin surface running 13 of 16, where the optimistic end said 15). The start's pick (search/start.py)
     # and the screen before boot (measure/queueing.py holds_too_few) judge on it.
     running_seqs: int = 0
+    # The vLLM version whose terms this is ("vLLM 0.32.0", or "vLLM 0.29.0 as 0.32.0" for one not modelled) and,
+    # for one not modelled, the line that says so.
+    vllm_version: str = ""
+    version_note: str = ""
 
 
 def estimate(
@@ -180,7 +185,8 @@ def estimate(
     rules += _batch_rules(shape, s)
     return _estimate_of(shape, s, terms, budget, pool, rules, memory, excess, kv_misses, optimistic,
                         boot_peak=max((peak for peak, _, _ in peaks), default=0),
-                        not_modelled=(*quantization_not_modelled(quant), *s.not_modelled))
+                        not_modelled=(*quantization_not_modelled(quant), *s.not_modelled),
+                        version=modelled_version(vllm_version))
 
 
 @dataclass(frozen=True)
@@ -398,7 +404,7 @@ def _batch_rules(shape: ModelShape, s: Settings) -> list[str]:
 
 def _estimate_of(shape: ModelShape, s: Settings, t: _Terms, budget: _Budget, pool: _Pool, rules: list[str],
                  memory: list[str], excess: int, kv_misses: tuple[str, ...], optimistic: list[str], *,
-                 boot_peak: int, not_modelled: tuple[str, ...]) -> Estimate:
+                 boot_peak: int, not_modelled: tuple[str, ...], version: ModelledVersion) -> Estimate:
     """The Estimate, with the pool's counts as vLLM prints them (kv_cache_utils.py) at the band's two ends."""
     lay, kv_bytes, blocks_req = pool.lay, budget.kv_bytes, pool.blocks_req
     bpb = lay.bytes_per_block
@@ -429,6 +435,7 @@ def _estimate_of(shape: ModelShape, s: Settings, t: _Terms, budget: _Budget, poo
         refused=bool(rules) or (bool(optimistic) and not not_modelled),
         kv_fits=not rules and not kv_misses,
         running_seqs=usable // per_running if per_running else 0,
+        vllm_version=version.label, version_note=version.note,
     )
 
 

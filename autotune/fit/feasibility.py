@@ -210,11 +210,12 @@ def dominated_by_failure(flags: Mapping[str, object], obs: Sequence[Observation]
 
 
 def judge(model: str, profile: GpuProfile, flags: Mapping[str, object], env: Mapping[str, str],
-          obs: Sequence[Observation] = ()) -> Verdict:
+          obs: Sequence[Observation] = (), vllm_version: str | None = None) -> Verdict:
     """Boot it, or refuse it before boot: refused only when a startup rule fails, it is at least as demanding as a
-    warm boot that ran out of memory, or it misses by more than the estimate's uncertainty (and is modelled)."""
+    warm boot that ran out of memory, or it misses by more than the estimate's uncertainty (and is modelled).
+    vllm_version: the version to predict for (None: the installed one); a refusal names the version modelled."""
     cpu_kv = env.get("VLLM_CPU_KVCACHE_SPACE")
-    version = installed_vllm_version()
+    version = vllm_version or installed_vllm_version()
     run = functools.partial(estimate, model_shape(model), profile,
                             cpu_kvcache_bytes=int(float(cpu_kv) * GiB) if cpu_kv else None,
                             default_gpu_memory_utilization=default_gpu_memory_utilization(version),
@@ -229,7 +230,8 @@ def judge(model: str, profile: GpuProfile, flags: Mapping[str, object], env: Map
                        calibrated, here)
     if est.refused:
         excess = est.excess_bytes / GiB if est.excess_bytes > 0 else 1.0
-        return Verdict(est, False, "; ".join(est.reasons) or "does not fit", excess, calibrated, here)
+        return Verdict(est, False, f"{'; '.join(est.reasons) or 'does not fit'} (modelled for {est.vllm_version})",
+                       excess, calibrated, here)
     if est.not_modelled:
         return Verdict(est, True, "not modelled: booted to learn: " + "; ".join(est.not_modelled), 0.0, calibrated,
                        here)

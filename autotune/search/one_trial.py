@@ -191,7 +191,8 @@ def _judge_before_boot(run: StudyRun, trial: optuna.Trial, c: _Candidate) -> _Cl
         tell.tell_rejected(study, trial, f"vLLM would reject it: {reason}")
         run.ended(trial, TrialState.COMPLETE, f"rejected before boot: {reason}")
         return None
-    verdict = feasibility.judge(c.model_path, run.profile, c.flags, spec.env, feasibility.observations(study.trials))
+    verdict = feasibility.judge(c.model_path, run.profile, c.flags, spec.env, feasibility.observations(study.trials),
+                                spec.vllm_version)
     for key, value in feasibility.prediction_attrs(verdict.estimate, verdict.predicted_on).items():
         trial.set_user_attr(key, value)
     if not verdict.fits:

@@ -29,17 +29,18 @@ def preview_configs(spec: StudySpec, n: int, seed: int = 0) -> list[tuple[str, E
     return out
 
 
-def preview_estimates(spec: StudySpec, hardware: str | None, samples: int,
-                      storage_url: str | None = None) -> tuple[GpuProfile, list[tuple]]:
+def preview_estimates(spec: StudySpec, hardware: str | None, samples: int, storage_url: str | None = None,
+                      vllm_version: str | None = None) -> tuple[GpuProfile, list[tuple]]:
     """The card the study plans with (capped when it has a memory cap) and, for the baselines and `samples`
     sampled configurations, (label, model, flags, memory verdict), calibrated by the study's stored warm boots
-    when its storage exists."""
+    when its storage exists, for vllm_version (None: the study's vllm_version, else the installed one)."""
     profile = estimate_profile(hardware, spec.hardware, spec.memory_cap)
     seen = stored_observations(spec, storage_url)
     rows = []
     for label, config in preview_configs(spec, samples):
         path, flags = configured(config.model, config.flags)
-        rows.append((label, config.model, flags, feasibility.judge(path, profile, flags, spec.env, seen)))
+        rows.append((label, config.model, flags, feasibility.judge(path, profile, flags, spec.env, seen,
+                                                                   vllm_version or spec.vllm_version)))
     return profile, rows
 
 

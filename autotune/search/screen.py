@@ -30,7 +30,7 @@ def runs_at_once(spec: StudySpec, profile: GpuProfile, model: str | None, params
     path, flags = configured(model or config.model, config.flags)
     if invalid_reason(flags):
         return None
-    verdict = feasibility.judge(path, profile, flags, spec.env, seen)
+    verdict = feasibility.judge(path, profile, flags, spec.env, seen, spec.vllm_version)
     if not verdict.fits:
         return None
     return _runs_as_booted(spec, flags, verdict.estimate)

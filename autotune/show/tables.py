@@ -233,7 +233,8 @@ def estimates_json(rows, *, profile_name: str) -> str:
                     "boot_peak_bytes": e.boot_peak_bytes,
                     "max_concurrency_at_max_len": e.max_concurrency_at_max_len,
                     "not_modelled": list(e.not_modelled), "calibrated_by": v.calibrated_by,
-                    "calibration": calibration_text(v)})
+                    "calibration": calibration_text(v), "vllm_version": e.vllm_version,
+                    "version_note": e.version_note})
     return json.dumps({"hardware": profile_name, "configurations": out}, indent=1, default=str)
 
 
@@ -256,6 +257,7 @@ def breakdown_rows(est: Estimate) -> list[tuple[str, str]]:
              ("sequences running at once, at most", str(est.max_running_seqs)),
              ("fits", "yes" if est.fits else "refused" if est.refused else "inside the band: booted to learn")]
     rows += [("reason", r) for r in est.reasons]
+    rows += [("vLLM modelled", est.vllm_version)] + ([("note", est.version_note)] if est.version_note else [])
     return rows
 
 

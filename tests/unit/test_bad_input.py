@@ -57,6 +57,8 @@ BAD_STUDIES: dict[str, tuple[str | bytes, str]] = {
                                                 "installed vLLM is the CPU build"),
     "a memory cap without a CUDA GPU": (QUICK_HEAD.replace("[model]", "memory_cap_gib = 'rtx3090'\n[model]"),
                                         "quick.toml: memory_cap_gib: a memory cap needs a CUDA GPU"),
+    "a vLLM version that is not one": (QUICK_HEAD.replace("[model]", "vllm_version = 'latest'\n[model]"),
+                                       "quick.toml: vllm_version: 'latest' is not a vLLM version"),
     # No network here, and a made-up id anywhere: either way one quick line, not 29 s of retries and a traceback.
     "hub id that cannot be resolved": (QUICK_HEAD.replace("tiny:dense", "nobody-xyz/no-such-model-4f1c"),
                                        "quick.toml: model.path: cannot resolve 'nobody-xyz/no-such-model-4f1c'"),
@@ -232,6 +234,7 @@ def test_bad_command_lines_fail_in_one_line_with_exit_2(quick: Path, args: list[
     (["estimate", "--model", "tiny:dense", "--set", "max_num_seqz=4"], "--set: max_num_seqz: vllm"),
     (["estimate", "--model", "tiny:dense", "--set", "max_num_seqs=0"], "max_num_seqs (0) must be >= 1"),
     (["estimate", "--model", "tiny:dense", "-n", "-1"], "-n: -1: must be between 0 and 1000"),
+    (["estimate", "--model", "tiny:dense", "--vllm-version", "0.x"], "--vllm-version: 0.x: is not a vLLM version"),
     (["estimate", "--model", "tiny:dense", "-n", "100000000"], "-n: 100000000: must be between 0 and 1000"),
     (["estimate", str(QUICK / "quick.toml"), "--set", "max_num_seqs=4"], "--set: max_num_seqs=4: goes with --model"),
     (["status", "--study", "quick", "--limit", "0"], "--limit: 0: must be at least 1"),

@@ -1,0 +1,85 @@
+"""The estimator per vLLM version (fit/vllm_version.py, fit/vllm_memory.py VERSION_TERMS): which version a
+prediction models and how every output names it. On recorded boots: benchmarks/tests/test_estimator_per_version.py.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from autotune.cli import main
+from autotune.fit.feasibility import judge
+from autotune.fit.hardware import get_profile
+from autotune.fit.vllm_version import MODELLED_VERSIONS, modelled_version
+
+CONFIG = Path(__file__).resolve().parents[3] / "autotune" / "engine" / "known_models" / "qwen3.5-27b-awq.json"
+
+
+@pytest.mark.parametrize(("asked", "modelled", "exact"), [
+    ("0.25.0", "0.25.0", True),
+    ("0.32.0", "0.32.0", True),
+    ("0.32.0+cpu", "0.32.0", True),  # a local build of a modelled release is that release
+    ("0.25.1", "0.25.0", False),
+    ("0.27.1", "0.25.0", False),  # nearer 0.25 than 0.32 by release number
+    ("0.29.1", "0.32.0", False),
+    ("0.20.1rc1.dev16+g01d4d1ad3", "0.25.0", False),
+    ("0.40.0", "0.32.0", False),
+    (None, MODELLED_VERSIONS[-1], True),  # none given and none installed: the newest, as modelled
+])
+def test_a_version_is_predicted_with_the_nearest_modelled_one(asked, modelled, exact):
+    version = modelled_version(asked)
+    assert (version.modelled, version.exact) == (modelled, exact)
+    assert version.label == (f"vLLM {modelled}" if exact else f"vLLM {asked} as {modelled}")
+    assert bool(version.note) is not exact
+
+
+def test_a_refusal_names_the_version_it_was_modelled_for(tmp_path: Path):
+    model = tmp_path / "awq"
+    model.mkdir()
+    shutil.copy(CONFIG, model / "config.json")
+    flags = {"max_model_len": 262144, "max_num_seqs": 4}  # a full-length request needs 16 GiB of bf16 KV
+    for version in MODELLED_VERSIONS:
+        v = judge(str(model), get_profile("rtx3090"), flags, {}, vllm_version=version)
+        assert not v.fits and v.reason.endswith(f"(modelled for vLLM {version})")
+
+
+def test_estimate_vllm_version_predicts_for_that_version_and_says_so(tmp_path: Path):
+    model = tmp_path / "awq"
+    model.mkdir()
+    shutil.copy(CONFIG, model / "config.json")
+    args = ["estimate", "--model", str(model), "--hardware", "rtx3090", "--set", "max_model_len=65536",
+            "--set", "max_num_seqs=2", "--set", "kv_cache_dtype=fp8", "--format", "json"]
+    runner = CliRunner()
+    out = {}
+    for version in ("0.25.0", "0.32.0", "0.29.1"):
+        result = runner.invoke(main, [*args, "--vllm-version", version])
+        assert result.exit_code == 0, result.output
+        out[version] = json.loads(result.stdout)["configurations"][0]
+    assert out["0.25.0"]["vllm_version"] == "vLLM 0.25.0" and out["0.25.0"]["version_note"] == ""
+    assert out["0.32.0"]["vllm_version"] == "vLLM 0.32.0"
+    assert "vLLM 0.25.0" in out["0.25.0"]["calibration"]
+    assert out["0.29.1"]["vllm_version"] == "vLLM 0.29.1 as 0.32.0" and "not modelled" in out["0.29.1"]["version_note"]
+    assert out["0.29.1"]["uncertainty_bytes"] > out["0.32.0"]["uncertainty_bytes"]
+    table = runner.invoke(main, [*args[:-2], "--vllm-version", "0.29.1"])
+    assert table.exit_code == 0 and "vLLM 0.29.1 as 0.32.0" in table.stdout
+    assert "note: vLLM 0.29.1 is not modelled" in table.stderr
+
+
+def test_a_study_names_the_version_its_gpu_machine_runs(tmp_path: Path):
+    """`vllm_version` in a study file: `estimate STUDY` (and the run's judge before boot) predicts for it."""
+    quick = Path(__file__).resolve().parents[2] / "data" / "quick"
+    for f in quick.iterdir():
+        shutil.copy(f, tmp_path / f.name)
+    study = tmp_path / "quick.toml"
+    study.write_text(study.read_text().replace('hardware = "cpu"', 'hardware = "cpu"\nvllm_version = "0.25.0"'))
+    args = ["estimate", str(study), "-n", "1", "--format", "json"]
+    result = CliRunner().invoke(main, args)
+    assert result.exit_code == 0, result.output
+    rows = json.loads(result.stdout)["configurations"]
+    assert rows and {r["vllm_version"] for r in rows} == {"vLLM 0.25.0"}
+    again = CliRunner().invoke(main, [*args, "--vllm-version", "0.32.0"])
+    assert {r["vllm_version"] for r in json.loads(again.stdout)["configurations"]} == {"vLLM 0.32.0"}
