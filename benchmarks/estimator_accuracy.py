@@ -5,9 +5,11 @@ old one (commit 02e0249) side by side.
     python -m benchmarks.estimator_accuracy            # the table and the medians
     python -m benchmarks.estimator_accuracy --json     # one JSON document
 
-Boots: tests/data/gpu-boots/boots.json (every entry, cold and warm: new boots added there are covered), the earlier
-CUDA logs in tests/data/gpu/ and the CPU-build logs in tests/data/logs/ that printed a KV-cache size. A warm boot
-is the target (a cold one compiled inside vLLM's memory profiling and is shown, never a verdict). A second section,
+Boots, one table per vLLM version: tests/data/gpu-boots/boots.json (vLLM 0.25.0; every entry, cold and warm: new
+boots added there are covered), every tests/data/gpu-boots-X/boots.json that benchmarks/h200/boot_matrix.py records
+(tests/data/gpu-boots-0.32: vLLM 0.32.0, with whether a full-length request was served), the earlier CUDA logs in
+tests/data/gpu/ and the CPU-build logs in tests/data/logs/ that printed a KV-cache size. A warm boot is the target (a
+cold one compiled inside vLLM's memory profiling and is shown, never a verdict). A second section,
 "published RTX 3090 boots", reads tests/data/rtx3090-boots/records.json: boots published by others on real cards,
 with their checkpoint's reconstructed quantization_config (assumptions in that folder's README).
 """
@@ -31,6 +33,7 @@ from types import ModuleType
 from autotune.fit.estimate import Estimate, estimate
 from autotune.fit.hardware import GpuInfo, GpuProfile, cpu_profile, profile_for
 from autotune.fit.model_shape import ModelShape
+from autotune.fit.vllm_version import modelled_version
 from autotune.fit.weight_bytes import disabled_kernels_in
 from benchmarks.catalogue import read_log
 
@@ -58,6 +61,7 @@ class Boot:
     ready: bool  # the server came up
     printed_tokens: int | None  # "KV cache size: N tokens" (printed before a Mamba-block failure too)
     env: Mapping[str, str] = ()  # type: ignore[assignment]
+    served: bool | None = None  # a request of the full max_model_len prefilled and decoded (None: not tried)
 
 
 @dataclass(frozen=True)
@@ -93,6 +97,8 @@ def _engine_flags(flags: Mapping[str, object]) -> dict[str, object]:
 
 def gpu_boots(folder: Path = DATA / "gpu-boots") -> list[Boot]:
     data = json.loads((folder / "boots.json").read_text())
+    if any("vllm_util" in b for b in data["boots"]):
+        return matrix_boots(folder)
     profile = h200()
     out = []
     for b in data["boots"]:
@@ -101,6 +107,42 @@ def gpu_boots(folder: Path = DATA / "gpu-boots") -> list[Boot]:
                         str(data.get("vllm", "0.25.0")), b.get("cache", {}).get("state", "warm"),
                         b.get("outcome") == "ready", f.get("kv_cache_tokens"), b.get("env", {})))
     return out
+
+
+def matrix_boots(folder: Path) -> list[Boot]:
+    """Boots recorded by benchmarks/h200/boot_matrix.py (boots.json, logs/ and the plan.json beside them): flags in
+    vLLM's dashed names, the utilization vLLM was given (vllm_util: the plan's util of a card_mib card, translated to
+    the card's NVML total), the vLLM version its boots.json or each log names, and whether a request of the full
+    max_model_len prefilled and decoded."""
+    data = json.loads((folder / "boots.json").read_text())
+    plan = folder / "plan.json"
+    card_mib = json.loads(plan.read_text()).get("card_mib", 24576) if plan.exists() else 24576
+    version = data.get("vllm") or logged_version(folder / "logs") or folder.name.removeprefix("gpu-boots-")
+    out = []
+    for b in data["boots"]:
+        flags = {k.replace("-", "_"): v for k, v in b["flags"].items()}
+        flags |= {"gpu_memory_utilization": b["vllm_util"], "language_model_only": True}
+        request = b.get("full_length_request") or {}
+        out.append(Boot(b["name"], folder.name, flags, str(CONFIG), device_card(b["util"] * card_mib / b["vllm_util"]),
+                        str(version), b.get("cache", "unknown"), b.get("outcome") == "ready",
+                        b.get("figures", {}).get("kv_cache_tokens"), served=request.get("ok") if request else None))
+    return out
+
+
+def logged_version(logs: Path) -> str | None:
+    """The vLLM version the first server log in `logs` that names one says it is."""
+    for log in sorted(logs.glob("*.log")):
+        if m := VERSION.search(log.read_text(errors="replace")):
+            return m.group(1)
+    return None
+
+
+def device_card(nvml_total_mib: float) -> GpuProfile:
+    """The device's card (an H200 or an H100 80 GB) told by its NVML total, with the H200's measured reserve."""
+    from autotune.fit.hardware import PROFILES
+
+    cards = [h200(), PROFILES["h100-80gb"]]
+    return min(cards, key=lambda p: abs(p.memory_bytes / 2**20 - nvml_total_mib))
 
 
 def _log_boot(path: Path, source: str, model: str, profile: GpuProfile) -> Boot | None:
@@ -196,10 +238,39 @@ def predict(boot: Boot, estimator: Callable[..., Estimate] = estimate) -> Estima
                      cpu_kvcache_bytes=int(float(kv_space) * 2**30) if kv_space else None)
 
 
+def version_folders() -> list[Path]:
+    """Real boots per vLLM version: tests/data/gpu-boots (0.25.0) and every gpu-boots-X folder with a boots.json
+    (tests/data/gpu-boots-0.32: 0.32.0)."""
+    return [DATA / "gpu-boots"] + sorted(p for p in DATA.glob("gpu-boots-*") if (p / "boots.json").exists())
+
+
+def fitted_folders() -> list[Path]:
+    """The folders a modelled version's constants are fitted on (VERSION_TERMS fitted_on): the boots the estimator
+    answers for (benchmarks/tests/test_estimator_accuracy.py); the others are printed, not yet held to it."""
+    from autotune.fit.vllm_memory import VERSION_TERMS
+
+    fitted = {ROOT / t.fitted_on for t in VERSION_TERMS.values() if t.fitted_on}
+    return [f for f in version_folders() if f in fitted]
+
+
 def rows(boots: list[Boot] | None = None, with_old: bool = True) -> list[Row]:
-    boots = gpu_boots() + log_boots() if boots is None else boots
+    """Each boot with the estimate for it (and the old estimator's); by default the fitted folders' boots and the
+    earlier CUDA and CPU logs."""
+    boots = [b for f in fitted_folders() for b in gpu_boots(f)] + log_boots() if boots is None else boots
     old = old_estimator() if with_old else None
-    return [Row(b, predict(b), predict(b, old.estimate) if old is not None else None) for b in boots]
+    return [Row(b, predict(b), old_prediction(b, old)) for b in boots]
+
+
+def old_prediction(boot: Boot, old: ModuleType | None) -> Estimate | None:
+    """The old estimator's prediction; None without it, or where it refuses the flags as input (a KV-cache dtype it
+    did not know: the published TurboQuant record)."""
+    if old is None:
+        return None
+    refusal = sys.modules["old_autotune.errors"].SpecError  # imported with the old estimator
+    try:
+        return predict(boot, old.estimate)
+    except refusal:
+        return None
 
 
 def _pct(x: float | None) -> str:
@@ -214,17 +285,44 @@ def old_verdict(est: Estimate | None) -> str:
     return "-" if est is None else "fits" if est.fits else "refused"
 
 
-def table(rs: list[Row]) -> str:
-    head = (f"{'boot':<36} {'vLLM':<6} {'cache':<5} {'outcome':<7} {'predicted range':>19} {'central':>8} "
-            f"{'printed':>8} {'error':>7} {'verdict':>8} | {'old':>8} {'old err':>8} {'old verdict':>11}")
+def table(rs: list[Row], with_old: bool = True) -> str:
+    """One line a boot: configuration, cold or warm, what it did (and whether a full-length request was served:
+    'served' / 'died' after 'ready'), the predicted KV-token range and centre, what vLLM printed, the error and the
+    verdict before boot; with_old: the old estimator's beside it."""
+    head = (f"{'boot':<36} {'vLLM':<6} {'cache':<5} {'outcome':<13} {'predicted range':>19} {'central':>8} "
+            f"{'printed':>8} {'error':>7} {'verdict':>8}")
+    head += f" | {'old':>8} {'old err':>8} {'old verdict':>11}" if with_old else ""
     lines = [head, "-" * len(head)]
     for r in rs:
         b, e = r.boot, r.new
         rng = f"{e.kv_tokens_low:,}-{e.kv_tokens_high:,}"
-        lines.append(f"{b.name:<36} {b.vllm:<6} {b.cache:<5} {'ready' if b.ready else 'failed':<7} {rng:>19} "
-                     f"{e.kv_tokens:>8,} {b.printed_tokens or 0:>8,} {_pct(r.error):>7} {verdict(e):>8} | "
-                     f"{r.old.kv_tokens if r.old else 0:>8,} {_pct(r.old_error):>8} {old_verdict(r.old):>11}")
+        outcome = ("ready" if b.ready else "failed") + {True: " served", False: " died", None: ""}[b.served]
+        line = (f"{b.name:<36} {b.vllm[:6]:<6} {b.cache:<5} {outcome:<13} {rng:>19} "
+                f"{e.kv_tokens:>8,} {b.printed_tokens or 0:>8,} {_pct(r.error):>7} {verdict(e):>8}")
+        if with_old:
+            line += f" | {r.old.kv_tokens if r.old else 0:>8,} {_pct(r.old_error):>8} {old_verdict(r.old):>11}"
+        lines.append(line)
     return "\n".join(lines)
+
+
+def per_version(rs: list[Row]) -> dict[str, list[Row]]:
+    """The GPU boots by the vLLM version that ran them (the CPU build's logs left out), oldest first."""
+    out: dict[str, list[Row]] = {}
+    for r in rs:
+        if r.boot.source != "cpu":
+            out.setdefault(r.boot.vllm, []).append(r)
+    return dict(sorted(out.items(), key=lambda kv: [int(x) for x in re.findall(r"\d+", kv[0])[:3]]))
+
+
+def version_line(rs: list[Row]) -> str:
+    """One version's accuracy: median |KV token error| of its warm boots, how many printed inside the predicted
+    range, and which boots that became ready (and served a full-length request, where one was sent) were refused."""
+    s = summary(rs)
+    served = [r.boot.name for r in rs if r.boot.ready and r.boot.served and r.new.refused]
+    return (f"warm boots: {s['warm_gpu_boots']}; median |KV token error| {_pct(s['median_abs_error_warm'])} "  # type: ignore[arg-type]
+            f"(max {_pct(s['max_abs_error_warm'])}); printed inside the predicted range: "  # type: ignore[arg-type]
+            f"{s['warm_inside_range']}/{s['warm_gpu_boots']}; booted but refused before boot: "
+            f"{s['booted_refused'] or 'none'}; of those that served a full-length request: {served or 'none'}")
 
 
 def summary(rs: list[Row]) -> dict[str, object]:
@@ -404,7 +502,7 @@ def ballast_held_gib(entry: dict) -> float:
 
 
 def main(argv: list[str]) -> int:
-    rs = rows()
+    rs = rows([b for f in version_folders() for b in gpu_boots(f)] + log_boots())
     s = summary(rs)
     pub = rows(rtx3090_boots())
     if "--json" in argv:
@@ -415,8 +513,12 @@ def main(argv: list[str]) -> int:
                                     "old_predicted": r.old.kv_tokens if r.old else None} for r in rs + pub],
                           "summary": s, "published_rtx3090": published_summary(pub)}, indent=1))
         return 0
-    print(table(rs))
-    print()
+    for version, group in per_version(rs).items():
+        print(f"vLLM {version} (modelled as {modelled_version(version).label})")
+        print(table(group, with_old=version == "0.25.0"))
+        print(version_line(group))
+        print()
+    print("all boots, the CPU build's logs included")
     med, old_med = s["median_abs_error_warm"], s["old_median_abs_error_warm"]
     print(f"warm GPU boots: {s['warm_gpu_boots']}; median |error| new {_pct(med)} "  # type: ignore[arg-type]
           f"(max {_pct(s['max_abs_error_warm'])}), old {_pct(old_med)}; "  # type: ignore[arg-type]

@@ -42,3 +42,28 @@ def test_the_recorded_boots_are_inside_the_range_of_their_own_version():
     for b in warm:
         e = predict(b)
         assert e.kv_tokens_low <= b.printed_tokens <= e.kv_tokens_high, b.name
+
+
+@pytest.mark.parametrize(("nvml_total_mib", "card"), [(143771, "h200"), (81559, "h100-80gb")])
+def test_a_boot_matrix_folder_is_read_as_vllm_ran_it(tmp_path, nvml_total_mib, card):
+    """benchmarks/h200/boot_matrix.py's boots.json: dashed flags, the plan's utilization of a 24 GiB card as vLLM was
+    given it on the device's card (which that translation tells), the version its logs print, and whether the
+    full-length request was served."""
+    import json
+
+    folder = tmp_path / "gpu-boots-0.32"
+    (folder / "logs").mkdir(parents=True)
+    (folder / "plan.json").write_text(json.dumps({"card_mib": 24576, "boots": []}))
+    (folder / "logs" / "l64k-mtp2.log").write_text("INFO Initializing a V1 LLM engine (v0.32.0) with config: ...\n")
+    flags = {"max-model-len": 65536, "max-num-seqs": 2, "speculative-config": '{"method": "mtp", '
+                                                                            '"num_speculative_tokens": 2}'}
+    boot = {"name": "l64k-mtp2", "util": 0.95, "vllm_util": round(0.95 * 24576 / nvml_total_mib, 6), "flags": flags,
+            "outcome": "ready", "cache": "warm", "figures": {"kv_cache_tokens": 90000},
+            "full_length_request": {"ok": False, "error": "RemoteDisconnected"}}
+    (folder / "boots.json").write_text(json.dumps({"boots": [boot]}))
+    [read] = gpu_boots(folder)
+    assert (read.vllm, read.profile.name, read.cache, read.ready, read.served) == ("0.32.0", card, "warm", True, False)
+    assert read.flags["max_model_len"] == 65536 and read.flags["gpu_memory_utilization"] == boot["vllm_util"]
+    e = predict(read)
+    assert e.vllm_version == "vLLM 0.32.0" and e.max_model_len == 65536
+    assert abs(e.reserved_bytes / 2**20 - 0.95 * 24576) < 0.01 * 24576  # vLLM's budget: the 24 GiB card's share
