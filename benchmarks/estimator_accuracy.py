@@ -62,6 +62,7 @@ class Boot:
     printed_tokens: int | None  # "KV cache size: N tokens" (printed before a Mamba-block failure too)
     env: Mapping[str, str] = ()  # type: ignore[assignment]
     served: bool | None = None  # a request of the full max_model_len prefilled and decoded (None: not tried)
+    figures: Mapping[str, object] = ()  # type: ignore[assignment]  # what its log printed (gpu_boots_table.parse_log)
 
 
 @dataclass(frozen=True)
@@ -105,7 +106,7 @@ def gpu_boots(folder: Path = DATA / "gpu-boots") -> list[Boot]:
         f = b.get("figures", {})
         out.append(Boot(b["name"], "gpu-boots", _engine_flags(b["flags"]), str(CONFIG), profile,
                         str(data.get("vllm", "0.25.0")), b.get("cache", {}).get("state", "warm"),
-                        b.get("outcome") == "ready", f.get("kv_cache_tokens"), b.get("env", {})))
+                        b.get("outcome") == "ready", f.get("kv_cache_tokens"), b.get("env", {}), figures=f))
     return out
 
 
@@ -125,7 +126,8 @@ def matrix_boots(folder: Path) -> list[Boot]:
         request = b.get("full_length_request") or {}
         out.append(Boot(b["name"], folder.name, flags, str(CONFIG), device_card(b["util"] * card_mib / b["vllm_util"]),
                         str(version), b.get("cache", "unknown"), b.get("outcome") == "ready",
-                        b.get("figures", {}).get("kv_cache_tokens"), served=request.get("ok") if request else None))
+                        b.get("figures", {}).get("kv_cache_tokens"), served=request.get("ok") if request else None,
+                        figures=b.get("figures", {})))
     return out
 
 
@@ -302,6 +304,32 @@ def table(rs: list[Row], with_old: bool = True) -> str:
         if with_old:
             line += f" | {r.old.kv_tokens if r.old else 0:>8,} {_pct(r.old_error):>8} {old_verdict(r.old):>11}"
         lines.append(line)
+    return "\n".join(lines)
+
+
+# (column, the figure its log printed, the Estimate's field)
+TERMS = (("weights", "weights_gib", "weights_bytes"),
+         ("activation", "torch_peak_increase_gib", "activation_peak_bytes"),
+         ("CUDA graphs", "cudagraph_estimate_gib", "cudagraph_bytes"),
+         ("KV", "kv_cache_gib", "kv_cache_bytes"))
+
+
+def terms_table(rs: list[Row]) -> str:
+    """Each warm boot's memory terms as its log printed them against the estimate's, GiB (printed/predicted): the
+    weights ("Model loading took"), the profile run's torch peak, the CUDA-graph estimate and the KV budget
+    ("Available KV cache memory"); where the KV error of the table above comes from."""
+    head = f"{'boot':<36} " + " ".join(f"{name:>13}" for name, _, _ in TERMS) + f" {'non-KV left':>11}"
+    lines = [head, "-" * len(head)]
+    for r in rs:
+        if r.boot.cache != "warm" or not r.boot.figures:
+            continue
+        cells = []
+        for _, printed, predicted in TERMS:
+            seen = r.boot.figures.get(printed)
+            cells.append(f"{'-' if seen is None else f'{seen:.2f}'}/{getattr(r.new, predicted) / 2**30:.2f}")
+        kv = r.boot.figures.get("kv_cache_gib")
+        rest = "-" if kv is None else f"{kv - r.new.kv_cache_bytes / 2**30:+.2f}"
+        lines.append(f"{r.boot.name:<36} " + " ".join(f"{c:>13}" for c in cells) + f" {rest:>11}")
     return "\n".join(lines)
 
 
@@ -517,6 +545,8 @@ def main(argv: list[str]) -> int:
         print(f"vLLM {version} (modelled as {modelled_version(version).label})")
         print(table(group, with_old=version == "0.25.0"))
         print(version_line(group))
+        print("\nits memory terms, printed/predicted GiB (non-KV left: printed KV less predicted)")
+        print(terms_table(group))
         print()
     print("all boots, the CPU build's logs included")
     med, old_med = s["median_abs_error_warm"], s["old_median_abs_error_warm"]

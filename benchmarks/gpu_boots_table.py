@@ -36,6 +36,8 @@ PATTERNS: dict[str, tuple[str, type]] = {
     "non_kv_cache_gib": (r"Total non KV cache memory: " + NUM + r" ?GiB", float),
     "torch_peak_increase_gib": (r"torch peak memory increase: " + NUM + r" ?GiB", float),
     "non_torch_increase_gib": (r"non-torch forward increase memory: " + NUM + r" ?GiB", float),
+    # vLLM 0.27+: the non-KV memory from cudaMemGetInfo (utils/mem_utils.py MemoryProfilingResult.__repr__)
+    "total_consumed_gib": (r"total consumed \(from mem_get_info\): " + NUM + r" ?GiB", float),
     "memory_profiling_s": (r"Memory profiling takes " + NUM + r" seconds", float),
     "requested_gib": (r"Requested memory: [0-9.]+ \(util\), " + NUM + r" ?GiB", float),
     "initial_free_gib": (r"Initial free memory: " + NUM + r" ?GiB", float),
