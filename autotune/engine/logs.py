@@ -53,7 +53,11 @@ _PATTERNS: list[tuple[FailureKind, re.Pattern[str]]] = [
         r"|is larger than the maximum number of tokens that can be stored in KV cache")),
     (FailureKind.OUT_OF_MEMORY, re.compile(
         r"CUDA out of memory|torch\.OutOfMemoryError|OutOfMemoryError|No available memory for the cache blocks"
-        r"|on kv cache allocation is less than requested memory|Cannot allocate memory")),
+        r"|on kv cache allocation is less than requested memory|Cannot allocate memory"
+        # An allocation outside PyTorch's caching allocator, as a long prefill's kernels and libraries make (a
+        # workspace, cuBLAS's handle): CUDA's own error, raised as torch.AcceleratorError or RuntimeError.
+        r"|CUDA error: out of memory|cudaErrorMemoryAllocation|CUBLAS_STATUS_ALLOC_FAILED"
+        r"|DefaultCPUAllocator: (?:not enough memory|can't allocate memory)")),
     (FailureKind.PORT_IN_USE, re.compile(r"Address already in use")),
     (FailureKind.MODEL_NOT_FOUND, re.compile(
         r"Invalid repository ID or local directory|is not a local folder and is not a valid model identifier"
@@ -178,6 +182,15 @@ def kv_shortfall_gib(lines: list[str]) -> float | None:
     if available is not None and available <= 0:
         return -available
     return None
+
+
+def while_serving(failure: Failure, at: str) -> Failure:
+    """A memory failure of a server that was up, told as the configuration's: it ran out while serving `at` (a
+    load level), which a long prompt's prefill does past what the boot's profiling saw."""
+    if not failure.kind.is_memory:
+        return failure
+    label, _, detail = failure.reason.partition(": ")
+    return Failure(failure.kind, f"{label} while serving {at}: {detail}", failure.excerpt)
 
 
 def failure_reason(kind: FailureKind, line: str) -> str:

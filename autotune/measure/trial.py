@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
@@ -25,7 +25,7 @@ from autotune.engine.flags import (
     Build,
     detect_build,
 )
-from autotune.engine.logs import BootInfo, Failure, FailureKind
+from autotune.engine.logs import BootInfo, Failure, FailureKind, while_serving
 from autotune.engine.server import BootFailed, EngineSpec, Server
 from autotune.fit.hardware import detect_gpus
 from autotune.measure.client import STALLED, LoadLevel, measure_level
@@ -325,9 +325,8 @@ def _failed_at(s: _Servers, value: float, outcome: LevelOutcome) -> Failure | No
     nothing is drained when it stops), or a process of it was stopped from outside (frozen). Requests that all
     failed can be seen before the log's cause: an out-of-memory line, once there, wins."""
     server, stats = s.server, outcome.stats
-    refused = any(e.startswith("connection error") for e in stats.errors)
     at = f"{s.plan.objective.load.mode} {value:g}"
-    if (failure := server.died(grace_s=3.0 if refused else 0.0)) is not None:
+    if (failure := server.died(grace_s=3.0 if _going(stats.errors) else 0.0)) is not None:
         pass
     elif stats.completed == 0 and stats.failed > 0:
         failure = Failure(FailureKind.UNRESPONSIVE, f"no request completed at {at}: {next(iter(stats.errors), '')}")
@@ -340,7 +339,17 @@ def _failed_at(s: _Servers, value: float, outcome: LevelOutcome) -> Failure | No
         failure = server.frozen() or failure
     s.hung = failure.kind in (FailureKind.UNRESPONSIVE, FailureKind.FROZEN)
     seen = server.died()
-    return seen if seen is not None and seen.kind.is_memory else failure
+    return while_serving(seen if seen is not None and seen.kind.is_memory else failure, at)
+
+
+# vLLM's answer to a request once its engine died (EngineDeadError), as an HTTP 500 or a streamed error.
+ENGINE_DEAD_REPLY = "EngineCore encountered an issue"
+
+
+def _going(errors: Mapping[str, int]) -> bool:
+    """Whether the requests' errors say the server is on its way out (a refused connection, or its engine dead):
+    then it is given a moment to exit and its log to name the cause (an out-of-memory line)."""
+    return any(e.startswith("connection error") or ENGINE_DEAD_REPLY in e for e in errors)
 
 
 def _classify(s: _Servers, climb: _Climb, duration_s: float) -> TrialResult:

@@ -8,11 +8,13 @@ from pathlib import Path
 import pytest
 
 from autotune.engine.logs import (
+    Failure,
     FailureKind,
     classify_line,
     classify_log,
     parse_boot_info,
     watch_line,
+    while_serving,
 )
 
 LOGS = Path(__file__).parents[2] / "data" / "logs"
@@ -145,3 +147,33 @@ def test_an_engine_death_without_a_known_cause_stays_a_crash_and_the_first_cause
         known = watch_line(known, line) or known
     assert known is FailureKind.CRASH
     assert watch_line(FailureKind.KV_CACHE_TOO_SMALL, RUNTIME_OOM[-1]) is None
+
+
+GPU_LOGS = Path(__file__).parents[2] / "data" / "gpu"
+
+
+def test_a_kernel_that_runs_out_of_memory_mid_prefill_is_a_memory_failure_in_one_line() -> None:
+    """CUDA's own out-of-memory error (torch.AcceleratorError), raised where a long prompt's chunk needs more than
+    the boot's profiling saw, after the engine-died wrapper and the scheduler dump, as vLLM 0.32 logs it."""
+    log = (GPU_LOGS / "cuda-0.32-oom-mid-prefill.log").read_text().splitlines()
+    known = None
+    for line in log:  # as the server's log reader keeps it, line by line
+        known = watch_line(known, line) or known
+    assert known is FailureKind.OUT_OF_MEMORY
+    failure = classify_log(log)
+    assert failure.kind is FailureKind.OUT_OF_MEMORY
+    assert failure.reason == "out of memory: torch.AcceleratorError: CUDA error: out of memory"
+    told = while_serving(failure, "concurrency 2")
+    assert told.reason == "out of memory while serving concurrency 2: torch.AcceleratorError: CUDA error: out of memory"
+    assert "\n" not in told.reason and told.kind.is_memory and told.excerpt == failure.excerpt
+
+
+def test_other_out_of_memory_wordings_of_a_prefill_are_memory_failures() -> None:
+    oom = FailureKind.OUT_OF_MEMORY
+    assert classify_line("RuntimeError: CUDA error: CUBLAS_STATUS_ALLOC_FAILED when calling `cublasCreate(handle)`"
+                         ) is oom
+    assert classify_line("RuntimeError: CUDA driver error: cudaErrorMemoryAllocation") is oom
+    assert classify_line("RuntimeError: [enforce fail at alloc_cpu.cpp:121] data. DefaultCPUAllocator: not enough "
+                         "memory: you tried to allocate 1073741824 bytes.") is oom
+    crash = Failure(FailureKind.CRASH, "engine died: EngineCore encountered a fatal error.")
+    assert while_serving(crash, "concurrency 2") == crash  # only a memory failure is reworded
