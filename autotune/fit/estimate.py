@@ -201,6 +201,7 @@ class _Terms:
     uncertainty: int
     profiling_blocks: int = 0
     drafter: int = 0
+    outside_measured: tuple[str, ...] = ()  # what the version's boots did not measure (vllm_memory.outside_measured)
 
     @property
     def beside_kv(self) -> int:
@@ -220,7 +221,8 @@ def _terms(shape: ModelShape, s: Settings, config: Mapping[str, object], profile
     if corrections.uncertainty_bytes is not None:  # calibrated: the boots' spread, never wider than the model's
         uncertainty = min(uncertainty, corrections.uncertainty_bytes)
     return _Terms(weights, activation, _cudagraphs(cuda), _overhead(s, cuda) + corrections.overhead_bytes,
-                  uncertainty, 0 if cuda is None else cuda.profiling_blocks, _drafter(cuda))
+                  uncertainty, 0 if cuda is None else cuda.profiling_blocks, _drafter(cuda),
+                  () if cuda is None else cuda.outside_measured)
 
 
 def _activation(shape: ModelShape, s: Settings, cuda: CudaTerms | None) -> int:
@@ -435,8 +437,16 @@ def _estimate_of(shape: ModelShape, s: Settings, t: _Terms, budget: _Budget, poo
         refused=bool(rules) or (bool(optimistic) and not not_modelled),
         kv_fits=not rules and not kv_misses,
         running_seqs=usable // per_running if per_running else 0,
-        vllm_version=version.label, version_note=version.note,
+        vllm_version=version.label, version_note=_version_note(version, t.outside_measured),
     )
+
+
+def _version_note(version: ModelledVersion, outside: tuple[str, ...]) -> str:
+    """What the prediction stands on that the version's boots did not measure: another version, or a configuration
+    beyond the range its boots span; empty when neither (each widens the range: fit/vllm_memory.py)."""
+    beyond = (f"beyond what vLLM {version.modelled}'s boots measured, with a wider range: {', '.join(outside)}"
+              if outside else "")
+    return "; ".join(n for n in (version.note, beyond) if n)
 
 
 def _cpu_activation(shape: ModelShape, s: Settings) -> int:

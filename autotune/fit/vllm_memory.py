@@ -118,33 +118,61 @@ UNSIZED_MEM_GET_INFO_BYTES = 256 * MiB
 UNMODELLED_VERSION_BYTES = 256 * MiB
 
 
+# A configuration outside what a version's warm boots measured (more batched tokens than its widest profile run,
+# more drafted tokens than it sized a KV cache with) takes this much more band per such term: its terms are
+# extrapolated there, so it is booted to learn rather than refused on them.
+OUTSIDE_MEASURED_BYTES = 256 * MiB
+
+
 @dataclass(frozen=True)
 class VersionTerms:
-    """One modelled version's fitted constants, the boots they were fitted on, and what its accounting adds that
-    no boot of it has sized yet (an uncertainty, in bytes)."""
+    """One modelled version's fitted constants, the boots they were fitted on and the range those boots span, and
+    what its accounting adds that no boot of it has sized yet (an uncertainty, in bytes)."""
 
     fitted_on: str  # the dataset whose warm boots fix the constants; "" when none of this version is kept
     forward_fudge: float
     forward_base_bytes: int
     non_torch_bytes: int
     unsized_bytes: int
+    batched_measured: tuple[int, int] = (0, 0)  # max_num_batched_tokens of its warm boots that sized a KV cache
+    spec_measured: int = 0  # the most speculative tokens among them
 
 
 VERSION_TERMS = {
-    # VLLM-MEMORY-0.25.md; the constants above
-    "0.25.0": VersionTerms("tests/data/gpu-boots", FORWARD_FUDGE, FORWARD_BASE_BYTES, CUDA_NON_TORCH_BYTES, 0),
+    # VLLM-MEMORY-0.25.md; the constants above. Measured: tests/data/gpu-boots (2,048-16,384 batched tokens, MTP 1)
+    # and the held-down H100's warm boots (h100-as-rtx3090-awq-marlin: 1,024-16,384 tokens, no MTP)
+    "0.25.0": VersionTerms("tests/data/gpu-boots", FORWARD_FUDGE, FORWARD_BASE_BYTES, CUDA_NON_TORCH_BYTES, 0,
+                           batched_measured=(1024, 16384), spec_measured=1),
     # VLLM-MEMORY-0.32.md: the same profile run, sampler and CUDA-graph estimate as 0.25; the non-KV memory read
-    # from cudaMemGetInfo instead of torch's counters
+    # from cudaMemGetInfo instead of torch's counters; no boot of it measured (the unsized band stands for all)
     "0.32.0": VersionTerms("", FORWARD_FUDGE, FORWARD_BASE_BYTES, CUDA_NON_TORCH_BYTES, UNSIZED_MEM_GET_INFO_BYTES),
 }
 assert tuple(VERSION_TERMS) == MODELLED_VERSIONS
 
 
-def version_terms(version: ModelledVersion) -> tuple[VersionTerms, int]:
-    """The modelled version's constants and the extra band it takes: its unsized part, and for a version that is
-    not modelled UNMODELLED_VERSION_BYTES more (added in quadrature by cuda_terms)."""
+def outside_measured(terms: VersionTerms, s: Settings) -> tuple[str, ...]:
+    """What of this configuration lies outside the range the version's warm boots measured (none for a version
+    without boots: its unsized band covers every term)."""
+    if not terms.fitted_on:
+        return ()
+    low, high = terms.batched_measured
+    out = []
+    if not low <= s.batched <= high:
+        out.append(f"max_num_batched_tokens {s.batched:,} (measured {low:,}-{high:,})")
+    if s.num_spec > terms.spec_measured:
+        out.append(f"{s.num_spec} speculative tokens (measured up to {terms.spec_measured})")
+    return tuple(out)
+
+
+def version_terms(version: ModelledVersion, s: Settings) -> tuple[VersionTerms, int, tuple[str, ...]]:
+    """The modelled version's constants, the extra band it takes (its unsized part; UNMODELLED_VERSION_BYTES for a
+    version that is not modelled; OUTSIDE_MEASURED_BYTES per term outside what it measured; in quadrature), and
+    what lies outside what it measured."""
     terms = VERSION_TERMS[version.modelled]
-    return terms, int(math.hypot(terms.unsized_bytes, 0 if version.exact else UNMODELLED_VERSION_BYTES))
+    outside = outside_measured(terms, s)
+    extra = math.hypot(terms.unsized_bytes, 0 if version.exact else UNMODELLED_VERSION_BYTES,
+                       *(OUTSIDE_MEASURED_BYTES for _ in outside))
+    return terms, int(extra), outside
 
 
 @dataclass(frozen=True)
@@ -157,6 +185,7 @@ class CudaTerms:
     uncertainty_bytes: int  # of the three together (quadrature)
     profiling_blocks: int = 0  # KV blocks the CUDA-graph profiling allocates at boot (0: no graphs)
     drafter_bytes: int = 0  # MTP's drafter beyond the weights for a moment at boot (drafter_peak; 0: no MTP)
+    outside_measured: tuple[str, ...] = ()  # what lies outside the range the version's boots measured (widened)
 
 
 def _grid(top: int) -> list[int]:
@@ -267,7 +296,7 @@ def cuda_terms(shape: ModelShape, s: Settings, config: Mapping[str, object], vll
                blackwell: bool = False) -> CudaTerms:
     """A warm boot's (compile cache hit) non-KV terms on a CUDA card, with the constants of the modelled version
     nearest to vllm_version (None: the newest) and the version rules of vllm_version itself."""
-    fitted, extra = version_terms(modelled_version(vllm_version))
+    fitted, extra, outside = version_terms(modelled_version(vllm_version), s)
     activation = max(int(fitted.forward_fudge * forward_peak(shape, s) + fitted.forward_base_bytes),
                      sampler_peak(shape, s))
     graphs = blocks = 0
@@ -277,4 +306,4 @@ def cuda_terms(shape: ModelShape, s: Settings, config: Mapping[str, object], vll
         blocks = profiling_blocks(s, piecewise, vllm_version)
     spread = math.hypot(ACTIVATION_UNCERTAINTY * activation, CUDAGRAPH_UNCERTAINTY * graphs,
                         NON_TORCH_UNCERTAINTY_BYTES, extra)
-    return CudaTerms(activation, graphs, fitted.non_torch_bytes, int(spread), blocks, drafter_peak(shape, s))
+    return CudaTerms(activation, graphs, fitted.non_torch_bytes, int(spread), blocks, drafter_peak(shape, s), outside)

@@ -83,3 +83,30 @@ def test_a_study_names_the_version_its_gpu_machine_runs(tmp_path: Path):
     assert rows and {r["vllm_version"] for r in rows} == {"vLLM 0.25.0"}
     again = CliRunner().invoke(main, [*args, "--vllm-version", "0.32.0"])
     assert {r["vllm_version"] for r in json.loads(again.stdout)["configurations"]} == {"vLLM 0.32.0"}
+
+
+def test_a_configuration_beyond_what_the_version_measured_is_widened_and_said(monkeypatch):
+    """0.25.0's warm boots profiled 1,024-16,384 batched tokens with at most one drafted token: 32,768 tokens and
+    MTP 3 are extrapolated there, so the band widens (one OUTSIDE_MEASURED_BYTES per term, in quadrature) and the
+    estimate says what was not measured; within the range nothing changes."""
+    import dataclasses
+    import math
+
+    from autotune.fit import vllm_memory
+    from autotune.fit.estimate import estimate
+    from autotune.fit.model_shape import ModelShape
+
+    shape = ModelShape.from_config(json.loads(CONFIG.read_text()))
+    flags = {"max_model_len": 65536, "max_num_seqs": 2, "max_num_batched_tokens": 32768,
+             "speculative_config": {"method": "mtp", "num_speculative_tokens": 3}}
+    card = get_profile("rtx3090")
+    beyond = estimate(shape, card, flags, vllm_version="0.25.0")
+    assert "max_num_batched_tokens 32,768 (measured 1,024-16,384)" in beyond.version_note
+    assert "3 speculative tokens (measured up to 1)" in beyond.version_note
+    wide = dataclasses.replace(vllm_memory.VERSION_TERMS["0.25.0"], batched_measured=(1024, 65536), spec_measured=4)
+    monkeypatch.setitem(vllm_memory.VERSION_TERMS, "0.25.0", wide)
+    within = estimate(shape, card, flags, vllm_version="0.25.0")
+    assert within.version_note == "" and within.kv_tokens == beyond.kv_tokens
+    expected = math.hypot(within.uncertainty_bytes, vllm_memory.OUTSIDE_MEASURED_BYTES,
+                          vllm_memory.OUTSIDE_MEASURED_BYTES)
+    assert abs(beyond.uncertainty_bytes - expected) <= 2
