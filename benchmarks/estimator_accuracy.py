@@ -17,6 +17,7 @@ with their checkpoint's reconstructed quantization_config (assumptions in that f
 from __future__ import annotations
 
 import ast
+import dataclasses
 import importlib
 import importlib.util
 import json
@@ -33,7 +34,7 @@ from types import ModuleType
 from autotune.fit.estimate import Estimate, estimate
 from autotune.fit.hardware import GpuInfo, GpuProfile, cpu_profile, profile_for
 from autotune.fit.model_shape import ModelShape
-from autotune.fit.vllm_version import modelled_version
+from autotune.fit.vllm_version import MODELLED_VERSIONS, modelled_version
 from autotune.fit.weight_bytes import disabled_kernels_in
 from benchmarks.catalogue import read_log
 
@@ -333,6 +334,22 @@ def terms_table(rs: list[Row]) -> str:
     return "\n".join(lines)
 
 
+def side_by_side(rs: list[Row], versions: tuple[str, ...] = MODELLED_VERSIONS) -> str:
+    """Each warm boot predicted for every modelled version (as `autotune estimate --vllm-version X` would), beside
+    what the boot printed: how far another version's model would have been off on it."""
+    head = f"{'boot':<36} {'printed':>8} " + " ".join(f"{'as ' + v:>27}" for v in versions)
+    lines = [head, "-" * len(head)]
+    for r in rs:
+        if r.boot.cache != "warm":
+            continue
+        cells = []
+        for v in versions:
+            e = predict(dataclasses.replace(r.boot, vllm=v))
+            cells.append(f"{e.kv_tokens:,} ({e.kv_tokens_low:,}-{e.kv_tokens_high:,})")
+        lines.append(f"{r.boot.name:<36} {r.boot.printed_tokens or 0:>8,} " + " ".join(f"{c:>27}" for c in cells))
+    return "\n".join(lines)
+
+
 def per_version(rs: list[Row]) -> dict[str, list[Row]]:
     """The GPU boots by the vLLM version that ran them (the CPU build's logs left out), oldest first."""
     out: dict[str, list[Row]] = {}
@@ -547,6 +564,8 @@ def main(argv: list[str]) -> int:
         print(version_line(group))
         print("\nits memory terms, printed/predicted GiB (non-KV left: printed KV less predicted)")
         print(terms_table(group))
+        print("\nits warm boots predicted for each modelled version (KV tokens, central and range)")
+        print(side_by_side(group))
         print()
     print("all boots, the CPU build's logs included")
     med, old_med = s["median_abs_error_warm"], s["old_median_abs_error_warm"]
