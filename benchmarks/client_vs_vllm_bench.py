@@ -37,7 +37,9 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
+
+import numpy as np
 
 from autotune.measure.client import LoadLevel, measure_level
 from autotune.measure.stats import Limits, level_stats
@@ -47,6 +49,9 @@ from benchmarks.engine_lock import engine_lock
 REPO = Path(__file__).resolve().parents[1]
 
 SERVED_NAME = "tiny"
+
+# One client's run: its figures (ROWS) and "ttfts_ms", every request's TTFT, for the pooled percentiles.
+Run = dict[str, Any]
 
 
 @dataclass(frozen=True)
@@ -104,7 +109,7 @@ def vllm_server(model: Path, log: Path) -> Iterator[str]:
 
 
 def run_ours(url: str, model: Path, vocab: int, shape: Shape, seed: int, prompt: str = "text",
-             wait: Callable[[], None] | None = None) -> dict[str, float]:
+             wait: Callable[[], None] | None = None) -> Run:
     """autotune's client: one warm-up request, then the measured ones (after `wait` returns, when given)."""
     wl = Workload(shape.input_dist(), LengthDist(mean=shape.output_len), seed=seed, prompt=prompt)  # type: ignore[arg-type]
     cpu0 = time.process_time()
@@ -128,11 +133,12 @@ def run_ours(url: str, model: Path, vocab: int, shape: Shape, seed: int, prompt:
         "failed": s.failed,
         "input_tokens": s.input_tokens,
         "output_tokens": s.output_tokens,
+        "ttfts_ms": [r.ttft * 1000 for r in run.records if r.error is None and r.ttft is not None],
     }
 
 
 def run_vllm(url: str, model: Path, shape: Shape, seed: int,
-             on_main: Callable[[], None] | None = None) -> dict[str, float]:
+             on_main: Callable[[], None] | None = None) -> Run:
     """`vllm bench serve` in this process (the CPU build has no `vllm` script); `on_main` is called as its measured
     requests begin (after its tokenizer loaded, its prompts were drawn and its single test request came back)."""
     from vllm.benchmarks import serve
@@ -184,6 +190,7 @@ def run_vllm(url: str, model: Path, shape: Shape, seed: int,
         "failed": result["failed"],
         "input_tokens": result["total_input_tokens"],
         "output_tokens": result["total_output_tokens"],
+        "ttfts_ms": [t * 1000 for t, ok in zip(result["ttfts"], [not e for e in result["errors"]], strict=True) if ok],
     }
 
 
@@ -212,7 +219,7 @@ def median_interval(values: Sequence[float], level: float = 0.95) -> tuple[float
     return (ordered[k - 1], ordered[n - k]) if k else None
 
 
-def table(ours: list[dict[str, float]], theirs: list[dict[str, float]], label: str = "autotune") -> str:
+def table(ours: list[Run], theirs: list[Run], label: str = "autotune") -> str:
     """Each client's median, and the median, min-max and 95% interval of the per-pair ratios (ours / theirs)."""
     lines = [f"{'median of ' + str(len(ours)) + ' pairs':<42}{label:>14}{'vllm bench':>12}{'ratio':>8}"
              f"{'ratio min-max':>16}{'95% interval':>15}"]
@@ -228,6 +235,27 @@ def table(ours: list[dict[str, float]], theirs: list[dict[str, float]], label: s
     return "\n".join(lines)
 
 
+def pooled(ours: list[Run], theirs: list[Run], label: str = "autotune") -> str:
+    """TTFT percentiles over every request of every pair (each pair's p95 rests on its 3-4 slowest requests, most
+    of them a closed loop's first burst), with a 95% interval of their ratio from resampling whole pairs."""
+    rng = np.random.default_rng(0)
+    n = len(ours)
+    lines = [f"{'pooled over ' + str(n) + ' pairs (all requests)':<42}{label:>14}{'vllm bench':>12}{'ratio':>8}"
+             f"{'95% interval':>31}"]
+    for q in (50, 90, 95, 99):
+        def ratio(idx: Sequence[int], q: float = q) -> float:
+            a = np.concatenate([ours[i]["ttfts_ms"] for i in idx])
+            b = np.concatenate([theirs[i]["ttfts_ms"] for i in idx])
+            return float(np.percentile(a, q) / np.percentile(b, q))
+
+        a = np.percentile(np.concatenate([r["ttfts_ms"] for r in ours]), q)
+        b = np.percentile(np.concatenate([r["ttfts_ms"] for r in theirs]), q)
+        boot = [ratio(rng.integers(0, n, n).tolist()) for _ in range(2000)]
+        low, high = np.percentile(boot, [2.5, 97.5])
+        lines.append(f"{f'p{q} TTFT (ms)':<42}{a:>14,.1f}{b:>12,.1f}{a / b:>8.2f}{f'{low:.2f}-{high:.2f}':>31}")
+    return "\n".join(lines)
+
+
 def describe(shape: Shape) -> str:
     d = shape.input_dist()
     prompts = f"{d.mean:,}" if d.kind == "fixed" else f"{d.min}-{d.max} (uniform)"
@@ -238,13 +266,13 @@ def describe(shape: Shape) -> str:
 def compare(url: str, model: Path, vocab: int, shape: Shape, pairs: int, ids: bool) -> str:
     """`pairs` pairs, in alternating order (autotune first, then vllm bench first), so a machine growing busier or
     quieter through the run favours neither client."""
-    ours: list[dict[str, float]] = []
-    theirs: list[dict[str, float]] = []
-    as_ids: list[dict[str, float]] = []
+    ours: list[Run] = []
+    theirs: list[Run] = []
+    as_ids: list[Run] = []
 
-    def one(name: str, run: Callable[[], dict[str, float]], into: list[dict[str, float]]) -> None:
+    def one(name: str, run: Callable[[], Run], into: list[Run]) -> None:
         into.append(run())
-        print(f"  {name} {len(into)}: " + ", ".join(f"{k}={v:.4g}" for k, v in into[-1].items())
+        print(f"  {name} {len(into)}: " + ", ".join(f"{k}={into[-1][k]:.4g}" for _, k, _ in ROWS)
               + f" (load average {os.getloadavg()[0]:.1f})", flush=True)
 
     for i in range(pairs):
@@ -255,7 +283,8 @@ def compare(url: str, model: Path, vocab: int, shape: Shape, pairs: int, ids: bo
         if ids:  # fresh prompts: the server must not have seen them
             fresh = partial(run_ours, url, model, vocab, shape, seed=1000 + i, prompt="token_ids")
             one("autotune (ids)", fresh, as_ids)
-    out = f"\n{describe(shape)}\n{table(ours, theirs, 'autotune text')}"
+    save(f"{shape.input_len}-in-turn", ours, theirs)
+    out = f"\n{describe(shape)}\n{table(ours, theirs, 'autotune text')}\n{pooled(ours, theirs, 'autotune text')}"
     if ids:
         out += "\n" + table(as_ids, theirs, "autotune ids")
     return out
@@ -279,8 +308,8 @@ def together(url: str, model: Path, vocab: int, shape: Shape, pairs: int) -> str
     Each client's warm-up (vllm bench's single test request, autotune's one) goes first; the measured requests of
     both start together, so that neither client's first burst finds the server busy with the other's warm-up."""
     half = dataclasses.replace(shape, concurrency=max(1, shape.concurrency // 2))
-    ours: list[dict[str, float]] = []
-    theirs: list[dict[str, float]] = []
+    ours: list[Run] = []
+    theirs: list[Run] = []
     for i in range(pairs):
         spec = json.dumps({"url": url, "model": str(model), "shape": dataclasses.asdict(half), "seed": i})
         child = subprocess.Popen([sys.executable, "-m", "benchmarks.client_vs_vllm_bench", "--vllm-child", spec],
@@ -291,7 +320,18 @@ def together(url: str, model: Path, vocab: int, shape: Shape, pairs: int) -> str
         theirs.append(json.loads(out.strip().splitlines()[-1]))
         print(f"  together {i + 1}: autotune p95 TTFT {ours[-1]['ttft_p95_ms']:.0f} ms, vllm bench "
               f"{theirs[-1]['ttft_p95_ms']:.0f} ms (load average {os.getloadavg()[0]:.1f})", flush=True)
-    return f"\n{describe(half)}, both clients at once\n{table(ours, theirs, 'autotune text')}"
+    save(f"{shape.input_len}-at-once", ours, theirs)
+    return (f"\n{describe(half)}, both clients at once\n{table(ours, theirs, 'autotune text')}\n"
+            f"{pooled(ours, theirs, 'autotune text')}")
+
+
+SAVE: list[Path] = []  # --save: where each comparison's runs go (JSON lines), for the pooled figures
+
+
+def save(name: str, ours: list[Run], theirs: list[Run]) -> None:
+    if SAVE:
+        with SAVE[0].open("a") as f:
+            f.write(json.dumps({"comparison": name, "autotune": ours, "vllm_bench": theirs}) + "\n")
 
 
 def wait_for_go(stream: IO[str]) -> None:
@@ -306,8 +346,11 @@ def main() -> None:
     ap.add_argument("--ids", action="store_true", help="also run autotune with token-id prompts (in turn)")
     ap.add_argument("--modes", nargs="+", choices=["in-turn", "at-once"], default=["in-turn"],
                     help="in turn: one client after the other; at once: both together, half the load each")
+    ap.add_argument("--save", type=Path, help="append every run's figures and TTFTs to this JSON-lines file")
     ap.add_argument("--vllm-child", help=argparse.SUPPRESS)
     opts = ap.parse_args()
+    if opts.save:
+        SAVE.append(opts.save)
     if opts.vllm_child:
         vllm_child(opts.vllm_child)
         return
