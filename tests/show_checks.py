@@ -221,3 +221,54 @@ def outputs_text(nb: nbformat.NotebookNode) -> str:
             parts.append(data.get("text/html", "") + data.get("text/plain", ""))
             parts.append(str(data.get("application/vnd.plotly.v1+json", "")))
     return "\n".join(parts)
+
+
+def what_a_person_reads(study: optuna.Study, url: str, out: Path) -> dict[str, str]:
+    """What a person reads of one study besides the run's summary: `status`, `export` (flags with its stderr,
+    yaml, json), the report's page (written under `out`) and the dashboard's note on the study."""
+    from click.testing import CliRunner
+    from optuna_dashboard import get_note
+
+    from autotune.cli import main
+    from autotune.search.paired import save_answer_note
+
+    runner = CliRunner()
+    ref = ["--study", study.study_name, "--storage", url]
+    got = {fmt: runner.invoke(main, ["export", *ref, "--format", fmt]) for fmt in ("flags", "yaml", "json")}
+    for fmt, r in got.items():
+        assert r.exit_code == 0, f"export --format {fmt}: {r.output}"
+    texts = {f"export {fmt}": r.stdout + r.stderr for fmt, r in got.items()}
+    texts["status"] = runner.invoke(main, ["status", *ref]).output
+    texts["report"] = html.unescape(report_page.write_report(study, out, png=False).html.read_text())
+    save_answer_note(study)
+    texts["dashboard note"] = get_note(study)
+    return texts
+
+
+def check_one_answer(study: optuna.Study, texts: dict[str, str]) -> tuple[str, str, str]:
+    """Every text names the same winner with the same figure (the `best:` line) and gives the same answer; every
+    one but the exports (which carry the numbers in JSON) gives the latencies of the measurement the figure is;
+    the JSON export's metrics are that measurement's. Returns (best line, figure line, answer sentence)."""
+    from autotune.search import paired, remeasure
+
+    trials = study.get_trials(deepcopy=False)
+    winner = remeasure.best(trials)
+    answer = paired.answer(study)
+    assert winner is not None and answer is not None, "the study has no winner"
+    best = f"best: {winner.text}"
+    figure = remeasure.figure_line(winner, trials)
+    for where, text in texts.items():
+        flat = " ".join(text.split())
+        assert best in flat, f"{where} does not give {best!r}:\n{text}"
+        assert answer.sentence in flat, f"{where} does not give {answer.sentence!r}:\n{text}"
+        if not where.startswith("export"):
+            assert figure in flat, f"{where} does not give {figure!r}:\n{text}"
+    metrics = json.JSONDecoder().raw_decode(texts["export json"])[0]["metrics"]  # stdout first, then stderr
+    at = record.view(next(t for t in trials if t.number == winner.figure_trial))
+    assert metrics["best"] == best and metrics["answer"] == answer.sentence
+    if metrics["trial"] == winner.trial.number:  # the winner exported: its figure and that measurement's latencies
+        assert (metrics["output_throughput"], metrics["figure_trial"]) == (round(winner.figure, 1), at.number)
+        assert (metrics["p95_ttft_ms"], metrics["p95_tpot_ms"]) == (at.p95_ttft_ms, at.p95_tpot_ms)
+    else:  # the best baseline exported instead, as the answer says
+        assert not answer.proven and metrics["trial"] == answer.baseline_trial
+    return best, figure, answer.sentence

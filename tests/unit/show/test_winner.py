@@ -4,7 +4,6 @@ study/outcome code, with hand-made results (no engine)."""
 
 from __future__ import annotations
 
-import html
 import json
 from pathlib import Path
 
@@ -12,7 +11,7 @@ import optuna
 import pytest
 from click.testing import CliRunner
 from conftest import _study_copy, recorded_level
-from optuna_dashboard import get_note
+from show_checks import check_one_answer, what_a_person_reads
 
 from autotune.cli import main
 from autotune.config.study_file import load_study
@@ -22,7 +21,6 @@ from autotune.measure.trial import TrialResult
 from autotune.search import paired, tell
 from autotune.search import record as search_record
 from autotune.search.budget import Budget
-from autotune.search.paired import save_answer_note
 from autotune.search.record import BASELINE_ATTR, REMEASURE_ATTR, trial_baseline
 from autotune.search.space import engine_config, suggest
 from autotune.search.study import open_study
@@ -152,17 +150,9 @@ def compared_study(tmp_path: Path, winner: list[tuple[float, float]], recipe: li
 
 
 def outputs(spec, url: str, study: optuna.Study, tmp_path: Path) -> dict[str, str]:
-    """What a person reads of one study: the run's summary, `status`, `export` (flags and its stderr, yaml, json),
-    the report's page and the dashboard's note on the study."""
-    runner = CliRunner()
-    ref = ["--study", "tiny-cpu", "--storage", url]
-    out = {fmt: runner.invoke(main, ["export", *ref, "--format", fmt]) for fmt in ("flags", "yaml", "json")}
-    texts = {f"export {fmt}": r.stdout + r.stderr for fmt, r in out.items()}
-    texts["status"] = runner.invoke(main, ["status", *ref]).output
-    texts["report"] = html.unescape(report_page.write_report(study, tmp_path / "report", png=False).html.read_text())
-    save_answer_note(study)
-    texts["dashboard note"] = get_note(study)
-    run = runner.invoke(main, ["run", str(spec.path), "--budget", "80s", "--storage", url])  # no trial fits
+    """What a person reads of one study (show_checks.what_a_person_reads) and the run's summary."""
+    texts = what_a_person_reads(study, url, tmp_path / "report")
+    run = CliRunner().invoke(main, ["run", str(spec.path), "--budget", "80s", "--storage", url])  # no trial fits
     assert run.exit_code == 0, run.output
     texts["run summary"] = run.output.split("this run:")[1]
     return texts
@@ -181,12 +171,7 @@ def test_every_output_of_one_study_gives_the_same_winner_figure_latencies_and_an
     figure = ("its figure is trial 6's measurement: 196 output tok/s at concurrency 4 (p95 TTFT 330 ms, "
               "p95 TPOT 20.0 ms)")
     texts = outputs(spec, url, study, tmp_path)
-    for where, text in texts.items():
-        flat = " ".join(text.split())
-        assert best in flat, f"{where}: {text}"
-        assert answer.sentence in flat, f"{where}: {text}"
-        if not where.startswith("export"):
-            assert figure in flat, f"{where}: {text}"
+    assert check_one_answer(study, texts) == (best, figure, answer.sentence)
     doc = json.loads(CliRunner().invoke(main, ["export", "--study", "tiny-cpu", "--storage", url,
                                                "--format", "json"]).stdout)
     m = doc["metrics"]
