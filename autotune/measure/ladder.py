@@ -78,6 +78,7 @@ class Prior:
     similar: tuple[float, ...] = ()  # best levels of the most similar configurations measured
     cap: float | None = None  # the most the configuration holds at once (max_num_seqs, KV tokens / request)
     screen: bool = False  # measure at `incumbent` first and stop there if it fails
+    noise: float = 0.0  # the spread of one measurement on this machine, once measured well enough (search/noise.py)
     # Measure the first level exactly: a re-measurement's first level, its original's best, is most often the
     # answer, which is measured exactly anyway; judged sequentially first, it would be measured twice.
     exact_first: bool = False

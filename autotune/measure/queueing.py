@@ -83,13 +83,22 @@ def ttft_limit(limits: Limits) -> float | None:
     return min((ms for q, ms in limits.on("ttft").items() if q >= 95), default=None)
 
 
-def holds_too_few(level: float, runs: float | None, limits: Limits) -> str | None:
+def held_share(noise: float = 0.0) -> float:
+    """The share of the incumbent's level a configuration must run at once to boot: HELD_SHARE, or less on a machine
+    whose one measurement spreads by more than HELD_SHARE leaves (`noise`, search/noise.py): the incumbent's level
+    is one measurement, and a configuration within its noise of it may sustain it on another boot."""
+    return min(HELD_SHARE, 1.0 - noise)
+
+
+def holds_too_few(level: float, runs: float | None, limits: Limits, noise: float = 0.0) -> str | None:
     """Why a configuration that runs `runs` requests at once (ladder.capacity with the central KV cache) is not
-    booted to be screened at the incumbent's `level`, else None. An estimate, not a bound (cannot_sustain's)."""
-    if (limit := ttft_limit(limits)) is None or runs is None or runs >= HELD_SHARE * level:
+    booted to be screened at the incumbent's `level`, else None. An estimate, not a bound (cannot_sustain's).
+    `noise`: the spread of one measurement on this machine, once measured well enough (held_share)."""
+    share = held_share(noise)
+    if (limit := ttft_limit(limits)) is None or runs is None or runs >= share * level:
         return None
     return (f"it runs {runs:g} of the incumbent's {level:g} concurrent requests at once (the estimator's KV cache "
-            f"and max_num_seqs), under {HELD_SHARE:.3g} of them: the rest would wait about a whole request each, "
+            f"and max_num_seqs), under {share:.3g} of them: the rest would wait about a whole request each, "
             f"past the TTFT limit of {limit / 1000:g} s")
 
 

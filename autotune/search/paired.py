@@ -31,7 +31,7 @@ from optuna.trial import FrozenTrial, TrialState
 from scipy import stats
 
 from autotune.measure.stats import METRICS, current_names, limit_parts
-from autotune.search import remeasure
+from autotune.search import noise, remeasure
 from autotune.search.budget import RESERVE_MAX_SHARE, Budget
 from autotune.search.record import BASELINE_ATTR, QUEUED, REMEASURE_ATTR, feasible, view
 
@@ -351,32 +351,49 @@ def save_answer_note(study: optuna.Study) -> None:
     save_note(study, answer_note(study))
 
 
-def spread(trials: Sequence[FrozenTrial]) -> tuple[float, int, int] | None:
-    """The spread of one measurement on this machine: the pooled standard deviation of log throughput over the
-    configurations measured more than once within the limits (re-measurements and pairs), as a fraction (0.2 =
-    ±20%), with how many measurements of how many configurations it stands on. None before any repeat."""
-    groups = [[math.log(x) for x in b.passing] for b in remeasure.ranked(trials) if len(b.passing) > 1]
-    if not groups:
-        return None
-    squares = sum((x - statistics.fmean(g)) ** 2 for g in groups for x in g)
-    dof = sum(len(g) - 1 for g in groups)
-    return math.expm1(math.sqrt(squares / dof)), sum(map(len, groups)), len(groups)
+FIXES = ("more requests per load level ([load] min_requests in the objective), a quieter machine, or more time "
+         "for {what}")
 
 
 def noise_lines(study: optuna.Study) -> list[str]:
-    """What the run says of this machine's noise: the spread of one measurement, and when the pairs could not
-    separate the winner from the baseline, that the noise is why and what would narrow it."""
+    """What the run says of this machine's noise: the spread of one measurement; when the pairs could not separate
+    the winner from the baseline, that the noise is why and what would narrow it; else, when the spread (resting on
+    enough repeats) is larger than what separates the winner from the next configuration, that too."""
     trials = study.get_trials(deepcopy=False)
     out = []
-    if (measured := spread(trials)) is not None:
-        s, n, k = measured
-        out.append(f"noise: one measurement on this machine spreads by ±{s * 100:.0f}% (standard deviation of {n} "
-                   f"measurements of {k} configuration(s) measured more than once)")
+    if (measured := remeasure.spread(trials)) is not None:
+        out.append(f"noise: {measured.text()}")
     said = answer(study)
     if (said is not None and said.baseline and not said.proven and said.winner != said.baseline_trial
             and all(p.winner_tok_s is not None for p in said.pairs)
             and (said.interval is None or not said.interval.resolved)):
-        out.append("this machine's noise is too large to separate these configurations in the pairs measured: more "
-                   "requests per load level ([load] min_requests in the objective), a quieter machine, or more time "
-                   "for pairs (`autotune compare`) would narrow the interval")
+        out.append("this machine's noise is too large to separate these configurations in the pairs measured: "
+                   + FIXES.format(what="pairs (`autotune compare`)") + " would narrow the interval")
+    elif (close := within_noise(trials, measured, said)) is not None:
+        out.append(close)
     return out
+
+
+def within_noise(trials: Sequence[FrozenTrial], measured: noise.Spread | None, said: Comparison | None) -> str | None:
+    """Why the top two configurations are not known apart, or None: their figures differ by less than the
+    CONFIDENCE reach of the noise on a difference of two medians (z x sd x sqrt(1/n1 + 1/n2), in logs), with the
+    spread resting on enough repeats (noise.Spread.steers). A runner-up the pairs compared with the winner is
+    left to the pairs' own sentence."""
+    winner = remeasure.best(trials)
+    if winner is None or measured is None or not measured.steers or not winner.holds:
+        return None
+    paired_with = said.baseline_trial if said is not None and said.pairs else None
+    rival = next((b for b in remeasure.ranked(trials) if b.holds
+                  and b.trial.number not in (winner.trial.number, paired_with)), None)
+    if rival is None:
+        return None
+    z = float(stats.norm.ppf(0.5 + CONFIDENCE / 2))
+    reach = z * math.log1p(measured.sd) * math.sqrt(1 / len(winner.passing) + 1 / len(rival.passing))
+    gap = math.log(winner.figure / rival.figure)
+    if abs(gap) >= reach:
+        return None
+    return (f"this machine's noise is too large to separate the top configurations: trial {winner.trial.number} "
+            f"({winner.figure:,.0f} output tok/s) and trial {rival.trial.number} ({rival.figure:,.0f}) differ by "
+            f"{_pct(math.expm1(gap))}, inside the ±{math.expm1(reach) * 100:.0f}% this machine's noise leaves on "
+            f"figures of {len(winner.passing)} and {len(rival.passing)} measurement(s): "
+            + FIXES.format(what="re-measuring") + " would separate them")

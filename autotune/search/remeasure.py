@@ -22,7 +22,7 @@ import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from autotune.config.study_file import DEFAULT_TOP
-from autotune.search import remeasure
+from autotune.search import noise, remeasure
 from autotune.search.budget import Budget
 from autotune.search.record import (
     BASELINE_ATTR,
@@ -44,9 +44,6 @@ LENGTH_MARGIN = 1.25  # boots and loads vary: a re-measurement starts only with 
 
 
 MAX_ROUNDS = 3  # re-measurements per configuration at most, whatever time is left
-
-
-NOISE = 0.05  # a figure's band reaches this share beyond its measured min-max: what one boot's noise can move
 
 
 @dataclass(frozen=True)
@@ -221,13 +218,19 @@ def ranked(trials: Sequence[FrozenTrial]) -> list[Best]:
     return sorted((_best_of(t, trials) for t in out.values()), key=lambda b: b.figure, reverse=True)
 
 
-def band(b: Best) -> tuple[float, float]:
-    """What the configuration may deliver: the min-max of its measurements within the limits, widened by NOISE
-    (one measurement says nothing of its own spread, and a few rarely span the whole of it); (0, 0) when it
-    does not hold its limits."""
+def spread(trials: Sequence[FrozenTrial]) -> noise.Spread | None:
+    """The spread of one measurement on this machine (noise.pooled), over the configurations measured more than
+    once within the limits (re-measurements and pairs); None before any repeat."""
+    return noise.pooled([b.passing for b in ranked(trials)])
+
+
+def band(b: Best, widen: float = noise.DEFAULT_BAND) -> tuple[float, float]:
+    """What the configuration may deliver: the min-max of its measurements within the limits, widened by `widen`
+    (noise.band: one measurement says nothing of its own spread, and a few rarely span the whole of it); (0, 0)
+    when it does not hold its limits."""
     if not b.holds:
         return 0.0, 0.0
-    return min(b.passing) * (1 - NOISE), max(b.passing) * (1 + NOISE)
+    return min(b.passing) * (1 - widen), max(b.passing) * (1 + widen)
 
 
 def next_to_remeasure(trials: Sequence[FrozenTrial], top: int = DEFAULT_TOP) -> FrozenTrial | None:
@@ -238,16 +241,18 @@ def next_to_remeasure(trials: Sequence[FrozenTrial], top: int = DEFAULT_TOP) -> 
     change the answer when the top of its band reaches the bottom of the incumbent's; while one does, the one with
     the fewest measurements among the incumbent and those runners-up is measured again (the better first on a
     tie), each at most MAX_ROUNDS times. A runner-up clearly below the incumbent is never booted again: whatever
-    it measures, it does not win."""
+    it measures, it does not win. The bands are widened by this machine's measured spread once it rests on
+    enough repeats (noise.band), else by noise.DEFAULT_BAND."""
     incumbent = best(trials)
     if incumbent is None:
         return None
     again = Counter(view(t).remeasure_of for t in trials if t.state.is_finished())  # pruned and refused ones too
     if again[incumbent.trial.number] == 0:
         return incumbent.trial
-    low = band(incumbent)[0]
+    widen = noise.band(spread(trials))
+    low = band(incumbent, widen)[0]
     close = [b for b in ranked(trials)[:top]
-             if b.trial.number != incumbent.trial.number and b.holds and band(b)[1] >= low]
+             if b.trial.number != incumbent.trial.number and b.holds and band(b, widen)[1] >= low]
     open_ = [b for b in [incumbent, *close] if again[b.trial.number] < MAX_ROUNDS] if close else []
     pick = min(open_, key=lambda b: len(b.measurements), default=None)
     return pick.trial if pick is not None else None

@@ -16,8 +16,9 @@ from autotune.fit.hardware import GpuProfile
 from autotune.measure.ladder import Prior, capacity
 from autotune.measure.plan import configured
 from autotune.measure.queueing import cannot_sustain, holds_too_few
+from autotune.search import noise
 from autotune.search.record import REMEASURE_ATTR, feasible, trial_baseline, view
-from autotune.search.remeasure import best_trial
+from autotune.search.remeasure import best_trial, spread
 from autotune.search.space import engine_config
 
 
@@ -62,7 +63,7 @@ def screen_before_boot(prior: Prior, flags: dict[str, object], estimate: Estimat
                              o.limits, pool):
         return why
     runs = _holds_at_once(spec, flags, None) if estimate.not_modelled else _runs_as_booted(spec, flags, estimate)
-    return holds_too_few(prior.incumbent, runs, o.limits)
+    return holds_too_few(prior.incumbent, runs, o.limits, prior.noise)
 
 
 def load_prior(study: optuna.Study, trial: optuna.Trial, flags: dict[str, object], spec: StudySpec,
@@ -71,7 +72,8 @@ def load_prior(study: optuna.Study, trial: optuna.Trial, flags: dict[str, object
     measured configurations that differ from this one in the fewest parameters, and what this configuration
     holds at once. A sampled configuration is screened at the incumbent's level; a baseline (a reference the
     user reads) and a re-measurement (of the incumbent's figure) are searched in full, the latter from its own
-    first best level, measured exactly at once (it is most often the answer: measured once, not twice)."""
+    first best level, measured exactly at once (it is most often the answer: measured once, not twice). The
+    screen before boot allows for this machine's noise once it is measured well enough (noise.screen_noise)."""
     trials = [t for t in study.get_trials(deepcopy=False)
               if feasible(t) and t.number != trial.number and view(t).best_level is not None]
     of = trial.user_attrs.get(REMEASURE_ATTR)
@@ -88,4 +90,4 @@ def load_prior(study: optuna.Study, trial: optuna.Trial, flags: dict[str, object
     cap = _holds_at_once(spec, flags, kv_tokens)
     screen = level is not None and of is None and trial_baseline(trial) is None
     return Prior(incumbent=level, similar=() if original else similar, cap=cap, screen=screen,
-                 exact_first=original is not None)
+                 exact_first=original is not None, noise=noise.screen_noise(spread(study.get_trials(deepcopy=False))))

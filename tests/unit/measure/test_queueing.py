@@ -114,6 +114,9 @@ def test_a_configuration_running_under_seven_eighths_of_the_incumbents_level_is_
     # without a TTFT limit a queue misses nothing
     assert holds_too_few(16, 13, Limits(p95_tpot_ms=100.0)) is None
     assert holds_too_few(16, 13, CHAT.limits) is not None and holds_too_few(16, None, CHAT.limits) is None
+    # on a machine whose one measurement spreads by ±20% (measured on enough repeats), 13 of 16 is within its noise
+    assert holds_too_few(16, 13, CHAT.limits, noise=0.2) is None and holds_too_few(16, 12, CHAT.limits, 0.2)
+    assert screen_before_boot(replace(at16, noise=0.2), roomy, thirteen, card, spec) is None
 
 
 def _estimate(**fields: object) -> Estimate:

@@ -23,9 +23,11 @@ from autotune.search.paired import (
     limits_text,
     measure_pairs,
     needs_another_pair,
-    spread,
+    noise_lines,
+    within_noise,
 )
 from autotune.search.record import BASELINE_ATTR, REMEASURE_ATTR
+from autotune.search.remeasure import spread
 
 LIMITS = {"p95_ttft_ms": 2000, "p95_tpot_ms": 100}
 
@@ -173,6 +175,48 @@ def test_the_spread_of_one_measurement_is_the_pooled_deviation_of_the_repeats():
     logs = {"recipe": [math.log(100), math.log(110)], "w": [math.log(200), math.log(180), math.log(220)]}
     squares = sum((x - sum(g) / len(g)) ** 2 for g in logs.values() for x in g)
     got = spread(lab.study.trials)
-    assert got is not None and got[1:] == (5, 2)
-    assert got[0] == pytest.approx(math.expm1(math.sqrt(squares / 3)))
-    assert 0.09 < got[0] < 0.10  # ±9.5%
+    assert got is not None and (got.measurements, got.configurations) == (5, 2)
+    assert got.sd == pytest.approx(math.expm1(math.sqrt(squares / 3)))
+    assert 0.09 < got.sd < 0.10  # ±9.5%
+
+
+def test_a_run_says_when_its_noise_cannot_separate_its_top_configurations():
+    lab = Machine({"recipe": [100.0], "w": [130.0, 120.0, 140.0, 131.0, 129.0], "v": [125.0, 135.0, 115.0]})
+    lab.first("recipe", baseline=True)
+    for c in ("w", "v"):  # each measured three times: 4 repeats, the spread steers
+        lab.first(c)
+        first = lab.study.trials[-1]
+        for _ in range(2):
+            lab.study.enqueue_trial({"c": c}, user_attrs={REMEASURE_ATTR: first.number})
+            lab.run_one()
+    trials = lab.study.trials
+    assert within_noise(trials, spread(trials), None) is not None
+    ran = measure_pairs(lab.study, Budget(seconds=100_000, clock=lab.clock), lab.run_one)
+    assert ran.comparison is not None and ran.comparison.proven  # w beat the recipe, 131 and 129 against 100
+    lines = noise_lines(lab.study)
+    assert lines[0].startswith("noise: one measurement on this machine spreads by ±6% (standard deviation of 11 ")
+    assert lines[1] == ("this machine's noise is too large to separate the top configurations: trial 1 (130 output "
+                        "tok/s) and trial 4 (125) differ by +4%, inside the ±7% this machine's noise leaves on figures "
+                        "of 5 and 3 measurement(s): more requests per load level ([load] min_requests in the "
+                        "objective), a quieter machine, or more time for re-measuring would separate them")
+    far = Machine({"recipe": [100.0], "w": [130.0, 120.0, 140.0], "v": [95.0, 103.0, 87.0]})  # v 27% below
+    far.first("recipe", baseline=True)
+    for c in ("w", "v"):
+        far.first(c)
+        first = far.study.trials[-1]
+        for _ in range(2):
+            far.study.enqueue_trial({"c": c}, user_attrs={REMEASURE_ATTR: first.number})
+            far.run_one()
+    assert spread(far.study.trials).steers and within_noise(far.study.trials, spread(far.study.trials), None) is None
+
+
+def test_a_spread_from_too_few_repeats_says_nothing_of_the_top_configurations():
+    lab = Machine({"recipe": [100.0], "w": [130.0, 120.0], "v": [125.0]})
+    lab.first("recipe", baseline=True)
+    lab.first("w")
+    lab.study.enqueue_trial({"c": "w"}, user_attrs={REMEASURE_ATTR: 1})
+    lab.run_one()
+    lab.first("v")
+    trials = lab.study.trials
+    assert spread(trials) is not None and not spread(trials).steers
+    assert within_noise(trials, spread(trials), None) is None

@@ -28,6 +28,7 @@ from autotune.search.remeasure import (
     reserve,
     score,
     search_and_remeasure,
+    spread,
 )
 
 
@@ -298,6 +299,41 @@ def test_a_runner_up_is_re_measured_only_while_it_can_change_the_answer():
     # first), c (up to 420) is never booted again.
     assert next_to_remeasure(trials).number == 1
     assert all(t.params["c"] != "c" for t in trials[3:])
+
+
+def _measured(lab: Lab, c: str, times: int) -> None:
+    """Boot config `c` `times` times: its first trial, then re-measurements of it."""
+    lab.study.enqueue_trial({"c": c})
+    first = lab.run_one() and lab.study.trials[-1]
+    for _ in range(times - 1):
+        lab.study.enqueue_trial({"c": c}, user_attrs={REMEASURE_ATTR: first.number})
+        lab.run_one()
+
+
+def test_the_band_widens_to_the_machines_measured_spread_once_it_rests_on_enough_repeats():
+    # a confirmed at 980-1,000; b measured once at 850: 7% below a's bottom, out of reach within the default 5% band
+    clock = Clock()
+    lab = Lab({"a": [1000.0, 980.0], "b": [850.0], "x": [500.0, 400.0, 600.0], "y": [300.0, 360.0, 250.0]}, clock)
+    for c, times in (("a", 2), ("b", 1)):
+        _measured(lab, c, times)
+    assert next_to_remeasure(lab.study.get_trials()) is None
+    # a noisy machine: x and y measured three times each spread by ±19% (5 repeats with a's): b is in reach now
+    for c in ("x", "y"):
+        _measured(lab, c, 3)
+    trials = lab.study.get_trials()
+    assert spread(trials).steers and spread(trials).sd == pytest.approx(0.189, abs=0.001)
+    assert next_to_remeasure(trials).params["c"] == "b"
+
+
+def test_one_noisy_pair_does_not_put_every_runner_up_in_reach():
+    # x measured 500 then 250 (±63% from a single repeat): the band stays the default, b out of reach
+    clock = Clock()
+    lab = Lab({"a": [1000.0, 980.0], "b": [850.0], "x": [500.0, 250.0]}, clock)
+    for c, times in (("a", 2), ("b", 1), ("x", 2)):
+        _measured(lab, c, times)
+    trials = lab.study.get_trials()
+    assert spread(trials).sd > 0.3 and not spread(trials).steers
+    assert next_to_remeasure(trials) is None
 
 
 def test_a_higher_single_figure_the_run_had_no_time_to_re_measure_is_named_beside_the_winner():

@@ -26,6 +26,7 @@ from autotune.search import record, tell
 from autotune.search.budget import Budget
 from autotune.search.record import REMEASURE_ATTR, feasible, trial_baseline
 from autotune.search.remeasure import best_trial
+from autotune.search.remeasure import spread as remeasure_spread
 from autotune.search.screen import load_prior
 from autotune.search.space import suggest
 from autotune.search.study import open_study
@@ -388,6 +389,22 @@ def test_a_sampled_configuration_is_screened_at_the_incumbents_level_and_a_basel
     suggest(sampled, spec.space)
     prior = load_prior(study, sampled, {"max_num_seqs": 64}, spec, kv_tokens=None)
     assert prior.screen and prior.incumbent == 2 and prior.cap == 64 and not prior.exact_first
+
+
+def test_the_screen_before_boot_allows_for_the_noise_measured_on_enough_repeats(spec) -> None:
+    study = open_study(spec)
+    told(study, ok_result(400.0))  # the first baseline
+    study.tell(study.ask(), state=TrialState.FAIL)  # the second baseline
+    for k, tok_s in enumerate((320.0, 480.0, 360.0, 440.0)):  # the first baseline again, four times: ±17%
+        study.enqueue_trial(study.trials[0].params, user_attrs={REMEASURE_ATTR: 0})
+        told(study, ok_result(tok_s))
+        sampled = study.ask()
+        suggest(sampled, spec.space)
+        prior = load_prior(study, sampled, {"max_num_seqs": 64}, spec, kv_tokens=None)
+        steers = remeasure_spread(study.trials).steers
+        assert steers == (k == 3) and prior.noise == (remeasure_spread(study.trials).sd if steers else 0.0)
+        study.tell(sampled, state=TrialState.FAIL)
+    assert prior.noise == pytest.approx(0.17, abs=0.01)
 
 
 def test_a_remeasurement_starts_exactly_at_its_originals_best_level(spec) -> None:
