@@ -362,3 +362,15 @@ def vllm_decides(space: tuple[Param, ...], model: str, vllm_version: object) -> 
 def space_as_json(space: tuple[Param, ...] | list[Param]) -> list[dict[str, object]]:
     """The searched parameters as a planned surface stores them (read back by _read_planned)."""
     return [{**dataclasses.asdict(p), "choices": list(p.choices)} for p in space]
+
+
+def measurements(path: Path, limits: Limits | None = None) -> dict[str, list[float]]:
+    """Each recorded configuration's figures (its value under `limits`) by params_key: the first record, then
+    each of the file's `repeats` of it in order. A re-measurement in the replay takes them in turn."""
+    doc = json.loads(path.read_text())
+    read = _read_planned if doc.get("format") == 2 else _read_grid
+    out = {params_key(p.params): [p.value] for p in read(doc, limits)[0]}
+    for again in doc.get("repeats", []):
+        (point,), _ = read({**doc, "configs": [again]}, limits)
+        out.setdefault(params_key(point.params), []).append(point.value)
+    return out

@@ -27,14 +27,21 @@ def runs_at_once(spec: StudySpec, profile: GpuProfile, model: str | None, params
     """How many requests a sampled configuration runs at once, as the estimator predicts (ladder.capacity with
     its central KV cache's bound, estimate.running_seqs); None when it would be refused before boot. `model`
     replaces the configuration's."""
+    judged = judge_sampled(spec, profile, model, params, seen)
+    return None if judged is None else _runs_as_booted(spec, *judged)
+
+
+def judge_sampled(spec: StudySpec, profile: GpuProfile, model: str | None, params: dict[str, object],
+                  seen: Sequence[feasibility.Observation] = ()) -> tuple[dict[str, object], Estimate] | None:
+    """A sampled configuration's flags as it boots (measure/plan.configured) and the estimator's estimate of it,
+    as search/one_trial.py judges it before boot; None when vLLM would reject it or it is predicted not to fit.
+    What screen_before_boot is given, here and in the replay of a recorded surface."""
     config = engine_config(spec, params)
     path, flags = configured(model or config.model, config.flags)
     if invalid_reason(flags):
         return None
     verdict = feasibility.judge(path, profile, flags, spec.env, seen, spec.vllm_version)
-    if not verdict.fits:
-        return None
-    return _runs_as_booted(spec, flags, verdict.estimate)
+    return (flags, verdict.estimate) if verdict.fits else None
 
 
 def _runs_as_booted(spec: StudySpec, flags: dict[str, object], estimate: Estimate) -> float | None:

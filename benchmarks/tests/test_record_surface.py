@@ -519,7 +519,7 @@ def test_the_plans_start_picks_are_what_the_replays_first_seeds_boot_first(tmp_p
     import optuna
 
     from autotune.search import start
-    from benchmarks import search_efficiency as se
+    from benchmarks import replay as rp
     from benchmarks import surface_plan
     from benchmarks.surface import load_surface
     plan_path, surface_path = tmp_path / "plan.json", tmp_path / "surface.json"
@@ -544,7 +544,7 @@ def test_the_plans_start_picks_are_what_the_replays_first_seeds_boot_first(tmp_p
     assert [c["seed"] for c in new] == [0, 1, 2] and all(c["origin"] == "pick" for c in new)
     # what the replay boots first: the same draw, the same estimator, the same build
     surface = load_surface(surface_path)
-    capacity = se.start_capacity(surface)
+    capacity = rp.start_capacity(surface)
     for c in new:
         queued = start.queue_pick(optuna.create_study(), surface.space, capacity, c["seed"])
         assert queued == c["params"] and capacity(c["params"]) == c["runs_at_once"]

@@ -8,6 +8,7 @@ import json
 import math
 import random
 import statistics
+from dataclasses import replace
 from pathlib import Path
 
 import optuna
@@ -17,6 +18,10 @@ from autotune.engine.flags import Build, installed_vllm
 from autotune.measure.stats import Limits
 from autotune.search.screen import runs_at_once
 from autotune.search.start import candidates
+from benchmarks import replay as rp
+from benchmarks import replay_figures as rf
+from benchmarks import replay_noise as rn
+from benchmarks import replay_settings as rs
 from benchmarks import search_efficiency as se
 from benchmarks.catalogue import dataset
 from benchmarks.surface import load_surface, rejudge
@@ -54,14 +59,18 @@ def test_auto_tune_order_counts_trials_minutes_and_the_infeasible_share(tmp_path
     surface = load_surface(_surface(tmp_path))
     order = [(p.params["max_num_seqs"], p.params["max_num_batched_tokens"]) for p in surface.auto_tune_order()]
     assert order == [(1, 64), (1, 128), (2, 64), (2, 128), (4, 64), (4, 128), (8, 64), (8, 128)]
-    fig = se.figures(se.grid(surface.auto_tune_order()), 0.95 * surface.best, surface.best, (1, 2, 5, 6))
+    target = 0.95 * surface.best
+    fig = rf.figures(rp.run(rp.grid(surface.auto_tune_order()), target, None), target)
     assert surface.best == 400.0
     assert fig.trials == 6  # (4, 128) is the sixth booted
     assert fig.minutes == pytest.approx(6 * (BOOT_S + RUNG_S) / 60)
     assert fig.infeasible_share == pytest.approx(1 / 6)  # only (1, 64) met no limit before the target
-    assert fig.anytime == pytest.approx((0.0, 100 / 400, 300 / 400, 1.0))
-    # the run's first 6 trials: the same; a failed boot after the target does not count towards it
-    assert fig.infeasible_share_all == pytest.approx(1 / 6)
+    # with the estimator, what it refuses is skipped at no cost: (8, 64) is refused, and booted costs its failure
+    order = [surface.nearest({"max_num_seqs": 8, "max_num_batched_tokens": 64}), surface.points[5]]
+    with_estimator = rf.figures(rp.run(rp.grid(order, lambda p: p.refused is not None), target, None), target)
+    booted = rf.figures(rp.run(rp.grid(order), target, None), target)
+    assert (with_estimator.trials, booted.trials) == (1, 2)
+    assert booted.minutes == pytest.approx((FAIL_WALL_S + BOOT_S + RUNG_S) / 60)
 
 
 def test_a_configuration_measured_again_replays_with_its_latest_figure_and_its_spread_is_reported(
@@ -76,7 +85,7 @@ def test_a_configuration_measured_again_replays_with_its_latest_figure_and_its_s
     repeated = load_surface(path, repeated=True)
     assert repeated.best == 380.0 and len(repeated.points) == len(load_surface(path).points)
     assert repeated.nearest({"max_num_seqs": 4, "max_num_batched_tokens": 128}).value == 360.0
-    rows, sd = se.spread(doc)
+    rows, sd = rn.spread(doc)
     assert "400, 360" in rows and "390, 380" in rows
     # one measurement's sd: four deviations from two means leave two degrees of freedom
     devs = [400 / 380 - 1, 360 / 380 - 1, 390 / 385 - 1, 380 / 385 - 1]
@@ -94,58 +103,48 @@ def test_the_redraws_spread_is_taken_at_one_rung_so_a_verdict_that_flipped_is_no
     first["levels"].append({**first["levels"][0], "concurrency": 8, "passed": False, "output_tok_s": 500.0})
     again["levels"].append({**again["levels"][0], "concurrency": 8, "passed": True, "output_tok_s": 600.0})
     doc["configs"][5], doc["repeats"] = first, [again]
-    rows, at_best = se.spread(doc)
+    rows, at_best = rn.spread(doc)
     assert "400, 600" in rows
     assert at_best == pytest.approx(math.sqrt(((400 / 500 - 1) ** 2 + (600 / 500 - 1) ** 2) / 1))
-    assert se.rung_spread(doc) == pytest.approx(math.sqrt(((400 / 390 - 1) ** 2 + (380 / 390 - 1) ** 2) / 1))
+    assert rn.rung_spread(doc) == pytest.approx(math.sqrt(((400 / 390 - 1) ** 2 + (380 / 390 - 1) ** 2) / 1))
     # a configuration that met no limit the first time has no rung to compare
     doc["configs"][5]["levels"][0]["passed"] = False
-    assert se.rung_spread(doc) == 0.0
+    assert rn.rung_spread(doc) == 0.0
 
 
 def test_a_configuration_that_does_not_fit_costs_its_boot_unless_the_estimator_refuses_it(tmp_path: Path) -> None:
     surface = load_surface(_surface(tmp_path))
     oom = surface.nearest({"max_num_seqs": 8, "max_num_batched_tokens": 64})
     assert oom.refused is not None and not oom.feasible
-    booted = se.Method("boots it", lambda s: optuna.samplers.RandomSampler(s), estimator=False, constraints=False)
-    refused = se.Method("estimator", lambda s: optuna.samplers.RandomSampler(s))
+    booted = rp.Method("boots it", lambda s: optuna.samplers.RandomSampler(s), estimator=False, constraints=False)
+    refused = rp.Method("estimator", lambda s: optuna.samplers.RandomSampler(s))
     for method, cost in ((booted, FAIL_WALL_S), (refused, None)):
         study = optuna.create_study(direction="maximize")
-        step = se.tell(study, study.ask(), oom, method)
+        step = rp.tell(study, study.ask(), oom, method)
         assert (step.cost_s if step else None) == cost
     # a booted failure counts as a trial and as infeasible time
-    fig = se.figures([se.Step(oom, oom.cost_s(), 0.0, False), *se.grid([surface.points[5]])], 380.0, 400.0, (1, 2))
-    assert (fig.trials, fig.minutes, fig.anytime) == (2, pytest.approx((FAIL_WALL_S + BOOT_S + RUNG_S) / 60),
-                                                      (0.0, 1.0))
+    fig = rf.figures(rp.Run([rp.Step(oom, oom.cost_s(), 0.0, False), *rp.grid([surface.points[5]])], True), 380.0)
+    assert (fig.trials, fig.minutes) == (2, pytest.approx((FAIL_WALL_S + BOOT_S + RUNG_S) / 60))
     assert fig.infeasible_share == pytest.approx(FAIL_WALL_S / (FAIL_WALL_S + BOOT_S + RUNG_S))
 
 
 def test_a_replayed_study_stops_at_the_first_trial_within_5_percent(tmp_path: Path) -> None:
     surface = load_surface(_surface(tmp_path))
     target = 0.95 * surface.best
-    random_search = se.Method("random", lambda s: optuna.samplers.RandomSampler(s), baselines=False,
+    random_search = rp.Method("random", lambda s: optuna.samplers.RandomSampler(s), baselines=False,
                               constraints=False, estimator=False)
     for seed in range(5):
-        steps = se.replay(surface, random_search, seed, target)
-        fig = se.figures(steps, target, surface.best, (len(steps),))
+        steps = rp.replay(surface, random_search, seed, target)
+        fig = rf.figures(rp.Run(steps, True), target)
         assert steps[-1].found >= target and all(s.found < target for s in steps[:-1])
-        assert fig.trials == len(steps) and fig.anytime == (steps[-1].point.value / 400,)
+        assert fig.trials == len(steps)
         assert fig.minutes == pytest.approx(sum(s.cost_s for s in steps) / 60)
-
-
-def test_points_counts_each_recorded_configuration_once_until_the_target(tmp_path: Path) -> None:
-    surface = load_surface(_surface(tmp_path))
-    a, b, best = surface.points[2], surface.points[3], max(surface.points, key=lambda p: p.value)
-    steps = [se.Step(p, p.cost_s(), p.value, False) for p in (a, b, a, a, b, best, a)]
-    fig = se.figures(steps, best.value, best.value, (1,))
-    assert (fig.trials, fig.points) == (6, 3)
-    assert se.figures(steps[:5], best.value, best.value, (1,)).points == math.inf  # never met: neither count
 
 
 def test_baselines_are_booted_first_and_refusals_are_no_trials(tmp_path: Path) -> None:
     surface = load_surface(_surface(tmp_path))
-    default = se.Method("default", lambda s: optuna.samplers.RandomSampler(s), pruner=None)
-    steps = se.replay(surface, default, 0, math.inf, max_booted=12)
+    default = rp.Method("default", lambda s: optuna.samplers.RandomSampler(s), pruner=None)
+    steps = rp.replay(surface, default, 0, math.inf, max_booted=12)
     assert steps[0].point.baseline == "recipe"
     assert len(steps) == 12 and all(s.point.refused is None for s in steps)
 
@@ -263,7 +262,7 @@ def test_an_infeasible_configuration_tells_its_lowest_rungs_miss(tmp_path: Path)
     assert [r.concurrency for r in point.rungs] == [32, 16]  # down from the start, none passing
     study = optuna.create_study(direction="maximize", sampler=optuna.samplers.RandomSampler(0))
     trial = study.ask()
-    se.tell(study, trial, point, se.Method("m", lambda s: optuna.samplers.RandomSampler(s)))
+    rp.tell(study, trial, point, rp.Method("m", lambda s: optuna.samplers.RandomSampler(s)))
     assert study.trials[0].constraints["latency"] == pytest.approx(0.5)  # 16's miss: 1.5 x the limit
 
 
@@ -296,28 +295,28 @@ def test_a_sampled_configuration_failing_the_incumbents_level_is_pruned_after_th
     assert (point.best_level(), point.passes_at(16), point.passes_at(32), point.passes_at(64)) == (32, True, True,
                                                                                                   False)
     assert point.passes_at(128) is False and point.passes_at(48) is None  # above a failing rung; between the two
-    screen = se.Method("autotune", lambda s: optuna.samplers.RandomSampler(s))
+    screen = rp.Method("autotune", lambda s: optuna.samplers.RandomSampler(s))
     study = optuna.create_study(direction="maximize")
-    step = se.tell(study, study.ask(), point, screen, screen_at=64)
+    step = rp.tell(study, study.ask(), point, screen, screen_at=64)
     # PRUNED after its boot and the level at 64 (abandoned in D64), reporting what it delivered there
-    assert step == se.Step(point, WALK_BOOT_S + D64 + OVERHEAD_S, 0.0, True)
+    assert step == rp.Step(point, WALK_BOOT_S + D64 + OVERHEAD_S, 0.0, True)
     assert study.trials[0].state is optuna.trial.TrialState.PRUNED
     assert study.trials[0].intermediate_values == {0: 500.0}
     # screened above the rungs recorded (128: implied by 64's miss): nothing delivered is known there
     study = optuna.create_study(direction="maximize")
-    assert se.tell(study, study.ask(), point, screen, screen_at=128).cost_s == WALK_BOOT_S + D64 + OVERHEAD_S
+    assert rp.tell(study, study.ask(), point, screen, screen_at=128).cost_s == WALK_BOOT_S + D64 + OVERHEAD_S
     assert study.trials[0].intermediate_values == {0: 0.0}
     # one that passes the incumbent's level is searched in full, as before
     study = optuna.create_study(direction="maximize")
-    assert se.tell(study, study.ask(), point, screen, screen_at=32) == se.Step(point, point.cost_s(), 900.0, False)
+    assert rp.tell(study, study.ask(), point, screen, screen_at=32) == rp.Step(point, point.cost_s(), 900.0, False)
 
 
 def test_a_replay_screens_sampled_configurations_at_the_incumbents_level_and_baselines_not(tmp_path: Path) -> None:
     surface = load_surface(_surface(tmp_path))  # every configuration measured at 4 only; (1, 64) fails there
     worst = surface.nearest({"max_num_seqs": 1, "max_num_batched_tokens": 64})
     for screen in (True, False):
-        method = se.Method("m", lambda s: optuna.samplers.RandomSampler(s), screen=screen)
-        steps = se.replay(surface, method, 0, math.inf, max_booted=30)
+        method = rp.Method("m", lambda s: optuna.samplers.RandomSampler(s), screen=screen)
+        steps = rp.replay(surface, method, 0, math.inf, max_booted=30)
         assert steps[0].point.baseline == "recipe" and not steps[0].pruned  # the first incumbent
         tried = [s for s in steps if s.point is worst]
         assert tried and all(s.pruned == screen for s in tried)
@@ -327,40 +326,39 @@ def test_a_replay_screens_sampled_configurations_at_the_incumbents_level_and_bas
 def test_a_replay_screens_before_boot_as_autotune_does_and_counts_no_boot(tmp_path: Path) -> None:
     surface = load_surface(_surface(tmp_path))
     worst = surface.nearest({"max_num_seqs": 1, "max_num_batched_tokens": 128})  # feasible, 100 tok/s
-    method = se.Method("m", lambda s: optuna.samplers.RandomSampler(s))
-    steps = se.replay(surface, method, 0, math.inf, max_booted=30,
-                      screen=lambda point, level: "cannot sustain it" if point is worst else None)
+    method = rp.Method("m", lambda s: optuna.samplers.RandomSampler(s))
+    steps = rp.replay(surface, method, 0, math.inf, max_booted=30, judge=rp.Judges(
+        screen=lambda params, level: "cannot sustain it" if surface.nearest(params) is worst else None))
     assert steps[0].point.baseline == "recipe"  # before the first incumbent nothing is screened
     assert worst not in [s.point for s in steps]
-    unscreened = se.replay(surface, method, 0, math.inf, max_booted=30)
+    unscreened = rp.replay(surface, method, 0, math.inf, max_booted=30)
     assert worst in [s.point for s in unscreened]  # the same seed boots it when nothing screens it
 
 
-def test_the_gpu_surfaces_screen_before_boot_is_autotunes_on_the_recorded_flags() -> None:
+def test_the_gpu_surfaces_screen_before_boot_is_autotunes_on_the_configurations_own_flags() -> None:
     data = Path(__file__).parents[2] / "benchmarks" / "data"
     surface = load_surface(data / "h200-as-rtx3090-awq/surface.json")
-    screen = se.before_boot_screen(surface)
-    one = next(p for p in surface.points if p.flags and p.flags.get("max_num_seqs") == 1
-               and p.flags.get("speculative_config", {}).get("num_speculative_tokens") == 1)
+    screen = rp.before_boot_screen(surface)
+    best = max(surface.points, key=lambda p: p.value)
+    one = {**best.params, "max_num_seqs": 1}  # sampled, not recorded: judged on its own flags
     # the H200's 4.8 TB/s (the cap keeps its bandwidth): 1 sequence cannot hold 16 chat requests under 2 s...
     assert "Little's law" in (screen(one, 16) or "")
     assert screen(one, 1) is None  # ...it holds one
-    best = max(surface.points, key=lambda p: p.value)
-    assert screen(best, 16) is None
+    assert screen(best.params, 16) is None
     # no level the device saw a configuration sustain is screened (max_num_seqs and the KV cache's bound alike)
     passed = [(p, r.concurrency) for p in surface.points for r in p.rungs if r.passed]
-    assert len(passed) >= 10 and all(screen(p, level) is None for p, level in passed)
+    assert len(passed) >= 10 and all(screen(p.params, level) is None for p, level in passed)
     cpu = load_surface(data / "cpu-tiny-grid/surface.json")  # no flags kept, no bandwidth: nothing screened
-    assert se.before_boot_screen(cpu)(cpu.points[0], 64) is None
+    assert rp.before_boot_screen(cpu)(cpu.points[0].params, 64) is None
 
 
 def test_the_median_interval_holds_the_median_and_widens_with_the_spread() -> None:
-    tight = se.median_interval([6.0] * 25 + [7.0] * 25)
-    wide = se.median_interval([1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0] * 7)
+    tight = rf.median_interval([6.0] * 25 + [7.0] * 25)
+    wide = rf.median_interval([1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0] * 7)
     assert tight[0] <= 6.5 <= tight[1] and tight[1] - tight[0] <= 1.0
     assert wide[0] < 8.0 < wide[1] and wide[1] - wide[0] >= 4.0
-    assert se.median_interval([13.0]) == (13.0, 13.0)  # one run: its own value
-    assert se.median_interval([4.0, math.inf, math.inf])[1] == math.inf  # 'never' stays never
+    assert rf.median_interval([13.0]) == (13.0, 13.0)  # one run: its own value
+    assert rf.median_interval([4.0, math.inf, math.inf])[1] == math.inf  # 'never' stays never
 
 
 def test_the_sobol_started_tpe_proposes_sobol_points_then_tpe_ones() -> None:
@@ -368,7 +366,7 @@ def test_the_sobol_started_tpe_proposes_sobol_points_then_tpe_ones() -> None:
         study = optuna.create_study(sampler=sampler)
         study.optimize(lambda t: (t.suggest_float("x", 0, 1) - 0.3) ** 2 + t.suggest_float("y", 0, 1), n_trials=8)
         return [(t.params["x"], t.params["y"]) for t in study.trials]
-    mixed = run(se.SobolStartTPE(0, 3))
+    mixed = run(rs.SobolStartTPE(0, 3))
     sobol = run(optuna.samplers.QMCSampler(seed=0, scramble=True, warn_asynchronous_seeding=False))
     assert mixed[:3] == sobol[:3]
     assert mixed[3:] != sobol[3:]
@@ -390,12 +388,12 @@ def test_a_replay_with_start_picks_boots_the_pick_first_as_autotune_does() -> No
     random configurations that runs the most at once, replayed as the recorded configuration nearest to it."""
     from autotune.search import start
     surface = load_surface(Path(__file__).parents[2] / "benchmarks" / "data" / "h200-as-rtx3090-awq/surface.json")
-    capacity = se.start_capacity(surface)
-    method = se.Method("m", lambda s: optuna.samplers.TPESampler(seed=s), baselines=False, start_picks=1,
+    capacity = rp.start_capacity(surface)
+    method = rp.Method("m", lambda s: optuna.samplers.TPESampler(seed=s), baselines=False, start_picks=1,
                        start_candidates=16)
     checked = 0
     for seed in range(6):
-        first = se.replay(surface, method, seed, math.inf, max_booted=1, capacity=capacity)[0]
+        first = rp.replay(surface, method, seed, math.inf, max_booted=1, judge=rp.Judges(capacity=capacity))[0]
         best = start.best_of(start.candidates(surface.space, seed * 10_007, 16), capacity)
         assert best is not None
         near = surface.nearest(best[0])
@@ -404,9 +402,10 @@ def test_a_replay_with_start_picks_boots_the_pick_first_as_autotune_does() -> No
             checked += 1
     assert checked >= 3
     # nothing the estimator accepts: nothing picked, the sampler's own first trial
-    plain = se.Method("m", method.sampler, baselines=False)
-    assert [s.point for s in se.replay(surface, method, 0, math.inf, max_booted=3, capacity=lambda p: None)] == \
-        [s.point for s in se.replay(surface, plain, 0, math.inf, max_booted=3)]
+    plain = rp.Method("m", method.sampler, baselines=False)
+    assert [s.point for s in rp.replay(surface, method, 0, math.inf, max_booted=3,
+                                             judge=rp.Judges(capacity=lambda p: None))] == \
+        [s.point for s in rp.replay(surface, plain, 0, math.inf, max_booted=3)]
 
 
 def test_on_the_gpu_surface_what_runs_at_once_ranks_the_best_among_the_first_five() -> None:
@@ -416,7 +415,7 @@ def test_on_the_gpu_surface_what_runs_at_once_ranks_the_best_among_the_first_fiv
     chosen (17 recorded) the best, #9 at 612, came first; the picks recorded after (#42-44, 15-17 at once) served
     677 (the new best), 539 and 671; #17, recorded after too, served 442 at 11 at once."""
     surface = load_surface(Path(__file__).parents[2] / "benchmarks" / "data" / "h200-as-rtx3090-awq/surface.json")
-    capacity = se.start_capacity(surface)
+    capacity = rp.start_capacity(surface)
     runs = {i: capacity(dict(p.params)) for i, p in enumerate(surface.points)}
     ranked = sorted((i for i in runs if runs[i] is not None), key=lambda i: -runs[i])  # type: ignore[operator]
     values = [surface.points[i].value for i in ranked]
@@ -437,12 +436,12 @@ def test_a_configuration_screened_for_running_too_few_at_once_failed_where_it_wa
     or fewer that was measured at 16 failed there (the Marlin file's #35, twice); so the screen
     before boot (autotune's, as the replay judges it) screens out no rung that passed, at any level recorded."""
     surface = load_surface(Path(__file__).parents[2] / "benchmarks" / "data" / name)
-    capacity, screen = se.start_capacity(surface), se.before_boot_screen(surface)
+    capacity, screen = rp.start_capacity(surface), rp.before_boot_screen(surface)
     at16: dict[bool, list[float]] = {True: [], False: []}
     screened_failed = 0
     for p in surface.points:
         for rung in p.rungs:
-            why = screen(p, rung.concurrency)
+            why = screen(p.params, rung.concurrency)
             assert why is None or not rung.passed, (p.params, rung.concurrency, why)
             screened_failed += why is not None
             if rung.concurrency == 16:
@@ -461,14 +460,14 @@ def test_the_replay_judges_the_gpu_surface_with_the_devices_vllm_build_not_the_o
     it accepted one the device refused (#14: no CUDA graph capture-size pin, so no CUDA graph memory) and gave
     others other capacities."""
     surface = load_surface(Path(__file__).parents[2] / "benchmarks" / "data" / "h200-as-rtx3090-awq/surface.json")
-    refusal = se.refusal_now(surface)
+    refusal = rp.refusal_now(surface)
     assert refusal is not None
     changed = [i for i, p in enumerate(surface.points) if refusal(p.params) != (p.refused is not None)]
     assert changed == [12] and surface.points[12].status == "boot_failed" and refusal(surface.points[12].params)
     assert sum(p.refused is not None for p in surface.points) >= 9
     if installed_vllm() != (Build.CUDA, surface.provenance["vllm"]):  # the CPU build, as in CI
         # the same judge with the build installed here disagrees: the test tells the two apart
-        spec, profile, model = se.surface_study(surface)  # type: ignore[misc]
+        spec, profile, model = rp.surface_study(surface)  # type: ignore[misc]
         here = [runs_at_once(spec, profile, model, dict(p.params)) is None for p in surface.points]
         assert here != [p.refused is not None for p in surface.points]
 
@@ -480,7 +479,7 @@ def test_a_surface_recorded_with_autotunes_own_flags_is_judged_as_autotune_judge
     of its two terms refuses, and the recipe is left to a boot: it failed there, by 0.1 GiB, through Machete, and served
     through Marlin. And #12 is refused for vLLM 0.25's rule on the hybrid block, as on the H200's."""
     surface = load_surface(dataset("h100-as-rtx3090-awq-machete/surface.json"))
-    refusal = se.refusal_now(surface)
+    refusal = rp.refusal_now(surface)
     assert refusal is not None
     verdicts = [refusal(p.params) for p in surface.points]
     recipe = next(i for i, p in enumerate(surface.points) if p.params.get("max_num_seqs") == 48)
@@ -495,12 +494,12 @@ def test_left_one_out_the_map_judged_alike_predicts_the_gpu_surface_far_better_t
     The plain nearest one maps a configuration the estimator accepts to a refused neighbour that failed (and the
     reverse); the nearest that autotune judges alike does not."""
     surface = load_surface(Path(__file__).parents[2] / "benchmarks" / "data" / "h200-as-rtx3090-awq/surface.json")
-    refusal = se.refusal_now(surface)
+    refusal = rp.refusal_now(surface)
     assert refusal is not None
     plain, alike = se.left_one_out(surface), se.left_one_out(surface, refusal)
     n = len(surface.points)
     assert alike[0] >= 0.8 * n and alike[0] > plain[0] and alike[1] < plain[1] / 2
-    assert se.refusal_now(load_surface(Path(__file__).parents[2] / "benchmarks" / "data" /
+    assert rp.refusal_now(load_surface(Path(__file__).parents[2] / "benchmarks" / "data" /
                                        "cpu-tiny-grid/surface.json")) is None  # every grid point is recorded
 
 
@@ -509,7 +508,7 @@ def test_a_sampled_configuration_is_replayed_as_the_nearest_recorded_one_autotun
     and some of those autotune accepts would have mapped to a refused one (booted by nobody) by plain distance."""
     from autotune.search.space import suggest
     surface = load_surface(Path(__file__).parents[2] / "benchmarks" / "data" / "h200-as-rtx3090-awq/surface.json")
-    refusal = se.refusal_now(surface)
+    refusal = rp.refusal_now(surface)
     assert refusal is not None
     study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0))
     rescued = 0
@@ -521,28 +520,29 @@ def test_a_sampled_configuration_is_replayed_as_the_nearest_recorded_one_autotun
         rescued += not refused and refusal(surface.nearest(params).params)
     assert rescued > 0
     # the pick of a replay is booted as the nearest accepted configuration: never lost to a refused neighbour
-    capacity = se.start_capacity(surface)
-    method = se.Method("m", lambda s: optuna.samplers.TPESampler(seed=s), baselines=False, start_picks=1)
+    capacity = rp.start_capacity(surface)
+    method = rp.Method("m", lambda s: optuna.samplers.TPESampler(seed=s), baselines=False, start_picks=1)
     for seed in range(4):
-        first = se.replay(surface, method, seed, math.inf, max_booted=1, capacity=capacity, refusal=refusal)[0]
+        first = rp.replay(surface, method, seed, math.inf, max_booted=1,
+                          judge=rp.Judges(capacity=capacity, refusal=refusal))[0]
         assert not refusal(first.point.params)
 
 
-def test_left_out_replays_the_surface_without_each_of_its_best_configurations() -> None:
-    """On the GPU surface its two best are within 1% of each other (the start picks #42 and #44 of the plan, the
-    file's 20th and 22nd, 677 and 671 tok/s): without either, the other is the one configuration within 5% of the
-    best left. Each is named by its index in the plan, as the datasets' READMEs and the recorder name it."""
-    surface = load_surface(Path(__file__).parents[2] / "benchmarks" / "data" / "h200-as-rtx3090-awq/surface.json")
-    rows = se.left_out(surface, seeds=2, top=2).splitlines()
-    assert len(rows) == 2
-    assert rows[0].startswith("  without #42 (677 tok/s): best 671 (1 within 5%); default, no baselines ")
-    assert rows[1].startswith("  without #44 (671 tok/s): best 677 (1 within 5%)")
-    assert "the grid in vLLM's auto_tune order 12.0 (" in rows[0]  # auto_tune's order reaches #21 at its 12th boot
+def test_without_picks_drops_the_configurations_the_plan_took_from_the_defaults_first_proposals() -> None:
+    """The plan appended the first start picks of seeds 0-2 (#42-#44, origin "pick"): the surface without them
+    is the one whose design holds none of the default's own proposals."""
+    surface = load_surface(se.REPO / "benchmarks" / "data" / "h100-as-rtx3090-awq-marlin/surface.json")
+    rest = se.without_picks(surface)
+    assert rest is not None and len(surface.points) - len(rest.points) == 3
+    assert {se.label(surface, p) for p in surface.points if p not in rest.points} == {"#42", "#43", "#44"}
+    assert rest.best < surface.best  # the best recorded (#43) was one of them
+    cpu = load_surface(se.SURFACE)  # no plan: nothing to drop
+    assert se.without_picks(cpu) is None
 
 
 def test_a_redrawn_surface_scales_each_configurations_rungs_by_one_factor_and_keeps_their_verdicts(
         tmp_path: Path) -> None:
-    def factors(before: se.Surface, after: se.Surface) -> list[set[float]]:
+    def factors(before: rp.Surface, after: rp.Surface) -> list[set[float]]:
         """Per configuration, its rungs' redrawn / recorded throughputs."""
         out = []
         for b, a in zip(before.points, after.points, strict=True):
@@ -552,18 +552,93 @@ def test_a_redrawn_surface_scales_each_configurations_rungs_by_one_factor_and_ke
         return out
 
     walked = load_surface(_walked(tmp_path))  # one configuration, three rungs
-    assert se.redrawn(walked, 0.0, random.Random(1)) == walked
-    (one,) = factors(walked, se.redrawn(walked, 0.2, random.Random(1)))
+    assert rn.redrawn(walked, 0.0, random.Random(1)) == walked
+    (one,) = factors(walked, rn.redrawn(walked, 0.2, random.Random(1)))
     assert len(one) == 1 and one != {1.0}  # one factor: a session's effect lands on all of a configuration's rungs
     surface = load_surface(_surface(tmp_path))
-    each = [f for f in factors(surface, se.redrawn(surface, 0.2, random.Random(1))) if f]
+    each = [f for f in factors(surface, rn.redrawn(surface, 0.2, random.Random(1))) if f]
     assert len(each) == 6 and len(set.union(*each)) == 6  # each measured configuration its own draw
 
 
 def test_redraws_report_how_often_each_goal_holds_and_which_configuration_was_best(tmp_path: Path) -> None:
     surface = load_surface(_surface(tmp_path))
-    text = se.redraws(surface, 0.0, draws=2, seeds=2)
+    text = rn.redraws(surface, 0.0, draws=2, seeds=2, again=None)
     # with no spread every draw is the recorded surface: (4, 128) is the best, the sixth the grid boots
-    booted, once, best = text.splitlines()
-    assert ", the grid 6.0; " in booted and ", the grid 6.0; " in once
-    assert "grid / default >= 5 in " in booted and best == "  the best was #5 in 2"
+    booted, best = text.splitlines()
+    assert ", the grid 6.0; " in booted and " in 2 of 2" in booted or " in 0 of 2" in booted
+    assert best == "  the best was (place in the surface file) #5 in 2"
+
+
+def test_the_replays_screen_is_the_products_function_on_the_sampled_configuration(monkeypatch) -> None:
+    """One code path: the replay screens a sampled configuration through the function the product's trial calls
+    (search/screen.py screen_before_boot, which search/one_trial.py imports), given what the product's trial gives
+    it (the sampled configuration's own flags as it boots, the estimator's estimate of them, the incumbent's level),
+    and so gives the product's verdict; not the flags of the recorded configuration it is replayed as."""
+    from autotune.fit import feasibility
+    from autotune.measure.ladder import Prior
+    from autotune.measure.plan import configured
+    from autotune.search import one_trial, screen
+    from autotune.search.space import engine_config
+
+    assert one_trial.screen_before_boot is screen.screen_before_boot
+    surface = load_surface(se.REPO / "benchmarks" / "data" / "h100-as-rtx3090-awq-marlin/surface.json")
+    recorded = rp.surface_study(surface)
+    assert recorded is not None
+    spec, profile, model = recorded
+    given: list[tuple[Prior, dict, object]] = []
+    product = screen.screen_before_boot
+
+    def spy(prior, flags, estimate, card, study):  # type: ignore[no-untyped-def]
+        given.append((prior, flags, estimate))
+        return product(prior, flags, estimate, card, study)
+
+    monkeypatch.setattr(screen, "screen_before_boot", spy)
+    replayed = rp.before_boot_screen(surface)
+    verdicts, unlike_neighbour = [], 0
+    for params in candidates(surface.space, 7, 60):
+        with rp.as_recorded(surface):  # the product's trial: its configuration as it boots, judged before boot
+            path, flags = configured(model, engine_config(spec, params).flags)
+            verdict = feasibility.judge(path, profile, flags, spec.env, (), spec.vllm_version)
+            if not verdict.fits:
+                continue
+            neighbour = surface.nearest(params)
+            near_flags = configured(model, engine_config(spec, dict(neighbour.params)).flags)[1]
+            near = product(Prior(incumbent=16, screen=True), near_flags,
+                           feasibility.judge(path, profile, near_flags, spec.env, (), spec.vllm_version).estimate,
+                           profile, spec)
+        why = replayed(params, 16)
+        prior, seen_flags, estimate = given[-1]
+        assert (prior.incumbent, prior.screen, seen_flags, estimate) == (16, True, flags, verdict.estimate)
+        assert why == product(Prior(incumbent=16, screen=True), flags, verdict.estimate, profile, spec)
+        verdicts.append(why is not None)
+        unlike_neighbour += (why is None) != (near is None)
+    assert any(verdicts) and not all(verdicts)
+    assert unlike_neighbour > 0  # judged on the recorded neighbour, some of these would get the other verdict
+
+
+def test_the_runs_answer_is_re_measured_as_autotune_does_and_counts_those_boots(tmp_path: Path) -> None:
+    """search/remeasure.py's rule on the replayed trials: the incumbent is booted again (its next recorded figure:
+    the surface's repeat), a runner-up whose band reaches it too, and the winner is chosen on the medians. Where
+    the first figure's winner falls, the answer is the runner-up, and a run whose target only the fallen one met
+    goes on; without re-measurement the first figure within the target would have ended it."""
+    from benchmarks.surface import measurements
+
+    path = _surface(tmp_path)
+    doc = json.loads(path.read_text())
+    doc["repeats"] = [_measured(4, 128, 300.0)]  # the best's second measurement
+    path.write_text(json.dumps(doc))
+    surface = load_surface(path)
+    again = rp.recorded_again(measurements(path))
+    best, second = surface.points[5], surface.points[6]
+    assert (best.value, second.value) == (400.0, 390.0)
+    steps = [rp.Step(second, second.cost_s(), 390.0, False), rp.Step(best, best.cost_s(), 400.0, False)]
+    winner, booted = rp.answer(steps, again)
+    assert winner is second
+    assert [(s.point, s.found, s.again) for s in booted[:2]] == [(best, 300.0, True), (second, 390.0, True)]
+    assert not rp.run(iter(steps), 395.0, again).reached
+    assert rp.run(iter(steps), 395.0, None).reached
+    # a target the first one meets: it is booted again (no repeat recorded: its one figure), and the run ends
+    # there, its re-measurement counted as a booted trial
+    ended = rp.run(iter(steps), 380.0, again)
+    assert ended.reached and ended.steps == [steps[0], replace(steps[0], again=True)]
+    assert (rf.figures(ended, 380.0).trials, rf.figures(ended, 380.0).again) == (2, 1)

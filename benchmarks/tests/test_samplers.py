@@ -23,6 +23,8 @@ from autotune.search.samplers import (
     transfer_params,
     warm_start,
 )
+from benchmarks import replay as rp
+from benchmarks import replay_figures as rf
 from benchmarks import search_efficiency as se
 from benchmarks import surface as sf
 
@@ -194,10 +196,10 @@ def test_the_recorded_surface_judged_again_under_tighter_limits():
 
 def told(surface, key, method=None, pruner=None):
     """One replayed trial on a fresh study: (step, frozen trial)."""
-    m = method or se.Method("t", lambda s: optuna.samplers.RandomSampler(seed=s), pruner=pruner)
+    m = method or rp.Method("t", lambda s: optuna.samplers.RandomSampler(seed=s), pruner=pruner)
     study = optuna.create_study(direction="maximize", pruner=pruner() if pruner else optuna.pruners.NopPruner())
     trial = study.ask()
-    step = se.tell(study, trial, at(surface, *key), m)
+    step = rp.tell(study, trial, at(surface, *key), m)
     return step, study.trials[-1]
 
 
@@ -210,7 +212,7 @@ def test_replayed_outcomes_are_outcome_py_outcomes(surface):
     assert (t.value, t.constraints[tell.LATENCY], step.found) == (0.0, pytest.approx(0.8), 0.0)
     step, t = told(surface, (128, 64))
     assert step is None and t.constraints[tell.BOOTS] == 1.0 and t.value == 0.0  # refused before boot: free
-    plain = se.Method("plain", lambda s: optuna.samplers.RandomSampler(seed=s), constraints=False)
+    plain = rp.Method("plain", lambda s: optuna.samplers.RandomSampler(seed=s), constraints=False)
     step, t = told(surface, (1, 64), plain)
     assert t.state == TrialState.FAIL and not t.constraints
 
@@ -218,8 +220,8 @@ def test_replayed_outcomes_are_outcome_py_outcomes(surface):
 def test_a_pruned_replay_costs_only_the_rungs_it_measured(surface):
     study = optuna.create_study(direction="maximize",
                                 pruner=optuna.pruners.ThresholdPruner(lower=250.0, n_warmup_steps=0))
-    m = se.Method("p", lambda s: optuna.samplers.RandomSampler(seed=s), pruner=lambda: None)
-    step = se.tell(study, study.ask(), at(surface, 8, 64), m)
+    m = rp.Method("p", lambda s: optuna.samplers.RandomSampler(seed=s), pruner=lambda: None)
+    step = rp.tell(study, study.ask(), at(surface, 8, 64), m)
     t = study.trials[-1]
     assert step.pruned and t.state == TrialState.PRUNED and step.cost_s == pytest.approx(50.0)
     assert t.constraints[tell.LATENCY] == 0.0  # it had passed a rung
@@ -227,16 +229,16 @@ def test_a_pruned_replay_costs_only_the_rungs_it_measured(surface):
 
 def test_replay_runs_until_the_target_and_the_grid_boots_everything(surface):
     target = 0.95 * surface.best
-    steps = se.replay(surface, se.Method("r", lambda s: optuna.samplers.RandomSampler(seed=s), baselines=False),
+    steps = rp.replay(surface, rp.Method("r", lambda s: optuna.samplers.RandomSampler(seed=s), baselines=False),
                       seed=0, target=target, max_booted=50)
     assert steps[-1].found == 400.0 and all(s.point.refused is None for s in steps)
-    f = se.figures(steps, target, surface.best, (1,))
+    f = rf.figures(rp.Run(steps, True), target)
     assert f.trials == len(steps) and f.minutes == pytest.approx(sum(s.cost_s for s in steps) / 60)
     order = surface.auto_tune_order()  # (1, 64), (8, 64), (8, 512), (128, 64)
-    g = se.figures(se.grid(order), target, surface.best, (1, 2, 3))
+    g = rf.figures(rp.run(rp.grid(order), target, None), target)
     assert g.trials == 3 and g.minutes == pytest.approx((50 + 90 + 65) / 60)
     assert g.infeasible_share == pytest.approx(50 / (50 + 90 + 65))
-    never = se.figures(se.grid([at(surface, 1, 64), at(surface, 128, 64)]), target, surface.best, (1,))
+    never = rf.figures(rp.run(rp.grid([at(surface, 1, 64), at(surface, 128, 64)]), target, None), target)
     assert math.isinf(never.trials)
 
 
