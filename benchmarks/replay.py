@@ -16,7 +16,6 @@ repeats, in turn), and the run ends when the winner so chosen is within the targ
 from __future__ import annotations
 
 import contextlib
-import functools
 import json
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -25,7 +24,7 @@ from pathlib import Path
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
-from autotune.config.study_file import StudySpec, load_study
+from autotune.config.study_file import DEFAULT_TOP, StudySpec, load_study
 from autotune.fit import memcap
 from autotune.fit.hardware import PROFILES, GpuProfile
 from autotune.measure.ladder import Prior
@@ -230,11 +229,14 @@ class Judges:
     screen: Screen | None = None
     capacity: Capacity | None = None
     refusal: Refusal | None = None
+    refused_recorded: frozenset[int] = frozenset()  # id() of each recorded configuration `refusal` refuses
 
 
 def judges(surface: Surface) -> Judges:
     capacity = start_capacity(surface)
-    return Judges(before_boot_screen(surface), capacity, refusal_now(surface, capacity))
+    refusal = refusal_now(surface, capacity)
+    refused = frozenset(id(p) for p in surface.points if refusal is not None and refusal(p.params))
+    return Judges(before_boot_screen(surface), capacity, refusal, refused)
 
 
 def search(surface: Surface, method: Method, seed: int, judge: Judges = Judges()) -> Iterator[Step]:
@@ -251,7 +253,7 @@ def search(surface: Surface, method: Method, seed: int, judge: Judges = Judges()
             start.queue_pick(study, surface.space, judge.capacity, seed, method.start_candidates, method.start_picks)
         trial = study.ask()
         params = suggest(trial, surface.space)
-        point, refused = _measured_as(surface, trial.user_attrs.get(POINT_ATTR), params, judge.refusal)
+        point, refused = _measured_as(surface, trial.user_attrs.get(POINT_ATTR), params, judge)
         # baselines (enqueued) are searched in full, as autotune does: they are the references a user reads
         level = incumbent.point.best_level() if incumbent and method.screen and POINT_ATTR not in trial.user_attrs \
             else None
@@ -267,14 +269,14 @@ def search(surface: Surface, method: Method, seed: int, judge: Judges = Judges()
 
 
 def _measured_as(surface: Surface, index: int | None, params: dict[str, object],
-                 refusal: Refusal | None) -> tuple[Point, bool]:
+                 judge: Judges) -> tuple[Point, bool]:
     """The recorded configuration a trial replays as, and whether autotune refuses it before boot."""
     if index is not None:
         point = surface.points[index]
-        return point, refusal(point.params) if refusal is not None else point.refused is not None
-    if refusal is not None:
-        refused = refusal(params)
-        return surface.nearest(params, functools.partial(judged_alike, refusal, refused)), refused
+        return point, (id(point) in judge.refused_recorded if judge.refusal is not None else point.refused is not None)
+    if judge.refusal is not None:
+        refused = judge.refusal(params)
+        return surface.nearest(params, lambda p: (id(p) in judge.refused_recorded) == refused), refused
     point = surface.nearest(params)
     return point, point.refused is not None
 
@@ -309,11 +311,24 @@ def _frozen(number: int, point: Point, value: float, of: int | None = None) -> F
     return t
 
 
+def _contenders(steps: Sequence[Step]) -> list[Point]:
+    """The configurations that can be the answer or be booted again for it: the 2 x DEFAULT_TOP best by their first
+    figures (next_to_remeasure looks at the DEFAULT_TOP best; the rest never change the answer, and remeasure.best
+    reads every trial for each one: quadratic in a long run)."""
+    best: dict[str, tuple[float, Point]] = {}
+    for s in steps:
+        key = params_key(s.point.params)
+        if s.found > best.get(key, (0.0, s.point))[0]:
+            best[key] = (s.found, s.point)
+    return [p for _, p in sorted(best.values(), key=lambda v: -v[0])[:2 * DEFAULT_TOP]]
+
+
 def answer(steps: Sequence[Step], again: Again, limit: int = MAX_BOOTED) -> tuple[Point | None, list[Step]]:
     """The run's winner and the re-measurements it took, had the search stopped after `steps`: the product's
     rule (remeasure.next_to_remeasure boots a configuration again while a measurement can change the answer;
     remeasure.best chooses on the medians), each re-measurement taking the configuration's next recorded figure."""
-    trials = [_frozen(i, s.point, s.found) for i, s in enumerate(steps) if s.found > 0]
+    contenders = {id(p) for p in _contenders(steps)}
+    trials = [_frozen(i, s.point, s.found) for i, s in enumerate(steps) if s.found > 0 and id(s.point) in contenders]
     points = {t.number: steps[t.number].point for t in trials}
     booted: list[Step] = []
     while len(booted) < limit and (t := remeasure.next_to_remeasure(trials)) is not None:
@@ -340,7 +355,7 @@ def run(steps: Iterator[Step], target: float, again: Again | None, max_booted: i
         taken.append(step)
         if step.found >= target and again is None:
             return Run(taken, True)
-        if again is not None and any(s.found >= target for s in taken):
+        if again is not None and step.found > 0 and any(s.found >= target for s in taken):  # the answer moved
             winner, booted = answer(taken, again)
             if winner is not None and winner.value >= target:
                 return Run(taken + booted, True)
