@@ -3,7 +3,7 @@
 From plain random search, each row adds one of autotune's parts: the estimator's refusals before boot, the screens
 (before boot, and at the incumbent's level after it), the start picks (search/start.py), then TPE in place of random
 sampling (the default). The grids boot the recorded configurations in a fixed order, with or without the estimator's
-refusals. No row queues the study's baselines but the last: the rows compare searches, not the baselines."""
+refusals. No row queues the study's baselines: the rows compare searches, not the baselines."""
 
 from __future__ import annotations
 
@@ -27,7 +27,6 @@ SCREENS = "random search + estimator + screens"
 PICKS = "random search + estimator + screens + start picks"
 DEFAULT = "TPE + estimator + screens + start picks (the default)"
 TPE_NO_PICKS = "TPE + estimator + screens, no start picks"
-SHIPPED = "the default, the study's baselines first"
 DECOMPOSITION = (RANDOM, ESTIMATOR, SCREENS, PICKS, DEFAULT)  # each adds one part to the one before
 GRID = "grid, vLLM auto_tune order (ascending)"
 
@@ -45,7 +44,6 @@ def methods() -> list[Method]:
         Method(PICKS, rnd, baselines=False, start_picks=picks),
         Method(DEFAULT, tpe, baselines=False, start_picks=picks),
         Method(TPE_NO_PICKS, tpe, baselines=False),
-        Method(SHIPPED, tpe, start_picks=picks),
     ]
 
 
