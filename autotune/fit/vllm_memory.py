@@ -203,7 +203,9 @@ def capture_sizes(s: Settings, config: Mapping[str, object], vllm_version: str |
     max_num_seqs, and max_num_seqs) with speculative decoding; 0.31 appends max_num_seqs without it (both only when
     the cap is the default). With a query length q > 1, CompilationConfig.adjust_cudagraph_sizes_for_spec_decode
     (0.25 config/compilation.py 1469, 0.32 1530) rounds every size up to a multiple of q within the cap. FULL decode
-    graphs: the sizes in [q, max_num_seqs x q] (0.25 v1/cudagraph_dispatcher.py initialize_cudagraph_keys 205-222)."""
+    graphs: the sizes in [q, max_num_seqs x q] (0.25 v1/cudagraph_dispatcher.py initialize_cudagraph_keys 205-222).
+    0.32's default Model Runner V2 rounds only its uniform-decode descriptors (v1/worker/gpu/cudagraph_utils.py
+    _init_candidates 251-): the PIECEWISE sizes stay the grid's."""
     query = 1 + s.num_spec
 
     def newer(v: tuple[int, int]) -> bool:
@@ -228,6 +230,8 @@ def capture_sizes(s: Settings, config: Mapping[str, object], vllm_version: str |
     if query > 1 and not s.eager and sizes:
         top = max(sizes) if isinstance(explicit, (list, tuple)) else top
         rounded = sorted({-(-n // query) * query for n in sizes if -(-n // query) * query <= top})
+        if newer((0, 32)):  # Model Runner V2: only the uniform-decode (FULL) graphs are rounded (VLLM-MEMORY-0.32.md)
+            return sizes, [n for n in rounded if query <= n <= s.seqs * query]
         sizes = rounded or ([query] if query <= top else sizes)
     return sizes, [n for n in sizes if query <= n <= s.seqs * query]
 

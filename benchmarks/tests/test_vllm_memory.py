@@ -67,3 +67,15 @@ def test_speculative_decode_sizes_are_appended_from_0_29(version: str, decode_si
     assert all(n % 3 == 0 for n in piecewise) and max(piecewise) == 120
     assert (12 in piecewise and 60 in piecewise) is decode_sizes
     assert full[0] == 3 and max(full) == (60 if decode_sizes else 57)
+
+
+@pytest.mark.parametrize(("version", "rounded"), [("0.29.0", True), ("0.32.0", False), (None, False)])
+def test_from_0_32_the_v2_runner_rounds_only_the_decode_graphs(version: str | None, rounded: bool) -> None:
+    """0.32 runs Model Runner V2 by default: adjust_cudagraph_sizes_for_spec_decode applies to the V1 runner only
+    (config/compilation.py 1495-1501), and V2 rounds its uniform-decode descriptors to the query length
+    (gpu/cudagraph_utils.py _init_candidates): PIECEWISE keeps 1, 2, 4, 8, ...; FULL takes multiples of 3."""
+    flags = {"max_num_seqs": 20, "max_num_batched_tokens": 8192,
+             "speculative_config": {"method": "mtp", "num_speculative_tokens": 2}}
+    piecewise, full = capture_sizes(_settings(flags), flags, version)
+    assert all(n % 3 == 0 for n in piecewise) is rounded and (8 in piecewise) is not rounded
+    assert full and all(n % 3 == 0 for n in full) and full[0] == 3
