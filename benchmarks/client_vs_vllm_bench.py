@@ -154,6 +154,7 @@ def run_vllm(url: str, model: Path, shape: Shape, seed: int,
         "--num-prompts", str(shape.prompts), "--max-concurrency", str(shape.concurrency), "--ignore-eos",
         "--temperature", "0", "--seed", str(seed), "--disable-tqdm",
         "--percentile-metrics", "ttft,tpot,itl,e2el", "--metric-percentiles", "50,95,99",
+        "--save-detailed",  # keeps every request's TTFT in the result (nothing is saved without --save-result)
     ])  # fmt: skip
     # CPU spent inside the request phase alone (vLLM's `benchmark` coroutine), apart from tokenizer loading and
     # prompt generation, which the whole-run figure includes.
