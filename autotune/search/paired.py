@@ -33,7 +33,7 @@ from scipy import stats
 from autotune.measure.stats import METRICS, current_names, limit_parts
 from autotune.search import noise, remeasure
 from autotune.search.budget import RESERVE_MAX_SHARE, Budget
-from autotune.search.record import BASELINE_ATTR, QUEUED, REMEASURE_ATTR, feasible, view
+from autotune.search.record import BASELINE_ATTR, QUEUED, REMEASURE_ATTR, feasible, figure_unit, view
 
 CONFIDENCE = 0.90  # two-sided: the winner is "better" when the interval's low end is above 0
 
@@ -137,7 +137,7 @@ def _pct(x: float) -> str:
 
 
 def sentence(winner: int, baseline: str, interval: Interval | None, pairs: Sequence[Pair], proven: bool,
-             limits: Mapping[str, float], unmet: str = "") -> str:
+             limits: Mapping[str, float], unmet: str = "", unit: str = "output tok/s") -> str:
     """"trial 12: +14% output tok/s over the recipe (90% interval +9% to +19%) within p95 TTFT 2 s and TPOT
     100 ms", or why no configuration was shown better and what to keep."""
     within = limits_text(limits)
@@ -145,7 +145,7 @@ def sentence(winner: int, baseline: str, interval: Interval | None, pairs: Seque
         how = f" ({unmet})" if unmet else ""
         return f"trial {winner}: no baseline met the limits{how}, so there is nothing to beat: use it"
     if proven and interval is not None:
-        return (f"trial {winner}: {_pct(interval.mid)} output tok/s over the {baseline} ({CONFIDENCE:.0%} interval "
+        return (f"trial {winner}: {_pct(interval.mid)} {unit} over the {baseline} ({CONFIDENCE:.0%} interval "
                 f"{_pct(interval.low)} to {_pct(interval.high)}) within {within}")
     if any(p.winner_tok_s is None for p in pairs):
         return (f"no configuration beat the {baseline}: trial {winner} missed the limits ({within}) on a fresh "
@@ -187,7 +187,7 @@ def next_index(trials: Sequence[FrozenTrial]) -> int:
 
 
 def compare(winner: int, baseline: str, baseline_trial: int | None, pairs: Sequence[Pair],
-            limits: Mapping[str, float], unmet: str = "") -> Comparison:
+            limits: Mapping[str, float], unmet: str = "", unit: str = "output tok/s") -> Comparison:
     """The comparison from its pairs: proven when the interval's low end is above 0 and the winner met the limits
     on every fresh boot; with no baseline that met the limits, the winner stands unopposed."""
     interval = gain_interval(pairs)
@@ -199,7 +199,7 @@ def compare(winner: int, baseline: str, baseline_trial: int | None, pairs: Seque
     if baseline and winner == baseline_trial:
         text = f"no configuration beat the {baseline}: it measured best itself (trial {winner}): keep it"
     else:
-        text = sentence(winner, baseline, interval, pairs, proven, limits, unmet)
+        text = sentence(winner, baseline, interval, pairs, proven, limits, unmet, unit)
     return Comparison(winner, baseline, baseline_trial, tuple(pairs), interval, proven, text)
 
 
@@ -224,9 +224,9 @@ def current(trials: Sequence[FrozenTrial], limits: Mapping[str, float]) -> Compa
         unmet = ", ".join(f"{v.baseline} {v.ending}" for t in trials
                           if BASELINE_ATTR in t.user_attrs and REMEASURE_ATTR not in t.user_attrs
                           and (v := view(t)).ending != QUEUED)
-        return compare(winner.trial.number, "", None, (), limits, unmet)
+        return compare(winner.trial.number, "", None, (), limits, unmet, figure_unit(winner.trial))
     return compare(winner.trial.number, baseline_name(base.trial), base.trial.number,
-                   pairs_of(trials, winner.trial.number, base.trial.number), limits)
+                   pairs_of(trials, winner.trial.number, base.trial.number), limits, unit=figure_unit(winner.trial))
 
 
 def answer(study: optuna.Study) -> Comparison | None:

@@ -264,16 +264,24 @@ def figures_of(t: FrozenTrial) -> tuple[dict, tuple[dict, ...]]:
     return a, tuple(levels)
 
 
+def figure_unit(t: FrozenTrial) -> str:
+    """What a trial's value counts: "output tok/s", or "output tokens/J" where its objective maximised energy
+    efficiency (the trial then records that figure beside its throughput)."""
+    return MAXIMIZE[ENERGY_FIGURE if ENERGY_FIGURE in t.user_attrs else "output_throughput"]
+
+
+def format_figure(value: float, unit: str) -> str:
+    """A figure as printed: "1,319" output tok/s, "3.12" output tokens/J."""
+    return f"{value:.3g}" if unit == MAXIMIZE[ENERGY_FIGURE] else f"{value:,.0f}"
+
+
 def figure_number(value: float, t: FrozenTrial) -> str:
-    """A trial's value as printed: "1,319" (output tok/s), or "3.12" (output tokens/J) where its objective maximised
-    energy efficiency (the trial then records that figure beside its throughput)."""
-    return f"{value:.3g}" if ENERGY_FIGURE in t.user_attrs else f"{value:,.0f}"
+    return format_figure(value, figure_unit(t))
 
 
 def figure_text(value: float, t: FrozenTrial) -> str:
     """A trial's value with its unit: "1,319 output tok/s" or "3.12 output tokens/J"."""
-    unit = MAXIMIZE[ENERGY_FIGURE if ENERGY_FIGURE in t.user_attrs else "output_throughput"]
-    return f"{figure_number(value, t)} {unit}"
+    return f"{figure_number(value, t)} {figure_unit(t)}"
 
 
 def study_limits(study: optuna.Study) -> dict[str, float]:

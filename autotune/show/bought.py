@@ -18,7 +18,7 @@ from optuna.trial import FrozenTrial
 from plotly.subplots import make_subplots
 
 from autotune.search import paired, remeasure
-from autotune.search.record import BASELINE_ATTR, REMEASURE_ATTR, view
+from autotune.search.record import BASELINE_ATTR, REMEASURE_ATTR, figure_unit, format_figure, view
 
 MIN_BOOTED = 4  # booted trials before the rate of improvement says anything about more time
 
@@ -33,11 +33,12 @@ class BaselineGain:
     low: float | None
     high: float | None
     how: str  # "paired, 90% interval", "unpaired ratio of figures", or why there is no gain
+    unit: str = "output tok/s"  # what the figures count (record.figure_unit)
 
     def text(self) -> str:
         if self.mid is None:
             return f"{self.baseline} (trial {self.trial}): no gain to give: {self.how}"
-        head = f"{self.baseline} (trial {self.trial}): {_pct(self.mid)} output tok/s"
+        head = f"{self.baseline} (trial {self.trial}): {_pct(self.mid)} {self.unit}"
         if self.low is not None and self.high is not None:
             return f"{head} ({paired.CONFIDENCE:.0%} interval {_pct(self.low)} to {_pct(self.high)}, paired)"
         return f"{head} ({self.how})"
@@ -76,14 +77,15 @@ def baseline_gains(study: optuna.Study) -> list[BaselineGain]:
             continue
         if said is not None and said.baseline_trial == t.number and said.interval is not None:
             i = said.interval
-            out.append(BaselineGain(name, t.number, i.mid, i.low, i.high, f"paired, {paired.CONFIDENCE:.0%} interval"))
+            out.append(BaselineGain(name, t.number, i.mid, i.low, i.high, f"paired, {paired.CONFIDENCE:.0%} interval",
+                                    figure_unit(winner.trial)))
             continue
         own = remeasure.best(trials, keep=lambda r, n=t.number: r.number == n)  # type: ignore[misc]
         if own is None or not own.figure:
             out.append(BaselineGain(name, t.number, None, None, None, view(t).ending))
             continue
         out.append(BaselineGain(name, t.number, winner.figure / own.figure - 1, None, None,
-                                "unpaired ratio of figures, no interval"))
+                                "unpaired ratio of figures, no interval", figure_unit(winner.trial)))
     return out
 
 
@@ -113,7 +115,7 @@ def last_improvement(curve: Sequence[BestSoFar]) -> BestSoFar:
     return last
 
 
-def more_time(curve: Sequence[BestSoFar]) -> str:
+def more_time(curve: Sequence[BestSoFar], unit: str = "output tok/s") -> str:
     """What running as long again would likely add, from the study's own rate of improvement: the relative gain
     of the best figure over the second half of the elapsed time, carried on for as long again. Searches improve
     less as they go, so this is an upper estimate; with fewer than MIN_BOOTED booted trials it is unknown."""
@@ -133,21 +135,29 @@ def more_time(curve: Sequence[BestSoFar]) -> str:
     if gain <= 0:
         return (f"what more time would add: likely little; the best did not improve in the second half of the run "
                 f"({end.minutes / 2:,.0f} min); {when}")
+    went = f"{format_figure(at_half, unit)} to {format_figure(end.figure, unit)} {unit}"
     return (f"what more time would add: at most about {_pct(gain)} for as long again ({end.minutes:,.0f} min), "
-            f"the gain of the second half of the run carried on ({at_half:,.0f} to {end.figure:,.0f} output tok/s); "
-            f"{when}")
+            f"the gain of the second half of the run carried on ({went}); {when}")
 
 
 def lines(study: optuna.Study) -> list[str]:
     """The panel's words: each baseline's gain, then what more time would add."""
+    trials = study.get_trials(deepcopy=False)
     return ([f"gain over {g.text()}" for g in baseline_gains(study)]
-            + [more_time(best_over_time(study.get_trials(deepcopy=False)))])
+            + [more_time(best_over_time(trials), unit_of(trials))])
+
+
+def unit_of(trials: Sequence[FrozenTrial]) -> str:
+    """What the study's figures count: its winner's unit (record.figure_unit), output tok/s before one."""
+    winner = remeasure.best(trials)
+    return figure_unit(winner.trial) if winner is not None else "output tok/s"
 
 
 def bought_figure(study: optuna.Study) -> go.Figure:
     """The gains as bars (the paired interval as its error bar), and the best figure against elapsed minutes."""
     gains = [g for g in baseline_gains(study) if g.mid is not None]
-    curve = best_over_time(study.get_trials(deepcopy=False))
+    trials = study.get_trials(deepcopy=False)
+    curve, unit = best_over_time(trials), unit_of(trials)
     fig = make_subplots(rows=1, cols=2, horizontal_spacing=0.1,
                         subplot_titles=("gain over each baseline, %", "best figure found, by elapsed time"))
     fig.add_trace(go.Bar(
@@ -160,9 +170,10 @@ def bought_figure(study: optuna.Study) -> go.Figure:
     fig.add_trace(go.Scatter(
         x=[p.minutes for p in curve], y=[p.figure for p in curve], mode="lines+markers",
         line={"shape": "hv", "color": "#2ca02c"}, name="best figure so far",
-        hovertext=[f"after trial {p.trial}: {p.figure:,.0f} output tok/s" for p in curve], hoverinfo="text"), 1, 2)
+        hovertext=[f"after trial {p.trial}: {format_figure(p.figure, unit)} {unit}" for p in curve],
+        hoverinfo="text"), 1, 2)
     fig.update_xaxes(title_text="minutes since the study started", row=1, col=2)
-    fig.update_yaxes(title_text="output tok/s", rangemode="tozero", row=1, col=2)
-    fig.update_layout(title="What the run bought<br><sup>" + more_time(curve) + "</sup>", template="plotly_white",
+    fig.update_yaxes(title_text=unit, rangemode="tozero", row=1, col=2)
+    fig.update_layout(title="What the run bought<br><sup>" + more_time(curve, unit) + "</sup>", template="plotly_white",
                       showlegend=False)
     return fig

@@ -97,6 +97,10 @@ def test_more_time_from_the_studys_own_rate_of_improvement(study: optuna.Study) 
     assert flat.startswith("what more time would add: likely little")
     assert "last improved 60 min into the 140 min run (trial 5)" in flat
     assert bought.more_time(bought.best_over_time(trials[:3])).startswith("what more time would add: unknown")
+    assert "(1,100 to 1,300 output tok/s)" in rising
+    # An energy objective's figures are output tokens per joule, said as such
+    energy = [bought.BestSoFar(p.minutes, p.figure / 400, p.trial) for p in bought.best_over_time(trials[:4])]
+    assert "(2.75 to 3.25 output tokens/J)" in bought.more_time(energy, "output tokens/J")
 
 
 def test_the_panel_is_the_reports_first(study: optuna.Study, tmp_path: Path) -> None:
