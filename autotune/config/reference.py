@@ -250,7 +250,10 @@ STUDY_KEYS: dict[str, str] = {
     "budget.time": "A duration: the default for `autotune run --budget`.",
     "budget.trials": "The default number of trials (>= 1): `autotune run --n-trials`.",
     "budget.remeasure": "How many of the best configurations are measured again before the budget ends "
-                        "(0: none).",
+                        "(0: none, and no final pairs or soak).",
+    "budget.soak": "A duration: how long a winner that beat the best baseline in the final pairs serves the "
+                   "objective's load on a fresh boot before it is final (no request error, no empty reply, no "
+                   "memory growth past what vLLM reserved). Default 2m, 30s with hardware = \"cpu\".",
 }
 
 OBJECTIVE_KEYS: dict[str, str] = {

@@ -39,6 +39,9 @@ from autotune.measure.plan import Objective
 DEFAULT_TOP = 3  # [budget] remeasure: how many configurations to re-measure (0: none)
 
 
+SOAK_S = {"cpu": 30.0, "gpu": 120.0}  # [budget] soak's default: a CPU boot and level take minutes, not seconds
+
+
 SAMPLERS = ("tpe", "gp", "random")
 
 
@@ -93,6 +96,7 @@ class StudySpec:
     time_budget_s: float | None = None  # [budget] time: the default for `autotune run --budget`
     max_trials: int | None = None  # [budget] trials
     remeasure: int = DEFAULT_TOP  # [budget] remeasure: configurations re-measured before the budget ends
+    soak_s: float = SOAK_S["gpu"]  # [budget] soak: how long a proven winner serves its load before it is final
     description: str = ""
     memory_cap: MemoryCap | None = None  # memory_cap_gib: plan and boot as on a card of this size (fit/memcap.py)
     vllm_version: str | None = None  # the vLLM the GPU machine runs, predicted for (fit/vllm_version.py)
@@ -333,16 +337,18 @@ def _sampler(top: TomlTable) -> SamplerSpec:
     return sampler
 
 
-def _budget(top: TomlTable) -> tuple[float, float | None, int | None, int]:
-    """[budget]: boot timeout (default 10m), default run time, default trial count, configurations re-measured."""
+def _budget(top: TomlTable, hardware: str) -> tuple[float, float | None, int | None, int, float]:
+    """[budget]: boot timeout (default 10m), run time, trial count, configurations re-measured, the winner's soak."""
     bu = top.table("budget")
     boot_timeout = parse_duration(bu.get("boot_timeout", "10m"), bu.key("boot_timeout"), bu.source)
     time_raw = bu.get("time", None)
     time_budget = parse_duration(time_raw, bu.key("time"), bu.source) if time_raw is not None else None
     max_trials = bu.integer("trials", None, minimum=1)
     remeasure = bu.integer("remeasure", DEFAULT_TOP, minimum=0)
+    soak = bu.get("soak", None)
+    soak = SOAK_S.get(hardware, SOAK_S["gpu"]) if soak is None else parse_duration(soak, bu.key("soak"), bu.source)
     bu.done()
-    return boot_timeout, time_budget, max_trials, remeasure
+    return boot_timeout, time_budget, max_trials, remeasure, soak
 
 
 def load_study(path: str | Path) -> StudySpec:
@@ -367,7 +373,7 @@ def load_study(path: str | Path) -> StudySpec:
     space = _space(top, engine, base, model.path)
     baselines = _baselines(top, base, model_flags(model) | engine)
     sampler = _sampler(top)
-    boot_timeout, time_budget, max_trials, remeasure = _budget(top)
+    boot_timeout, time_budget, max_trials, remeasure, soak = _budget(top, hardware)
     cap_raw = top.get("memory_cap_gib", None)
     memory_cap = parse_cap(cap_raw, source, "memory_cap_gib") if cap_raw is not None else None
     version_raw = top.text("vllm_version", None)
@@ -376,7 +382,7 @@ def load_study(path: str | Path) -> StudySpec:
     return StudySpec(name=name, path=path, objective=objective, hardware=hardware, model=model, engine=engine,
                      env=env, space=space, baselines=baselines, sampler=sampler, boot_timeout_s=boot_timeout,
                      storage=storage, time_budget_s=time_budget, max_trials=max_trials, remeasure=remeasure,
-                     description=description, memory_cap=memory_cap, vllm_version=vllm_version)
+                     soak_s=soak, description=description, memory_cap=memory_cap, vllm_version=vllm_version)
 
 
 def study_flag_names(spec) -> list[tuple[str, str]]:

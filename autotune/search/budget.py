@@ -54,22 +54,22 @@ class Budget:
     def held(self) -> float:
         """Seconds the search leaves for the end of the run: the re-measurement due next (`remeasure_s`: sized
         on that configuration's own warm measurement, as the median trial says nothing of it: screened trials
-        are short) and the final pairs after it (`pairs_s`), or at least the reserve (`held_s`, before anything
-        is measured); never more than RESERVE_MAX_SHARE of the budget. Where the pairs do not fit in that, the
-        re-measurement alone is held (and the run says the budget is too short for them: `pairs_short_s`);
-        where it does not fit either, nothing is held: the search keeps the whole budget, and a re-measurement
-        runs only if the search leaves time for one."""
+        are short) and the final pairs and soak after it (`pairs_s`), or at least the reserve (`held_s`, before
+        anything is measured); never more than RESERVE_MAX_SHARE of the budget. Where both do not fit in that,
+        the pairs alone (a re-measurement then runs only if the search leaves time for it), else the
+        re-measurement alone (and the run says the budget is too short for the pairs: `pairs_short_s`); where
+        that does not fit either, nothing is held: the search keeps the whole budget."""
         if self.held_s <= 0 or self.seconds is None:
             return 0.0
         cap = RESERVE_MAX_SHARE * self.seconds
-        for held in (max(self.held_s, self.remeasure_s + self.pairs_s), max(self.held_s, self.remeasure_s)):
-            if held <= cap:
-                return held
+        for end in (self.remeasure_s + self.pairs_s, self.pairs_s, self.remeasure_s):
+            if max(self.held_s, end) <= cap:
+                return max(self.held_s, end)
         return 0.0
 
     def pairs_held(self) -> float:
         """Seconds of the final pairs that the reserve holds: all of `pairs_s`, or 0 when they do not fit in it."""
-        fits = self.seconds is not None and self.remeasure_s + self.pairs_s <= RESERVE_MAX_SHARE * self.seconds
+        fits = self.seconds is not None and self.pairs_s <= RESERVE_MAX_SHARE * self.seconds
         return self.pairs_s if fits else 0.0
 
     def pairs_short_s(self) -> float:
@@ -77,7 +77,7 @@ class Budget:
         them, or none are due)."""
         if self.seconds is None or self.pairs_s <= 0:
             return 0.0
-        return max(0.0, (self.remeasure_s + self.pairs_s) / RESERVE_MAX_SHARE - self.seconds)
+        return max(0.0, self.pairs_s / RESERVE_MAX_SHARE - self.seconds)
 
     def remaining(self) -> float:
         """Seconds the search has left: the budget's, less what is held for re-measuring."""

@@ -23,13 +23,14 @@ import math
 import statistics
 import threading
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 from scipy import stats
 
+from autotune.measure.soak import Soak
 from autotune.measure.stats import METRICS, current_names, limit_parts
 from autotune.search import noise, remeasure
 from autotune.search.budget import RESERVE_MAX_SHARE, Budget
@@ -105,8 +106,9 @@ class Comparison:
     baseline_trial: int | None
     pairs: tuple[Pair, ...]
     interval: Interval | None
-    proven: bool  # the winner beat the best baseline beyond the noise (or no baseline met the limits)
+    proven: bool  # the winner beat the best baseline beyond the noise (or no baseline met the limits), and held up
     sentence: str
+    soak: Soak | None = None  # the proven winner's soak (with_soak); None: not soaked (yet)
 
     def to_attr(self) -> dict[str, object]:
         return asdict(self)
@@ -114,8 +116,27 @@ class Comparison:
     @staticmethod
     def from_attr(doc: Mapping[str, Any]) -> Comparison:
         interval = Interval(**doc["interval"]) if doc.get("interval") else None
+        soak = Soak.from_attr(doc["soak"]) if doc.get("soak") else None
         return Comparison(int(doc["winner"]), str(doc["baseline"]), doc["baseline_trial"],
-                          tuple(Pair(**p) for p in doc["pairs"]), interval, bool(doc["proven"]), str(doc["sentence"]))
+                          tuple(Pair(**p) for p in doc["pairs"]), interval, bool(doc["proven"]), str(doc["sentence"]),
+                          soak)
+
+
+def with_soak(c: Comparison, soak: Soak | None, why_not: str = "") -> Comparison:
+    """A proven winner after its soak: still proven, its sentence saying so, if it held up; else not proven, the
+    answer falling back to the best baseline with the reason. `soak` None: it could not be soaked (`why_not`)."""
+    keep = f"keep the {c.baseline}"
+    if soak is None:
+        return replace(c, proven=False, sentence=f"trial {c.winner} beat the {c.baseline} in the pairs but was not "
+                                                 f"soaked ({why_not}): {keep}; `autotune compare` soaks it")
+    if soak.verdict:
+        return replace(c, proven=False, soak=soak, sentence=f"trial {c.winner} {soak.text}: {keep}")
+    return replace(c, soak=soak, sentence=f"{c.sentence}; {soak.text}")
+
+
+def soak_due(c: Comparison | None) -> bool:
+    """Whether the answer waits on a soak: a winner proven against a baseline, not soaked yet."""
+    return c is not None and c.proven and bool(c.baseline) and c.soak is None
 
 
 def limits_text(limits: Mapping[str, float]) -> str:
@@ -240,16 +261,29 @@ def answer(study: optuna.Study) -> Comparison | None:
     return now
 
 
-def pair_length_s(trials: Sequence[FrozenTrial]) -> float | None:
-    """What one pair takes on this machine: a warm boot and measurement of the best baseline and of the best
-    searched configuration (the one a pair would boot against it; the baseline's own length again while none is
-    measured), each as remeasure.length_s sizes it. None without a baseline that met the limits, or a length."""
+def pair_sides(trials: Sequence[FrozenTrial]) -> tuple[FrozenTrial, FrozenTrial] | None:
+    """The two sides a final pair would boot, as the trials stand: the best searched configuration (the best
+    baseline itself while none is measured) and the best baseline. None without a baseline that met the limits."""
     base = best_baseline(trials)
     if base is None:
         return None
     rival = remeasure.best(trials, keep=lambda t: BASELINE_ATTR not in t.user_attrs) or base
-    lengths = [remeasure.length_s(rival.trial), remeasure.length_s(base.trial)]
+    return rival.trial, base.trial
+
+
+def pair_length_s(trials: Sequence[FrozenTrial]) -> float | None:
+    """What one pair takes on this machine: a warm boot and measurement of each side (pair_sides), as
+    remeasure.length_s sizes it. None without a baseline that met the limits, or a recorded length."""
+    sides = pair_sides(trials)
+    lengths = [remeasure.length_s(t) for t in sides] if sides is not None else [None]
     return None if None in lengths else sum(x for x in lengths if x is not None)
+
+
+def soak_length_s(t: FrozenTrial, soak_s: float) -> float:
+    """A boot of `t`'s configuration (its trial's whole length where the boot is not recorded) and its soak, with
+    remeasure.LENGTH_MARGIN to spare."""
+    boot_s = t.user_attrs.get("boot_s") or t.user_attrs.get("duration_s") or 0.0
+    return remeasure.LENGTH_MARGIN * (float(boot_s) + soak_s)
 
 
 def pairs_due(trials: Sequence[FrozenTrial], limits: Mapping[str, float]) -> int:
@@ -261,12 +295,16 @@ def pairs_due(trials: Sequence[FrozenTrial], limits: Mapping[str, float]) -> int
     return max(0, MIN_PAIRS - measured) if measured == 0 or needs_another_pair(now.pairs) else 0
 
 
-def hold_pairs(budget: Budget, study: optuna.Study) -> None:
-    """Size the time the search leaves for the final pairs (Budget.pairs_s) on what a pair costs here: the search
-    calls it after each trial, beside remeasure.hold."""
+def hold_pairs(budget: Budget, study: optuna.Study, soak_s: float = 0.0) -> None:
+    """Size the time the search leaves for the final pairs and the winner's soak after them (Budget.pairs_s) on
+    what they cost here: the search calls it after each trial, beside remeasure.hold."""
     trials = study.get_trials(deepcopy=False)
-    length = pair_length_s(trials)
-    budget.pairs_s = pairs_due(trials, study.user_attrs.get("limits") or {}) * length if length else 0.0
+    length, sides = pair_length_s(trials), pair_sides(trials)
+    due = pairs_due(trials, study.user_attrs.get("limits") or {})
+    if not length or not due or sides is None:
+        budget.pairs_s = 0.0
+        return
+    budget.pairs_s = due * length + (soak_length_s(sides[0], soak_s) if soak_s > 0 else 0.0)
 
 
 def too_short_line(budget: Budget, comparison: Comparison | None) -> str:
@@ -276,10 +314,10 @@ def too_short_line(budget: Budget, comparison: Comparison | None) -> str:
         return ""
     if len(comparison.pairs) >= MIN_PAIRS or budget.seconds is None:
         return ""
-    needed, kept = budget.remeasure_s + budget.pairs_s, RESERVE_MAX_SHARE * budget.seconds
-    return (f"the budget ({budget.seconds / 60:g} min) is too short for the final pairs: a re-measurement and "
-            f"{MIN_PAIRS} pairs of the winner and the {comparison.baseline} take ~{needed:.0f} s here, "
-            f"{needed - kept:.0f} s more than the {kept:.0f} s the search leaves them: "
+    kept = RESERVE_MAX_SHARE * budget.seconds
+    return (f"the budget ({budget.seconds / 60:g} min) is too short for the final pairs: {MIN_PAIRS} pairs of the "
+            f"winner and the {comparison.baseline} and its soak take ~{budget.pairs_s:.0f} s here, "
+            f"{budget.pairs_s - kept:.0f} s more than the {kept:.0f} s the search leaves them: "
             f"--budget {math.ceil((budget.seconds + short) / 60)}m would hold them")
 
 
@@ -326,6 +364,10 @@ def measure_pairs(study: optuna.Study, budget: Budget, run_one: Callable[[], obj
             if stop is not None and stop.is_set():
                 break
     ended = current(study.get_trials(deepcopy=False), limits)
+    stored = study.user_attrs.get(COMPARISON_ATTR)
+    before = Comparison.from_attr(stored) if isinstance(stored, dict) else None
+    if ended is not None and ended.proven and before is not None and before.soak and before.winner == ended.winner:
+        ended = with_soak(ended, before.soak)  # its soak still holds: the configuration is the same
     if ended is not None:
         study.set_user_attr(COMPARISON_ATTR, ended.to_attr())
     save_answer_note(study)

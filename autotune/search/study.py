@@ -7,6 +7,7 @@ a kill of the tuner loses at most the trial in flight, and the next run of the s
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import shlex
@@ -17,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import optuna
-from optuna.trial import TrialState
+from optuna.trial import FrozenTrial, TrialState
 
 from autotune.config.study_file import StudySpec
 from autotune.engine.flags import Build, detect_build
@@ -25,7 +26,8 @@ from autotune.engine.server import reap_leftover_servers
 from autotune.errors import SpecError
 from autotune.fit import feasibility
 from autotune.fit.hardware import card_mismatch
-from autotune.search import paired, remeasure
+from autotune.measure.plan import TrialPlan, configured, plan_trial
+from autotune.search import paired, remeasure, soak_winner
 from autotune.search.budget import Budget
 from autotune.search.one_trial import PREDICTED_NOT_TO_FIT, NoProgress, Progress, StudyRun, one_trial
 from autotune.search.record import BASELINE_ATTR, searched_trial
@@ -243,7 +245,8 @@ def compare_study(spec: StudySpec, budget: Budget, *, storage_url: str | None = 
 
     def target() -> None:
         try:
-            ran.append(paired.measure_pairs(study, budget, functools.partial(one_trial, run, slot), run.stop))
+            pairs = paired.measure_pairs(study, budget, functools.partial(one_trial, run, slot), run.stop)
+            ran.append(dataclasses.replace(pairs, comparison=_soak(run, slot)))
         except BaseException as e:
             run.errors.append(e)
 
@@ -251,6 +254,20 @@ def compare_study(spec: StudySpec, budget: Budget, *, storage_url: str | None = 
         until_done([("compare", target)])
     run.raise_first_error()
     return ran[0] if ran else paired.PairsRun(paired.answer(study))
+
+
+def _soak(run: StudyRun, slot: Slot) -> paired.Comparison | None:
+    """The proven winner's soak (soak_winner.soak), booted as the study boots its trials."""
+    spec = run.spec
+
+    def plan_for(t: FrozenTrial) -> TrialPlan:
+        log_path = run.artifacts_dir / f"soak-trial-{t.number:04d}.log"
+        model, flags = configured(str(t.user_attrs["model"]), json.loads(t.user_attrs["flags"]))
+        return plan_trial(model, flags, spec.objective, log_path, env=spec.env, boot_timeout_s=spec.boot_timeout_s,
+                          gpu_indices=slot.gpu_indices, memory_cap=spec.memory_cap, real_gpu=run.real_profile)
+
+    return soak_winner.soak(run.study, run.budget, spec.soak_s, plan_for, spec.objective.load.mode, run.stop,
+                            run.say)
 
 
 def _count_past_trials(study: optuna.Study, budget: Budget, spec: StudySpec) -> None:
@@ -266,7 +283,7 @@ def _hold(budget: Budget, study: optuna.Study, spec: StudySpec) -> None:
     """Size what the search leaves for the end of the run: the re-measurement due next and the final pairs."""
     remeasure.hold(budget, study.get_trials(deepcopy=False), spec.remeasure)
     if spec.remeasure > 0:
-        paired.hold_pairs(budget, study)
+        paired.hold_pairs(budget, study, spec.soak_s)
 
 
 def _start_run(spec: StudySpec, study: optuna.Study, budget: Budget, progress: Progress, artifacts_dir: Path,
@@ -348,6 +365,7 @@ def _remeasure_and_compare(run: StudyRun, slot: Slot, reserved: remeasure.Reserv
     if reserved.top <= 0:
         return again
     pairs = paired.measure_pairs(run.study, run.budget, one, run.stop)
+    _soak(run, slot)
     return remeasure.RemeasureRun(again.done + pairs.done, again.booted + pairs.booted,
                                   pairs.stopped_because or again.stopped_because)
 

@@ -128,6 +128,8 @@ def export_winner(study: optuna.Study, fmt: str, max_vram: float | None = None,
     if answer is not None:
         metrics["answer"] = answer.sentence
         metrics["proven"] = answer.proven
+        if answer.soak is not None:
+            metrics["soak"] = answer.soak.as_attr()
     if why:
         metrics["exported_instead"] = why
     if cap is not None and over_cap(shown.peak_memory_gib, cap):
@@ -145,9 +147,10 @@ def exported(study: optuna.Study, winner: remeasure.Best, answer: paired.Compari
     base = remeasure.best(study.get_trials(deepcopy=False), lambda t: t.number == answer.baseline_trial and keep(t))
     if base is None or base.trial.number == winner.trial.number:
         return winner, ""
+    because = (f"it {answer.soak.text}" if answer.soak is not None and answer.soak.verdict
+               else f"it was not shown better than the {answer.baseline}")
     return base, (f"exported the {answer.baseline} (trial {base.trial.number}), not trial {winner.trial.number}: "
-                  f"it was not shown better than the {answer.baseline}; `--unproven` exports trial "
-                  f"{winner.trial.number}")
+                  f"{because}; `--unproven` exports trial {winner.trial.number}")
 
 
 def figure_metrics(study: optuna.Study, b: remeasure.Best) -> dict[str, object]:

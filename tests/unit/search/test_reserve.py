@@ -13,11 +13,21 @@ import pytest
 
 from autotune.search import paired, remeasure, tell
 from autotune.search.budget import Budget
-from autotune.search.paired import MIN_PAIRS, hold_pairs, measure_pairs, pair_length_s, too_short_line
+from autotune.search.paired import (
+    MIN_PAIRS,
+    hold_pairs,
+    measure_pairs,
+    pair_length_s,
+    soak_length_s,
+    too_short_line,
+)
 from autotune.search.record import BASELINE_ATTR
 from autotune.search.remeasure import LENGTH_MARGIN, Searched, remeasure_top, reserve, search_and_remeasure
 
 LIMITS = {"p95_ttft_ms": 500, "p95_tpot_ms": 50}
+
+
+SOAK_S = 30.0  # the CPU build's default
 
 
 @dataclass
@@ -34,6 +44,7 @@ class Machine:
         self.lengths = {c: length for c, (_, length) in configs.items()}
         self.order = list(order)
         self.t = 0.0
+        self.soaked_with_s_left: float | None = None  # the time left when the winner's soak began
         self.study = optuna.create_study(direction="maximize")
         self.study.set_user_attr("limits", LIMITS)
         for name in baselines:
@@ -62,7 +73,7 @@ class Machine:
         while (claimed := budget.claim())[0]:
             budget.record(self.run_one().duration_s)
             remeasure.hold(budget, self.study.get_trials(deepcopy=False))
-            hold_pairs(budget, self.study)
+            hold_pairs(budget, self.study, SOAK_S)
             n += 1
         return Searched(n, claimed[1])
 
@@ -74,7 +85,11 @@ class Machine:
 
         def remeasure_and_compare(r: remeasure.Reserve) -> remeasure.RemeasureRun:
             again = remeasure_top(self.study, budget, r, self.run_one, stop)
-            measure_pairs(self.study, budget, self.run_one, stop)
+            said = measure_pairs(self.study, budget, self.run_one, stop).comparison
+            if paired.soak_due(said) and self.soaked_with_s_left is None:  # it boots (as long as its trial)
+                assert said is not None  # and serves for SOAK_S
+                self.soaked_with_s_left = budget.time_left()
+                self.t += self.lengths[self.study.trials[said.winner].params["c"]] + SOAK_S
             return again
 
         search_and_remeasure(lambda: self.search(budget), remeasure_and_compare, reserved, stop)
@@ -113,21 +128,36 @@ def test_the_reserve_holds_the_re_measurement_and_the_pairs_within_half_the_budg
     budget.held_s, budget.remeasure_s, budget.pairs_s = 180.0, 91.25, 410.0
     assert budget.held() == pytest.approx(501.25) and budget.pairs_held() == 410.0
     assert budget.pairs_short_s() == 0.0
+    budget.pairs_s = 550.0  # both are more than half: the pairs alone are held, the re-measurement comes after
+    assert budget.held() == 550.0 and budget.pairs_held() == 550.0
     short = Budget(seconds=600, clock=lambda: 0.0)  # half of it is 300 s: the pairs do not fit, the re-measurement does
     short.held_s, short.remeasure_s, short.pairs_s = 90.0, 91.25, 410.0
     assert short.held() == pytest.approx(91.25) and short.pairs_held() == 0.0
-    assert short.pairs_short_s() == pytest.approx(2 * 501.25 - 600)
+    assert short.pairs_short_s() == pytest.approx(2 * 410.0 - 600)
+
+
+def test_the_soak_is_held_after_the_pairs():
+    lab = make_run()
+    for _ in range(3):
+        lab.run_one()
+    budget = Budget(seconds=1200)
+    hold_pairs(budget, lab.study, soak_s=30.0)
+    a = lab.study.get_trials()[2]
+    assert budget.pairs_s == pytest.approx(MIN_PAIRS * (66.0 + 98.0) * LENGTH_MARGIN + soak_length_s(a, 30.0))
+    assert soak_length_s(a, 30.0) == pytest.approx(LENGTH_MARGIN * (66.0 + 30.0))  # no boot_s recorded: its length
 
 
 def test_a_twenty_minute_run_ends_with_the_pairs_it_owes():
     """With 15% of the budget held (180 s) the search ran until one pair (~205 s) no longer fitted, and the run
-    ended without an interval; held on what a pair costs, it ends with MIN_PAIRS pairs and the gain proven."""
+    ended without an interval; held on what a pair costs, it ends with MIN_PAIRS pairs, the gain proven, and time
+    for the winner's soak."""
     lab = make_run()
     budget, said = lab.run(1200)
     assert said is not None and said.baseline == "vllm-defaults" and said.winner != said.baseline_trial
     assert len(said.pairs) >= MIN_PAIRS and said.proven, said.sentence
     assert said.sentence.startswith(f"trial {said.winner}: +")
     assert too_short_line(budget, said) == ""
+    assert lab.soaked_with_s_left is not None and lab.soaked_with_s_left >= 70 + SOAK_S  # the soak fitted too
     booted = [t for t in lab.study.get_trials() if paired.PAIR_ATTR not in t.user_attrs]
     assert len(booted) >= 6  # the search still had most of the budget: the baselines and several trials
 
@@ -137,8 +167,7 @@ def test_a_budget_too_short_for_the_pairs_says_so_and_by_how_much():
     budget, said = lab.run(600)
     assert said is not None and len(said.pairs) < MIN_PAIRS
     line = too_short_line(budget, said)
-    assert line.startswith("the budget (10 min) is too short for the final pairs: a re-measurement and 2 pairs "
-                           "of the winner and the vllm-defaults take ~"), line
-    needed = budget.remeasure_s + budget.pairs_s
-    assert f"{needed - 300:.0f} s more than the 300 s the search leaves them" in line
+    assert line.startswith("the budget (10 min) is too short for the final pairs: 2 pairs of the winner and the "
+                           "vllm-defaults and its soak take ~"), line
+    assert f"{budget.pairs_s - 300:.0f} s more than the 300 s the search leaves them" in line
     assert line.endswith(f"--budget {-(-(600 + budget.pairs_short_s()) // 60):.0f}m would hold them")

@@ -17,6 +17,7 @@ from autotune.cli import main
 from autotune.config.study_file import load_study
 from autotune.engine.logs import BootInfo
 from autotune.measure.memory import MemoryPeak
+from autotune.measure.soak import Soak
 from autotune.measure.trial import TrialResult
 from autotune.search import paired, tell
 from autotune.search import record as search_record
@@ -145,7 +146,11 @@ def compared_study(tmp_path: Path, winner: list[tuple[float, float]], recipe: li
         record(study, spec, result)
         return result
 
-    paired.measure_pairs(study, Budget(seconds=100_000), run_one)
+    said = paired.measure_pairs(study, Budget(seconds=100_000), run_one).comparison
+    if paired.soak_due(said):  # and the soak the run's end gives a proven winner, held up
+        assert said is not None
+        held_up = Soak(30.0, "concurrency 4", 120, 0, 0, "rss", 3 << 30, 3 << 30)
+        study.set_user_attr(paired.COMPARISON_ATTR, paired.with_soak(said, held_up).to_attr())
     return spec, url, study
 
 
@@ -166,7 +171,8 @@ def test_every_output_of_one_study_gives_the_same_winner_figure_latencies_and_an
     answer = paired.answer(study)
     assert answer is not None and answer.proven and answer.winner == 2
     assert answer.sentence.startswith("trial 2: +29% output tok/s over the recipe (90% interval ")
-    assert answer.sentence.endswith("within p95 TTFT 500 ms and TPOT 50 ms")
+    assert answer.sentence.endswith("within p95 TTFT 500 ms and TPOT 50 ms; soaked 30 s at concurrency 4: 120 "
+                                    "requests, no error, no empty reply, memory within what vLLM reserved (+0.00 GiB)")
     best = "best: trial 2, 196 output tok/s (median of 3 measurements, 190-200)"
     figure = ("its figure is trial 6's measurement: 196 output tok/s at concurrency 4 (p95 TTFT 330 ms, "
               "p95 TPOT 20.0 ms)")
