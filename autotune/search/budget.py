@@ -62,7 +62,7 @@ class Budget:
         if self.held_s <= 0 or self.seconds is None:
             return 0.0
         cap = RESERVE_MAX_SHARE * self.seconds
-        for end in (self.remeasure_s + self.pairs_s, self.pairs_s, self.remeasure_s):
+        for end in (self.remeasure_s + self.pairs_s, *([self.pairs_s] if self.pairs_s else []), self.remeasure_s):
             if max(self.held_s, end) <= cap:
                 return max(self.held_s, end)
         return 0.0
