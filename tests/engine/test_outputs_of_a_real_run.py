@@ -7,12 +7,14 @@ from pathlib import Path
 from show_checks import (
     ARTIFACTS,
     check_dashboard,
+    check_one_answer,
     check_report,
     embedded_figures,
     load,
     needs_chromium,
     outputs_text,
     run_notebook,
+    what_a_person_reads,
 )
 
 from autotune.show import report
@@ -47,3 +49,16 @@ def test_notebook_runs_on_a_real_cpu_study(cpu_study_db, monkeypatch) -> None:
     assert f"study {name}:" in text
     # every baseline has its row, also when it is the best trial itself ("best = baseline ...")
     assert "baseline vllm-defaults" in text and "baseline recipe" in text
+
+
+def test_every_output_of_a_real_run_gives_the_same_winner_figure_latencies_and_answer(cpu_study_db, tmp_path) -> None:
+    db, name = cpu_study_db
+    study = load(db, name)
+    texts = what_a_person_reads(study, f"sqlite:///{db}", tmp_path / "report")
+    # the summary the second (resuming) run printed as it ended: nothing ran on the study since
+    summary = (db.parent / "run-again.log").read_text()
+    assert "this run:" in summary, summary[-3000:]
+    texts["run summary"] = summary.split("this run:")[1]
+    best, figure, answer = check_one_answer(study, texts)
+    assert best.startswith("best: trial ") and " output tok/s (" in best
+    assert "(p95 TTFT " in figure and answer
