@@ -9,8 +9,10 @@ import statistics
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING
+
+import optuna
 
 from autotune.config.toml import parse_duration
 from autotune.errors import SpecError
@@ -135,6 +137,38 @@ class Budget:
             self.durations.append(duration_s)
             if searched:
                 self.searched_durations.append(duration_s)
+
+
+SPENT_ATTR = "budget"  # study user attr: Spent, as asdict
+
+
+@dataclass(frozen=True)
+class Spent:
+    """What the study's runs were given and took: the sum of their time budgets (None once a run had no time
+    limit) and of the wall time they ran, over how many runs."""
+
+    seconds: float | None
+    used_s: float
+    runs: int
+
+    @property
+    def left_s(self) -> float | None:
+        return None if self.seconds is None else max(0.0, self.seconds - self.used_s)
+
+
+def spent(study: optuna.Study) -> Spent | None:
+    """The budget the study's runs recorded (record_spent); None for a study recorded before they did."""
+    doc = study.user_attrs.get(SPENT_ATTR)
+    return Spent(doc["seconds"], float(doc["used_s"]), int(doc["runs"])) if isinstance(doc, dict) else None
+
+
+def record_spent(study: optuna.Study, budget: Budget) -> Spent:
+    """Add this run's budget and the time it ran (its clock since it started) to what the study recorded."""
+    before = spent(study) or Spent(0.0, 0.0, 0)
+    seconds = None if before.seconds is None or budget.seconds is None else before.seconds + budget.seconds
+    now = Spent(seconds, before.used_s + max(0.0, budget.clock() - budget.start), before.runs + 1)
+    study.set_user_attr(SPENT_ATTR, asdict(now))
+    return now
 
 
 def check_budget_options(budget: str | None, n_trials: int | None) -> float | None:

@@ -28,7 +28,7 @@ from autotune.fit import feasibility
 from autotune.fit.hardware import card_mismatch
 from autotune.measure.plan import TrialPlan, configured, plan_trial
 from autotune.search import paired, remeasure, soak_winner
-from autotune.search.budget import Budget
+from autotune.search.budget import Budget, record_spent
 from autotune.search.one_trial import PREDICTED_NOT_TO_FIT, NoProgress, Progress, StudyRun, one_trial
 from autotune.search.record import BASELINE_ATTR, searched_trial
 from autotune.search.remeasure import best_trial
@@ -216,6 +216,7 @@ def run_study(
         again = remeasure.search_and_remeasure(functools.partial(_search, run, slots),
                                                functools.partial(_remeasure, run, slots[0]), reserved, run.stop)
     why = "interrupted" if interrupted.is_set() else again.stopped_because
+    record_spent(study, budget)  # what the report's first panel says the rest of the budget would add
     best = best_trial(study)
     figure = remeasure.figure_line(best, study.get_trials(deepcopy=False)) if best is not None else ""
     said = paired.answer(study)

@@ -1,5 +1,6 @@
 """What the run bought, the report's first panel: the winner's gain over each baseline, the best figure found
-against the study's elapsed time, and what more time would likely add, all read from the study's own trials.
+against the study's elapsed time, and what the rest of its budget (as its runs recorded it) would likely add, all
+read from the study's own trials.
 
 A gain is the paired comparison's interval where the comparison measured the winner against that baseline
 (search/paired.py, the sentence every output prints); against any other baseline it is the ratio of the two
@@ -18,6 +19,7 @@ from optuna.trial import FrozenTrial
 from plotly.subplots import make_subplots
 
 from autotune.search import paired, remeasure
+from autotune.search.budget import Spent, spent
 from autotune.search.record import BASELINE_ATTR, REMEASURE_ATTR, figure_unit, format_figure, view
 
 MIN_BOOTED = 4  # booted trials before the rate of improvement says anything about more time
@@ -115,36 +117,58 @@ def last_improvement(curve: Sequence[BestSoFar]) -> BestSoFar:
     return last
 
 
-def more_time(curve: Sequence[BestSoFar], unit: str = "output tok/s") -> str:
-    """What running as long again would likely add, from the study's own rate of improvement: the relative gain
-    of the best figure over the second half of the elapsed time, carried on for as long again. Searches improve
-    less as they go, so this is an upper estimate; with fewer than MIN_BOOTED booted trials it is unknown."""
+def more_time(curve: Sequence[BestSoFar], unit: str = "output tok/s", budget: Spent | None = None) -> str:
+    """What the rest of the study's budget (`budget`: what its runs recorded) would likely add, from the study's
+    own best-found-against-time curve: the relative gain of the best figure over the last stretch of the run as long
+    as the time left (at most half the run), carried on for the time left. Searches improve less as they go, so
+    this is an upper estimate. Without a recorded time budget, or with less left than a trial takes, what running
+    as long again would add (the same rule over the second half of the run). With fewer than MIN_BOOTED booted
+    trials it is unknown."""
     if len(curve) < MIN_BOOTED or curve[-1].figure <= 0:
         return (f"what more time would add: unknown ({len(curve)} booted trial(s) with a figure; it takes "
                 f"{MIN_BOOTED} to see a rate of improvement)")
     end = curve[-1]
-    half = [p for p in curve if p.minutes <= end.minutes / 2]
-    at_half = half[-1].figure if half else 0.0
+    per_trial = end.minutes / len(curve)
+    left = budget.left_s / 60 if budget is not None and budget.left_s is not None else None
+    if budget is None or budget.seconds is None or left is None:
+        return "what as long again would add: " + _carried_on(curve, end.minutes / 2, end.minutes, unit)
+    head = f"budget: {_min(budget.seconds / 60)} over {budget.runs} run(s), {_min(budget.used_s / 60)} used"
+    if left < per_trial:
+        return (f"{head}; the {_min(left)} left is less than a trial (~{_min(per_trial)}): it would add nothing; "
+                f"as long again: {_carried_on(curve, end.minutes / 2, end.minutes, unit)}")
+    return (f"{head}; what the {_min(left)} left would add: "
+            f"{_carried_on(curve, min(left, end.minutes / 2), left, unit)}")
+
+
+def _min(minutes: float) -> str:
+    return f"{minutes:,.0f} min"
+
+
+def _carried_on(curve: Sequence[BestSoFar], stretch: float, ahead: float, unit: str) -> str:
+    """The relative gain of the best figure over the curve's last `stretch` minutes, carried on for `ahead`
+    minutes (in proportion), with when the best was last improved."""
+    end = curve[-1]
+    before = [p for p in curve if p.minutes <= end.minutes - stretch]
+    at = before[-1].figure if before else 0.0
     last = last_improvement(curve)
     since = len([p for p in curve if p.minutes > last.minutes])
     when = (f"the best was last improved {last.minutes:,.0f} min into the {end.minutes:,.0f} min run (trial "
             f"{last.trial}); {since} booted trial(s) since")
-    if at_half <= 0:
-        return (f"what more time would add: unknown (nothing met the limits in the first half of the run); {when}")
-    gain = end.figure / at_half - 1
+    if at <= 0:
+        return f"unknown (nothing met the limits before the run's last {_min(stretch)}); {when}"
+    gain = end.figure / at - 1
     if gain <= 0:
-        return (f"what more time would add: likely little; the best did not improve in the second half of the run "
-                f"({end.minutes / 2:,.0f} min); {when}")
-    went = f"{format_figure(at_half, unit)} to {format_figure(end.figure, unit)} {unit}"
-    return (f"what more time would add: at most about {_pct(gain)} for as long again ({end.minutes:,.0f} min), "
-            f"the gain of the second half of the run carried on ({went}); {when}")
+        return f"likely little; the best did not improve in the run's last {_min(stretch)}; {when}"
+    went = f"{format_figure(at, unit)} to {format_figure(end.figure, unit)} {unit}"
+    return (f"at most about {_pct(gain * ahead / stretch)} in {_min(ahead)}, the gain of the run's last "
+            f"{_min(stretch)} carried on ({went}); {when}")
 
 
 def lines(study: optuna.Study) -> list[str]:
     """The panel's words: each baseline's gain, then what more time would add."""
     trials = study.get_trials(deepcopy=False)
     return ([f"gain over {g.text()}" for g in baseline_gains(study)]
-            + [more_time(best_over_time(trials), unit_of(trials))])
+            + [more_time(best_over_time(trials), unit_of(trials), spent(study))])
 
 
 def unit_of(trials: Sequence[FrozenTrial]) -> str:
@@ -174,6 +198,6 @@ def bought_figure(study: optuna.Study) -> go.Figure:
         hoverinfo="text"), 1, 2)
     fig.update_xaxes(title_text="minutes since the study started", row=1, col=2)
     fig.update_yaxes(title_text=unit, rangemode="tozero", row=1, col=2)
-    fig.update_layout(title="What the run bought<br><sup>" + more_time(curve, unit) + "</sup>", template="plotly_white",
-                      showlegend=False)
+    fig.update_layout(title="What the run bought<br><sup>" + more_time(curve, unit, spent(study)) + "</sup>",
+                      template="plotly_white", showlegend=False)
     return fig

@@ -12,6 +12,7 @@ import pytest
 from optuna.trial import FrozenTrial, TrialState
 
 from autotune.search import paired
+from autotune.search.budget import Budget, Spent, record_spent, spent
 from autotune.search.record import BASELINE_ATTR, REMEASURE_ATTR
 from autotune.show import bought, page, report
 
@@ -92,15 +93,46 @@ def test_best_against_time_counts_booted_trials_only_at_their_finish(study: optu
 def test_more_time_from_the_studys_own_rate_of_improvement(study: optuna.Study) -> None:
     trials = study.get_trials()
     rising = bought.more_time(bought.best_over_time(trials[:4]))  # 1,100 at 20 min, 1,300 at 40 min
-    assert rising.startswith("what more time would add: at most about +18% for as long again (40 min)")
+    assert rising.startswith("what as long again would add: at most about +36% in 40 min, the gain of the run's last "
+                             "20 min carried on (1,100 to 1,300 output tok/s)")
     flat = bought.more_time(bought.best_over_time(trials))
-    assert flat.startswith("what more time would add: likely little")
+    assert flat.startswith("what as long again would add: likely little")
     assert "last improved 60 min into the 140 min run (trial 5)" in flat
     assert bought.more_time(bought.best_over_time(trials[:3])).startswith("what more time would add: unknown")
     assert "(1,100 to 1,300 output tok/s)" in rising
     # An energy objective's figures are output tokens per joule, said as such
     energy = [bought.BestSoFar(p.minutes, p.figure / 400, p.trial) for p in bought.best_over_time(trials[:4])]
     assert "(2.75 to 3.25 output tokens/J)" in bought.more_time(energy, "output tokens/J")
+
+
+def test_what_the_rest_of_the_recorded_budget_would_add(study: optuna.Study) -> None:
+    curve = bought.best_over_time(study.get_trials()[:4])  # 900 at 10 min, 1,100 at 20, 1,100 at 30, 1,300 at 40
+    # 20 min left: the gain of the last 20 min (1,100 to 1,300), no more
+    assert bought.more_time(curve, budget=Spent(60 * 60, 40 * 60, 1)) == (
+        "budget: 60 min over 1 run(s), 40 min used; what the 20 min left would add: at most about +18% in 20 min, "
+        "the gain of the run's last 20 min carried on (1,100 to 1,300 output tok/s); the best was last improved 40 "
+        "min into the 40 min run (trial 3); 0 booted trial(s) since")
+    # 5 min left, where a trial took ~10 min (4 booted in 40 min)
+    spent_out = bought.more_time(curve, budget=Spent(45 * 60, 40 * 60, 2))
+    assert spent_out.startswith("budget: 45 min over 2 run(s), 40 min used; the 5 min left is less than a trial "
+                                "(~10 min): it would add nothing; as long again: at most about +36%")
+    # no time limit recorded (a run with --n-trials only): as long again
+    assert bought.more_time(curve, budget=Spent(None, 40 * 60, 1)).startswith("what as long again would add: ")
+
+
+def test_each_run_adds_its_budget_and_the_time_it_ran(tmp_path: Path) -> None:
+    s = optuna.create_study(storage=f"sqlite:///{tmp_path / 'spent.db'}")
+    assert spent(s) is None
+    clock = [0.0]
+    for seconds, ran in ((600.0, 590.0), (1200.0, 300.0)):
+        b = Budget(seconds=seconds, clock=lambda: clock[0])
+        clock[0] += ran
+        record_spent(s, b)
+    assert spent(optuna.load_study(study_name=s.study_name, storage=f"sqlite:///{tmp_path / 'spent.db'}")) == Spent(
+        1800.0, 890.0, 2)
+    assert Spent(1800.0, 890.0, 2).left_s == 910.0
+    record_spent(s, Budget(trials=3, clock=lambda: clock[0]))  # a run with no time limit: the budget is unknown
+    assert spent(s) == Spent(None, 890.0, 3) and spent(s).left_s is None  # type: ignore[union-attr]
 
 
 def test_the_panel_is_the_reports_first(study: optuna.Study, tmp_path: Path) -> None:

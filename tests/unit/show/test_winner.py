@@ -21,7 +21,7 @@ from autotune.measure.soak import Soak
 from autotune.measure.trial import TrialResult
 from autotune.search import paired, tell
 from autotune.search import record as search_record
-from autotune.search.budget import Budget
+from autotune.search.budget import Budget, spent
 from autotune.search.record import BASELINE_ATTR, REMEASURE_ATTR, trial_baseline
 from autotune.search.space import engine_config, suggest
 from autotune.search.study import open_study
@@ -102,6 +102,8 @@ def test_summary_status_report_and_export_give_one_winner_and_one_figure(remeasu
     assert WINNER in run.output
     assert "this run: 0 booted, 0 refused before boot, 0 re-measured; stopped: " in run.output
     assert "s left, less than one trial (~90 s)" in run.output
+    recorded = spent(optuna.load_study(study_name="tiny-cpu", storage=url))  # the run's budget, for the report
+    assert recorded is not None and (recorded.seconds, recorded.runs) == (80.0, 1) and recorded.used_s >= 0
     assert WINNER in run.output.split("this run:")[1]  # the summary's own best: line
     export_line = f"export it: autotune export --study {spec.path} --storage {url} --format flags"
     assert export_line in run.output.replace("\n", "")
