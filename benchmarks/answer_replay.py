@@ -4,17 +4,19 @@ configuration, or the best baseline, and never worse than that baseline by more 
     .venv/bin/python -m benchmarks.answer_replay [--seeds 50] [--out DIR]
 
 Each seed replays one study of BUDGET_S on the surface (benchmarks/data/h100-as-rtx3090-awq-marlin, the chat
-limits), each boot costing its recorded engine time and each measurement drawing its throughput as the recorded one
-x (1 + N(0, sd)), sd the surface's own spread of one measurement at a fixed rung (search_efficiency.rung_spread):
+limits), each boot costing its recorded engine time, with the surface's own spread of one measurement at a fixed rung
+(replay_noise.rung_spread, sd):
 
-1. the search: autotune's default method as search_efficiency replays it (TPE with the trials' constraints, the
-   baselines first, refusals and the screen before boot, screening at the incumbent's level) until the search's
-   share of the budget is spent (the budget less RESERVE_SHARE, kept for the end);
+1. the search: autotune's default method as the replay runs it (benchmarks/replay.py search: TPE, the start picks,
+   refusals and screens before boot, screening at the incumbent's level), with the baselines queued first, on the
+   surface as this seed's first measurements give it (each configuration's throughputs x one draw of 1 + N(0, sd):
+   replay_noise.redrawn), until the search's share of the budget is spent (the budget less RESERVE_SHARE, kept for
+   the end);
 2. the end of the run, by the product's own code on a study holding those trials as a run records them (each
    configuration's params, its length, its figure within the limits, the baselines marked): remeasure.remeasure_top
    (booting again where a measurement can change the winner) and paired.measure_pairs (the final paired
    comparison of the winner against the best baseline, A B B A, until its 90% interval is resolved, MAX_PAIRS, or
-   the budget's end), each boot a fresh draw of the noise;
+   the budget's end), each boot the recorded throughput x a fresh draw of 1 + N(0, sd);
 3. what is exported: show/export.exported's choice (the winner where the pairs showed it better, else the best
    baseline).
 
@@ -28,14 +30,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import random
 import statistics
 import subprocess
 import sys
 import warnings
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -46,16 +47,10 @@ from autotune.search import paired, remeasure, tell
 from autotune.search.budget import Budget
 from autotune.search.record import BASELINE_ATTR
 from autotune.show.export import exported
-from benchmarks.search_efficiency import (
-    Step,
-    before_boot_screen,
-    default_methods,
-    label,
-    refusal_now,
-    replay,
-    rung_spread,
-    start_capacity,
-)
+from benchmarks.replay import Judges, Method, Step, judges, search
+from benchmarks.replay_noise import redrawn, rung_spread
+from benchmarks.replay_rows import DEFAULT, methods
+from benchmarks.search_efficiency import label
 from benchmarks.surface import Point, Surface, load_surface
 
 REPO = Path(__file__).resolve().parents[1]
@@ -79,7 +74,6 @@ WITHIN = 0.05
 SEARCH_S = (1 - RESERVE_SHARE) * BUDGET_S
 
 
-FIRST_CAP = 72  # booted trials replayed first: the search's share held 53-64 in the seeds tried
 
 
 POINT_ATTR = "surface_point"  # a trial's configuration: its index on the surface
@@ -144,29 +138,29 @@ class _Booted:
     duration_s: float
 
 
-def searched(surface: Surface, seed: int, sd: float, tools: dict) -> list[Step]:
-    """The search's booted trials that fit in its share of the budget: replayed with a cap just above what the
-    share usually holds (TPE's cost grows with the trials), again with twice the cap where the share held more."""
-    cap = FIRST_CAP
-    while True:
-        rng = random.Random(seed)  # the same draws each time: the longer replay begins as the shorter one
+def default_method() -> Method:
+    """autotune's default search as the replay rows run it, with the baselines queued first as a real run does."""
+    return replace(next(m for m in methods() if m.name == DEFAULT), baselines=True)
 
-        def draw(rng: random.Random = rng) -> float:
-            return max(0.01, 1 + rng.gauss(0, sd))
 
-        steps = replay(surface, default_methods()[0], seed, math.inf, max_booted=cap, noise=draw, **tools)
-        spent, fit = 0.0, []
-        for s in steps:
-            if spent + s.cost_s > SEARCH_S:
-                return fit
-            spent += s.cost_s
-            fit.append(s)
-        if len(steps) < cap:  # the replay proposed no more: the whole search fits
+def searched(surface: Surface, seed: int, sd: float, judge: Judges) -> list[tuple[int, Step]]:
+    """The search's booted trials (surface index, step) within its share of the budget, on the surface as this
+    seed's first measurements give it: each configuration's throughputs scaled by one draw (replay_noise.redrawn),
+    so that the search, the screens and the incumbent follow noisy figures as a real study's do."""
+    drawn = redrawn(surface, sd, random.Random(seed))
+    index = {id(p): i for i, p in enumerate(drawn.points)}
+    refused = frozenset(id(d) for d, p in zip(drawn.points, surface.points, strict=True)
+                        if id(p) in judge.refused_recorded)
+    spent, fit = 0.0, []
+    for step in search(drawn, default_method(), seed, replace(judge, refused_recorded=refused)):
+        if spent + step.cost_s > SEARCH_S:
             return fit
-        cap *= 2
+        spent += step.cost_s
+        fit.append((index[id(step.point)], step))
+    return fit
 
 
-def one_study(surface: Surface, sd: float, seed: int, tools: dict) -> Outcome:
+def one_study(surface: Surface, sd: float, seed: int, judge: Judges) -> Outcome:
     """Search, re-measure, compare in pairs and export, as the module docstring says, for one seed."""
     rng = random.Random(10_000 + seed)  # the end of the run's draws
 
@@ -174,9 +168,9 @@ def one_study(surface: Surface, sd: float, seed: int, tools: dict) -> Outcome:
         return max(0.01, 1 + rng.gauss(0, sd))
 
     run = Run(surface, surface.provenance["limits"], draw)  # type: ignore[arg-type]
-    steps = searched(surface, seed, sd, tools)
-    for s in steps:
-        run.record(s.point, s.found, s.cost_s, s.pruned)
+    steps = searched(surface, seed, sd, judge)
+    for i, s in steps:
+        run.record(surface.points[i], s.found, s.cost_s, s.pruned)
     budget = Budget(seconds=BUDGET_S, clock=run.now)
     budget.start = 0.0
     remeasure.remeasure_top(run.study, budget, remeasure.Reserve(top=3), run.boot_again)
@@ -275,11 +269,10 @@ def main(argv: list[str] | None = None) -> None:
     warnings.filterwarnings("ignore")
     surface = load_surface(SURFACE)
     sd = rung_spread(json.loads(SURFACE.read_text()))
-    capacity = start_capacity(surface)
-    tools = {"screen": before_boot_screen(surface), "capacity": capacity, "refusal": refusal_now(surface, capacity)}
+    judge = judges(surface)
     outcomes = []
     for seed in range(opts.seeds):
-        outcomes.append(one_study(surface, sd, seed, tools))
+        outcomes.append(one_study(surface, sd, seed, judge))
         print(f"  seed {seed}: {outcomes[-1].sentence}", file=sys.stderr, flush=True)
     counts = judge(surface, outcomes)
     text = report(surface, sd, outcomes, counts)

@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from benchmarks import answer_replay as ar
-from benchmarks.search_efficiency import before_boot_screen, refusal_now, rung_spread, start_capacity
+from benchmarks.replay import judges
+from benchmarks.replay_noise import rung_spread
 from benchmarks.surface import load_surface
 
 
@@ -17,9 +18,8 @@ from benchmarks.surface import load_surface
 def replayed():
     surface = load_surface(ar.SURFACE)
     sd = rung_spread(json.loads(ar.SURFACE.read_text()))
-    capacity = start_capacity(surface)
-    tools = {"screen": before_boot_screen(surface), "capacity": capacity, "refusal": refusal_now(surface, capacity)}
-    return surface, sd, [ar.one_study(surface, sd, seed, tools) for seed in range(3)]
+    judge = judges(surface)
+    return surface, sd, [ar.one_study(surface, sd, seed, judge) for seed in range(3)]
 
 
 def test_each_replayed_study_ends_with_the_paired_answer_and_exports_accordingly(replayed):
