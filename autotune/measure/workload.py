@@ -157,15 +157,14 @@ class Workload:
         texts = [self._with_text(_cut(s, room), decode) for s in specs]
         return texts if room is None or tokenize is None else [_text_within(s, room, tokenize, decode) for s in texts]
 
-    def prompt_room(self, context: int | None, output_len: int | None = None) -> int | None:
+    def prompt_room(self, context: int | None) -> int | None:
         """The most prompt tokens a request may carry in a `context` (max_model_len) of tokens where the workload
-        clips to it: its answer (`output_len`, else the longest drawn) and, for chat, the template's tokens fit
-        beside it. None where prompts are not cut."""
+        clips to it: the longest answer drawn and, for chat, the template's tokens fit beside it. None where prompts
+        are not cut."""
         if not self.clip_to_context or context is None:
             return None
         answer = self.output_len.max if self.output_len.kind != "fixed" else self.output_len.mean
-        return max(1, context - (answer if output_len is None else output_len)
-                   - (CHAT_TEMPLATE_TOKENS if self.api == "chat" else 0))
+        return max(1, context - answer - (CHAT_TEMPLATE_TOKENS if self.api == "chat" else 0))
 
     def mean_request_tokens(self, context: int | None = None) -> float:
         """A request's mean length in tokens (prompt and answer), its prompt cut to `context` where the workload
