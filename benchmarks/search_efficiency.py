@@ -1,7 +1,7 @@
 """How many booted trials each search method needs on a recorded response surface, replayed (no engine), and what
 each of autotune's parts buys:
 
-    python -m benchmarks.search_efficiency --surface PATH [--seeds 50] [--limit ttft_p95_ms=1000] [--noise]
+    python -m benchmarks.search_efficiency --surface PATH [--seeds 50] [--limit p95_ttft_ms=1000] [--noise]
 
 benchmarks/replay.py replays one study (the rules are there: a sampled configuration judged before boot on its own
 flags by the product's functions, measured as the nearest recorded configuration judged alike, the answer
@@ -212,7 +212,7 @@ def main() -> None:
     ap.add_argument("--measurement", action="store_true", help="Also judge the recorded rungs' fixed counts.")
     ap.add_argument("--limit", action="append", default=[], metavar="KEY=MS[,KEY=MS]",
                     help="Also replay with the recorded rungs judged again under tighter p95 limits, e.g. "
-                         "--limit ttft_p95_ms=1000 (repeatable: one more table each).")
+                         "--limit p95_ttft_ms=1000 (repeatable: one more table each).")
     opts = ap.parse_args()
     optuna.logging.set_verbosity(optuna.logging.ERROR)
     warnings.filterwarnings("ignore")

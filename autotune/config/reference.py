@@ -244,6 +244,8 @@ STUDY_KEYS: dict[str, str] = {
                          "of [engine]. Checked against the rules vLLM enforces at startup.",
     "sampler": "How configurations are proposed.",
     "sampler.name": "One of {samplers} (Optuna's TPE, Gaussian-process and random samplers).",
+    "sampler.start_picks": "How many of the first sampled trials are each, of 64 random configurations, the one the "
+                           "estimator says runs the most requests at once, whichever the sampler (0: none).",
     "sampler.seed": "An integer seed in [0, 2**32), so a study proposes the same configurations again.",
     "budget": "How long the search runs.",
     "budget.boot_timeout": "A duration (\"45s\", \"3m\", \"1h30m\"): a server not ready by then fails its trial.",

@@ -43,6 +43,7 @@ SOAK_S = {"cpu": 30.0, "gpu": 120.0}  # [budget] soak's default: a CPU boot and 
 
 
 SAMPLERS = ("tpe", "gp", "random")
+DEFAULT_START_PICKS = 10  # [sampler] start_picks: search/start.py says why 10
 
 
 MODEL_FLAGS = ("load_format", "quantization", "revision")
@@ -75,8 +76,9 @@ def model_flags(model: ModelSpec) -> dict[str, object]:
 
 @dataclass(frozen=True)
 class SamplerSpec:
-    name: str = "tpe"
+    name: str = "tpe"  # search/samplers.py says why
     seed: int | None = None
+    start_picks: int = DEFAULT_START_PICKS  # search/start.py: sampled trials picked by what they run at once (0: none)
 
 
 @dataclass(frozen=True)
@@ -332,7 +334,8 @@ def _sampler(top: TomlTable) -> SamplerSpec:
     if name not in SAMPLERS:
         raise st.error("name", f"unknown sampler '{name}'{did_you_mean(name, SAMPLERS)} (one of {', '.join(SAMPLERS)})")
     # numpy's generators (TPE, random) take seeds in [0, 2**32)
-    sampler = SamplerSpec(name=name, seed=st.integer("seed", None, minimum=0, maximum=2**32 - 1))
+    sampler = SamplerSpec(name=name, seed=st.integer("seed", None, minimum=0, maximum=2**32 - 1),
+                          start_picks=st.integer("start_picks", DEFAULT_START_PICKS, minimum=0))
     st.done()
     return sampler
 

@@ -154,10 +154,11 @@ def _ask(run: StudyRun) -> optuna.Trial:
     spec, study = run.spec, run.study
     with run.asking:
         optuna.storages.fail_stale_trials(study)
-        if spec.sampler.name == "tpe" and spec.objective.load.mode == "concurrency" and start.due(study):
+        picks = spec.sampler.start_picks
+        if picks and spec.objective.load.mode == "concurrency" and start.due(study, picks):
             seen = feasibility.observations(study.trials)
             start.queue_pick(study, spec.space, lambda p: runs_at_once(spec, run.profile, None, p, seen),
-                             spec.sampler.seed)
+                             spec.sampler.seed, picks=picks)
         return study.ask()
 
 

@@ -1,12 +1,18 @@
 """Which configuration comes next: the sampler, and warm start from another study.
 
-No pruner between load levels: a sampled configuration is screened at the incumbent's level instead
-(measure/ladder.py, Prior.screen), which stops one that cannot beat it after one short level.
+The default is TPE after the start picks (search/start.py), with the estimator's refusals and the screens before and
+after boot. Replayed on every recorded surface with the screens judged as the product judges them and the answer
+re-measured (`benchmarks/search_efficiency.py`; the search-replay-* datasets, "what each part buys"), nearly all of
+the gain over plain random search is the estimator's, the screens' and the picks'. Where the picks start near the
+best (the GPU surfaces, the CPU grid at its 500 ms TTFT), TPE in place of random sampling needs no fewer booted
+trials; where they start away from it (the CPU grid at a 150 ms TTFT, whose best runs few requests at once), TPE
+recovers and random sampling does not (random sampling after the picks never reached the target in some runs, TPE
+in none). It stays the default for that. It does not make the search need half of what random sampling with the
+estimator and the screens needs; GP and random sampling stay a study file's choice (`[sampler] name`).
 
-The defaults here are chosen by `benchmarks/search_efficiency.py`, which replays a recorded response surface
-(benchmarks/data/h200-as-rtx3090-awq/surface.json, and the CPU one) over many seeds; see that script's output for the
-evidence. Constraints reach every sampler through `trial.set_constraint` (search/tell.py), so infeasible trials
-teach it.
+No pruner between load levels: a sampled configuration is screened at the incumbent's level instead
+(measure/ladder.py, Prior.screen), which stops one that cannot beat it after one short level. Constraints reach
+every sampler through `trial.set_constraint` (search/tell.py), so infeasible trials teach those that learn.
 """
 
 from __future__ import annotations
@@ -29,12 +35,8 @@ if TYPE_CHECKING:
 from autotune.search.record import WARM_START_ATTR
 
 # TPE's first trials are random (the enqueued baselines, and configurations refused before boot, count among them);
-# after that it models good vs bad configurations. Optuna's own default, 10, chosen on the recorded GPU surface
-# (benchmarks/search_efficiency.py --tuning, 200 seeds; median booted trials to within 5% of the best): with the
-# baselines first, 10 needs 7 where 3 needed 9.5 (chat limits) and 9 (a 1 s TTFT limit), and on the CPU surface both
-# need 1 (vLLM's defaults are within 4% of its best). Without baselines, 10 needs 5 on the GPU surface where 3 needs
-# 7, and 9 on the CPU surface where 3 needs 5. Three random points in 11 parameters is too little to model: on the
-# GPU surface such a run stays around its first good configuration.
+# after that it models good vs bad configurations. Optuna's own default, 10, chosen on the recorded surfaces
+# themselves (in sample: tpe-startup-200-seeds): three random points in 11 parameters is too little to model.
 TPE_STARTUP_TRIALS = 10
 
 

@@ -1,27 +1,28 @@
 """The start of a search: of a few random configurations, the one that runs the most requests at once.
 
-TPE's first trials are random (samplers.TPE_STARTUP_TRIALS): it has nothing to model yet. But where memory decides
-what a configuration can serve (a 27B hybrid model in 24 GB), the estimator knows before any boot how many requests
-each configuration runs at once (ladder.capacity: max_num_seqs, the KV tokens per request, and what the central KV
-cache's blocks run at once, estimate.running_seqs), and throughput under a latency limit comes from requests running
-at once: on the recorded GPU surfaces each configuration sustained a level within one ladder step of that count, and of
-the 22 measured at 16 requests every one it put at 14 or more sustained 16 and none it put at 13 or fewer did
+A search's first trials know nothing of the surface yet. But where memory decides what a configuration can serve (a
+27B hybrid model in 24 GB), the estimator knows before any boot how many requests each configuration runs at once
+(ladder.capacity: max_num_seqs, the KV tokens per request, and what the central KV cache's blocks run at once,
+estimate.running_seqs), and throughput under a latency limit comes from requests running at once: on the recorded
+GPU surfaces each configuration sustained a level within one ladder step of that count, and of the 22 measured at 16
+requests every one it put at 14 or more sustained 16 and none it put at 13 or fewer did
 (benchmarks/tests/test_replay.py). So each of the first START_PICKS sampled trials is, of START_CANDIDATES random
-configurations the estimator does not refuse, the one that runs the most (the first drawn on a tie); TPE proposes
-the rest, and a proposal that runs too few for the incumbent's level is screened out before boot
-(measure/queueing.py holds_too_few). The estimator judges a configuration in about 0.2 ms: a pick of 64 takes ~30 ms.
+configurations the estimator does not refuse, the one that runs the most (the first drawn on a tie); the sampler
+proposes the rest (`[sampler] start_picks` sets how many are picked), and a proposal that runs too few for the
+incumbent's level is screened out before boot (measure/queueing.py holds_too_few). The estimator judges a
+configuration in about 0.2 ms: a pick of 64 takes ~30 ms.
 
-Chosen by benchmarks/search_efficiency.py (50 seeds; median booted trials to within 5% of the best, without
-baselines) with that screen. On the Marlin surface's 45 configurations under the chat limits: no picks 28.0,
-3 of 64 11.5, 10 of 64 5.5, 20 of 64 5.0 (vLLM's auto_tune grid 34: a fifth of it is 6.8); under a 1 s TTFT 4.0,
-then 2.0 for 3, 10 and 20. On the H200's 22 under either limit: 5.0, then 2.5 for 3, 10 and 20 (the grid 11). On the
-CPU surface at its 500 ms TTFT 3.0 for 3 and 10; at 150 ms, where what runs at once is not what wins on two cores
-(the best there is a noise peak): 14.5 for 3, 18.0 for 10, 36.5 for 20 (random search 17.0). 10 is the fewest that
-meets a fifth of the grid on the GPU surface under both limits; 20 gains half a trial there and loses the CPU
-surface. The picks stay random among the best of 64: the estimator accepts a third to a half of the 3090 space, so
-each pick is the most of some 20-30. The start-up settings compared:
-benchmarks/data/h100-as-rtx3090-awq-marlin/README.md.
-"""
+Chosen in sample, on the surfaces it is scored on (the out-of-sample design is benchmarks/data/rtx3090-long-context-
+surface-plan), by benchmarks/search_efficiency.py before its replay was fair (50 seeds; median booted trials to
+within 5% of the best, without baselines) with that screen. On the Marlin surface's 45 configurations under the chat
+limits: no picks 28.0, 3 of 64 11.5, 10 of 64 5.5, 20 of 64 5.0 (vLLM's auto_tune grid 34: a fifth of it is 6.8);
+under a 1 s TTFT 4.0, then 2.0 for 3, 10 and 20. On the H200's 22 under either limit: 5.0, then 2.5 for 3, 10 and 20
+(the grid 11). On the CPU surface at its 500 ms TTFT 3.0 for 3 and 10; at 150 ms, where what runs at once is not
+what wins on two cores (the best there is a noise peak): 14.5 for 3, 18.0 for 10, 36.5 for 20 (random search 17.0).
+10 is the fewest that meets a fifth of the grid on the GPU surface under both limits; 20 gains half a trial there
+and loses the CPU surface. The picks stay random among the best of 64: the estimator accepts a third to a half of
+the 3090 space, so each pick is the most of some 20-30. The start-up settings compared: benchmarks/data/h100-as-
+rtx3090-awq-marlin/README.md. """
 
 from __future__ import annotations
 
@@ -31,9 +32,10 @@ import optuna
 from optuna.trial import TrialState
 
 from autotune.config.params import Param
+from autotune.config.study_file import DEFAULT_START_PICKS
 from autotune.search.space import suggest
 
-START_PICKS = 10
+START_PICKS = DEFAULT_START_PICKS
 START_CANDIDATES = 64
 PICK_ATTR = "start_pick"  # trial user attr: {"runs_at_once": n, "of": candidates} of a picked configuration
 

@@ -51,6 +51,7 @@ BAD_FILES = [
     ("study-baseline-twice.toml", "baselines[1].name", "defined twice"),
     ("study-fixed-and-searched.toml", "space.max_num_seqs", "both fixed in [engine] and searched"),
     ("study-bad-sampler.toml", "sampler.name", "did you mean 'tpe'?"),
+    ("study-bad-start-picks.toml", "sampler.start_picks", "must be >= 0, got -1"),
     ("study-bad-tiny.toml", "model.path", "did you mean 'tiny:dense'?"),
     ("study-model-not-a-choice.toml", "space.model.choices", "must include the [model] path 'tiny:dense'"),
     ("study-no-model.toml", "model", "required key is missing"),
@@ -163,7 +164,7 @@ def test_relative_paths_resolve_against_the_file(tmp_path: Path) -> None:
     assert s.objective.workload.dataset == (tmp_path / "objectives" / "data" / "prompts.jsonl").resolve()
     assert s.model.path == str((tmp_path / "models" / "mine").resolve())
     assert s.env == {"VLLM_CPU_KVCACHE_SPACE": "1"}
-    assert s.hardware == "auto" and s.storage is None and s.sampler.name == "tpe"
+    assert s.hardware == "auto" and s.storage is None and s.sampler.name == "tpe" and s.sampler.start_picks == 10
     assert s.boot_timeout_s == 600  # the 10m default
     assert s.remeasure == 3  # the top three are re-measured unless [budget] remeasure says otherwise
     assert s.space[1].when == {"max_num_seqs": [4, 8]}

@@ -88,3 +88,29 @@ def test_a_pick_that_every_candidate_refuses_queues_nothing(seed: int | None) ->
     study = optuna.create_study()
     assert start.queue_pick(study, SPEC.space, lambda p: None, seed) is None
     assert not study.trials
+
+
+@pytest.mark.parametrize("picks", [0, 2])
+def test_a_study_with_the_random_sampler_picks_its_start_as_start_picks_says(picks: int) -> None:
+    """The picks are autotune's start whichever the sampler (they were TPE's only): as many as `[sampler]
+    start_picks` says; 0 turns them off (random search with the estimator and the screens, the fair comparator)."""
+    import threading
+    from dataclasses import replace
+    from pathlib import Path
+
+    from autotune.config.study_file import load_study
+    from autotune.fit.hardware import PROFILES
+    from autotune.search import one_trial
+
+    spec = load_study(Path(__file__).resolve().parents[3] / "studies" / "tiny-cpu.toml")
+    assert spec.sampler.start_picks == start.START_PICKS
+    spec = replace(spec, sampler=replace(spec.sampler, name="random", start_picks=picks))
+    study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0), direction="maximize")
+    run = one_trial.StudyRun(spec, study, None, None, None, PROFILES["cpu"], PROFILES["cpu"],  # type: ignore[arg-type]
+                             None, threading.Event())
+    marked = []
+    for _ in range(picks + 1):
+        trial = one_trial._ask(run)
+        marked.append(start.PICK_ATTR in trial.user_attrs)
+        study.tell(trial, 1.0)
+    assert marked == [True] * picks + [False]
