@@ -1,9 +1,10 @@
 """The comparator rows of the search replay, each named for what it has, and their runs over many seeds.
 
 From plain random search, each row adds one of autotune's parts: the estimator's refusals before boot, the screens
-(before boot, and at the incumbent's level after it), the start picks (search/start.py), then TPE in place of random
-sampling (the default). The grids boot the recorded configurations in a fixed order, with or without the estimator's
-refusals. No row queues the study's baselines: the rows compare searches, not the baselines."""
+(before boot, and at the incumbent's level after it), the start picks (search/start.py): the default; then TPE in
+place of random sampling (the default until this replay: autotune/search/samplers.py). The grids boot the recorded
+configurations in a fixed order, with or without the estimator's refusals. No row queues the study's baselines: the
+rows compare searches, not the baselines."""
 
 from __future__ import annotations
 
@@ -24,10 +25,10 @@ from benchmarks.surface import Point, Surface
 RANDOM = "random search"
 ESTIMATOR = "random search + estimator"
 SCREENS = "random search + estimator + screens"
-PICKS = "random search + estimator + screens + start picks"
-DEFAULT = "TPE + estimator + screens + start picks (the default)"
+DEFAULT = "random search + estimator + screens + start picks (the default)"
+TPE = "TPE + estimator + screens + start picks"
 TPE_NO_PICKS = "TPE + estimator + screens, no start picks"
-DECOMPOSITION = (RANDOM, ESTIMATOR, SCREENS, PICKS, DEFAULT)  # each adds one part to the one before
+DECOMPOSITION = (RANDOM, ESTIMATOR, SCREENS, DEFAULT, TPE)  # each adds one part to the one before
 GRID = "grid, vLLM auto_tune order (ascending)"
 
 
@@ -41,8 +42,8 @@ def methods() -> list[Method]:
         Method(RANDOM, rnd, baselines=False, constraints=False, estimator=False, screen=False),
         Method(ESTIMATOR, rnd, baselines=False, screen=False),
         Method(SCREENS, rnd, baselines=False),
-        Method(PICKS, rnd, baselines=False, start_picks=picks),
-        Method(DEFAULT, tpe, baselines=False, start_picks=picks),
+        Method(DEFAULT, rnd, baselines=False, start_picks=picks),
+        Method(TPE, tpe, baselines=False, start_picks=picks),
         Method(TPE_NO_PICKS, tpe, baselines=False),
     ]
 

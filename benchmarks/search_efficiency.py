@@ -34,7 +34,7 @@ from benchmarks.record_surface import params_key, plan_indices
 from benchmarks.replay import REPO, Refusal, judged_alike, recorded_again, refusal_now
 from benchmarks.replay_figures import LEGEND, WITHIN, Figures, fmt, mean, median, table
 from benchmarks.replay_noise import label_params, redraws, rung_spread, spread
-from benchmarks.replay_rows import DECOMPOSITION, DEFAULT, SCREENS, evaluate, methods
+from benchmarks.replay_rows import DECOMPOSITION, DEFAULT, SCREENS, TPE, evaluate, methods
 from benchmarks.replay_settings import tuning_methods
 from benchmarks.surface import Point, Surface, level_records, load_surface, measurements
 
@@ -157,13 +157,14 @@ def without_picks(surface: Surface) -> Surface | None:
 def decomposition(results: dict[str, list[Figures]]) -> str:
     """What each part buys: each row of DECOMPOSITION against the one before it, in median and mean booted trials
     (a run that never got there counted at the cap), and its share of the whole gain in the mean from plain random
-    search to the default (the median of a row whose runs mostly never get there is no number)."""
+    search to the default (the median of a row whose runs mostly never get there is no number); TPE, after the
+    default, is what the model-based sampler adds to it."""
     meds = [median(results[name]) for name in DECOMPOSITION]
     means = [mean(results[name]) for name in DECOMPOSITION]
-    whole = means[0] - means[-1]
+    whole = means[0] - means[DECOMPOSITION.index(DEFAULT)]
     rows = [f"  {DECOMPOSITION[0]}: median {fmt(meds[0])}, mean {means[0]:.1f}"]
     for k, name in enumerate(DECOMPOSITION[1:], start=1):
-        part = "TPE in place of random sampling" if name == DEFAULT else name.split(" + ")[-1]
+        part = "TPE in place of random sampling" if name == TPE else name.split(" + ")[-1].replace(" (the default)", "")
         share = f", {(means[k - 1] - means[k]) / whole:.0%} of the whole gain" if whole > 0 else ""
         rows.append(f"  + {part}: median {fmt(meds[k])}, mean {means[k]:.1f} ({means[k] - means[k - 1]:+.1f}"
                     f"{share})")

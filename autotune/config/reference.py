@@ -243,7 +243,8 @@ STUDY_KEYS: dict[str, str] = {
     "baselines[].flags": "Its vLLM flags by dest name (`{ max_num_seqs = 48 }`; `{}` is vLLM's defaults), on top "
                          "of [engine]. Checked against the rules vLLM enforces at startup.",
     "sampler": "How configurations are proposed.",
-    "sampler.name": "One of {samplers} (Optuna's TPE, Gaussian-process and random samplers).",
+    "sampler.name": "One of {samplers} (Optuna's TPE, Gaussian-process and random samplers). Random by default, "
+                    "after the start picks: autotune/search/samplers.py says why.",
     "sampler.start_picks": "How many of the first sampled trials are each, of 64 random configurations, the one the "
                            "estimator says runs the most requests at once, whichever the sampler (0: none).",
     "sampler.seed": "An integer seed in [0, 2**32), so a study proposes the same configurations again.",

@@ -76,7 +76,7 @@ def model_flags(model: ModelSpec) -> dict[str, object]:
 
 @dataclass(frozen=True)
 class SamplerSpec:
-    name: str = "tpe"  # search/samplers.py says why
+    name: str = "random"  # search/samplers.py says why
     seed: int | None = None
     start_picks: int = DEFAULT_START_PICKS  # search/start.py: sampled trials picked by what they run at once (0: none)
 
@@ -330,7 +330,7 @@ def _baselines(top: TomlTable, base: Path, fixed: dict[str, object]) -> tuple[Ba
 
 def _sampler(top: TomlTable) -> SamplerSpec:
     st = top.table("sampler")
-    name = st.text("name", "tpe")
+    name = st.text("name", "random")
     if name not in SAMPLERS:
         raise st.error("name", f"unknown sampler '{name}'{did_you_mean(name, SAMPLERS)} (one of {', '.join(SAMPLERS)})")
     # numpy's generators (TPE, random) take seeds in [0, 2**32)

@@ -164,7 +164,7 @@ def test_relative_paths_resolve_against_the_file(tmp_path: Path) -> None:
     assert s.objective.workload.dataset == (tmp_path / "objectives" / "data" / "prompts.jsonl").resolve()
     assert s.model.path == str((tmp_path / "models" / "mine").resolve())
     assert s.env == {"VLLM_CPU_KVCACHE_SPACE": "1"}
-    assert s.hardware == "auto" and s.storage is None and s.sampler.name == "tpe" and s.sampler.start_picks == 10
+    assert s.hardware == "auto" and s.storage is None and s.sampler.name == "random" and s.sampler.start_picks == 10
     assert s.boot_timeout_s == 600  # the 10m default
     assert s.remeasure == 3  # the top three are re-measured unless [budget] remeasure says otherwise
     assert s.space[1].when == {"max_num_seqs": [4, 8]}

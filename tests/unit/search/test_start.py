@@ -91,9 +91,10 @@ def test_a_pick_that_every_candidate_refuses_queues_nothing(seed: int | None) ->
 
 
 @pytest.mark.parametrize("picks", [0, 2])
-def test_a_study_with_the_random_sampler_picks_its_start_as_start_picks_says(picks: int) -> None:
-    """The picks are autotune's start whichever the sampler (they were TPE's only): as many as `[sampler]
-    start_picks` says; 0 turns them off (random search with the estimator and the screens, the fair comparator)."""
+def test_a_study_with_the_default_random_sampler_picks_its_start_as_start_picks_says(picks: int) -> None:
+    """The default sampler is random (search/samplers.py) and the picks are autotune's start whichever the sampler
+    (they were TPE's only): as many as `[sampler] start_picks` says; 0 turns them off (random search with the
+    estimator and the screens, the fair comparator)."""
     import threading
     from dataclasses import replace
     from pathlib import Path
@@ -103,8 +104,8 @@ def test_a_study_with_the_random_sampler_picks_its_start_as_start_picks_says(pic
     from autotune.search import one_trial
 
     spec = load_study(Path(__file__).resolve().parents[3] / "studies" / "tiny-cpu.toml")
-    assert spec.sampler.start_picks == start.START_PICKS
-    spec = replace(spec, sampler=replace(spec.sampler, name="random", start_picks=picks))
+    assert spec.sampler.name == "random" and spec.sampler.start_picks == start.START_PICKS
+    spec = replace(spec, sampler=replace(spec.sampler, start_picks=picks))
     study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0), direction="maximize")
     run = one_trial.StudyRun(spec, study, None, None, None, PROFILES["cpu"], PROFILES["cpu"],  # type: ignore[arg-type]
                              None, threading.Event())
