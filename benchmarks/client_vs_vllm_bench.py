@@ -296,34 +296,49 @@ def say_go() -> None:
     os.write(1, b"go\n")  # the file descriptor: run_vllm captures sys.stdout
 
 
-def vllm_child(spec: str) -> None:
-    """`vllm bench serve` for together(): says "go" on stdout as its measured requests begin, then its figures."""
+def child(spec: str) -> None:
+    """The client together() runs in a child process (vllm bench, or autotune when swapped): says "go" on stdout as
+    its measured requests begin, then prints its figures (JSON)."""
     d = json.loads(spec)
-    result = run_vllm(d["url"], Path(d["model"]), Shape(**d["shape"]), d["seed"], say_go)
+    shape = Shape(**d["shape"])
+    if d["client"] == "vllm bench":
+        result = run_vllm(d["url"], Path(d["model"]), shape, d["seed"], say_go)
+    else:
+        result = run_ours(d["url"], Path(d["model"]), d["vocab"], shape, d["seed"], wait=ready_then_go)
     print(json.dumps(result), flush=True)
 
 
-def together(url: str, model: Path, vocab: int, shape: Shape, pairs: int) -> str:
+def together(url: str, model: Path, vocab: int, shape: Shape, pairs: int, swapped: bool = False) -> str:
     """Both clients at once, each with half the requests in flight, so that both see the same server at the same
     moment however busy the machine is: what differs is then only how each client sends and times.
 
     Each client's warm-up (vllm bench's single test request, autotune's one) goes first; the measured requests of
-    both start together, so that neither client's first burst finds the server busy with the other's warm-up."""
+    both start together, so that neither client's first burst finds the server busy with the other's warm-up.
+    vllm bench runs in a child process and autotune in this one, which waits for the child's "go"; `swapped`:
+    autotune in the child, vllm bench here waiting, to tell the clients apart from where each runs."""
     half = dataclasses.replace(shape, concurrency=max(1, shape.concurrency // 2))
     ours: list[Run] = []
     theirs: list[Run] = []
     for i in range(pairs):
-        spec = json.dumps({"url": url, "model": str(model), "shape": dataclasses.asdict(half), "seed": i})
-        child = subprocess.Popen([sys.executable, "-m", "benchmarks.client_vs_vllm_bench", "--vllm-child", spec],
-                                 stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, cwd=REPO)
-        assert child.stdout is not None
-        ours.append(run_ours(url, model, vocab, half, seed=1000 + i, wait=partial(wait_for_go, child.stdout)))
-        out, _ = child.communicate()
-        theirs.append(json.loads(out.strip().splitlines()[-1]))
+        there = "autotune" if swapped else "vllm bench"
+        spec = json.dumps({"url": url, "model": str(model), "vocab": vocab, "shape": dataclasses.asdict(half),
+                           "seed": 1000 + i if swapped else i, "client": there})
+        proc = subprocess.Popen([sys.executable, "-m", "benchmarks.client_vs_vllm_bench", "--child", spec],
+                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+                                cwd=REPO)
+        assert proc.stdout is not None
+        if swapped:  # this process waits for the child's "go", as autotune does unswapped
+            here = run_vllm(url, model, half, i, partial(tell_ready_and_wait, proc))
+        else:
+            here = run_ours(url, model, vocab, half, 1000 + i, wait=partial(wait_for_go, proc.stdout))
+        out, _ = proc.communicate()
+        (theirs if swapped else ours).append(here)
+        (ours if swapped else theirs).append(json.loads(out.strip().splitlines()[-1]))
         print(f"  together {i + 1}: autotune p95 TTFT {ours[-1]['ttft_p95_ms']:.0f} ms, vllm bench "
               f"{theirs[-1]['ttft_p95_ms']:.0f} ms (load average {os.getloadavg()[0]:.1f})", flush=True)
-    save(f"{shape.input_len}-at-once", ours, theirs)
-    return (f"\n{describe(half)}, both clients at once\n{table(ours, theirs, 'autotune text')}\n"
+    save(f"{shape.input_len}-at-once" + ("-swapped" if swapped else ""), ours, theirs)
+    roles = ", autotune in the child process" if swapped else ""
+    return (f"\n{describe(half)}, both clients at once{roles}\n{table(ours, theirs, 'autotune text')}\n"
             f"{pooled(ours, theirs, 'autotune text')}")
 
 
@@ -341,6 +356,21 @@ def wait_for_go(stream: IO[str]) -> None:
         pass
 
 
+def ready_then_go() -> None:
+    """Swapped, in the child: once this process's warm-up is done and the parent said it is ready, "go"."""
+    while (line := sys.stdin.readline()) and line.strip() != "ready":
+        pass
+    say_go()
+
+
+def tell_ready_and_wait(proc: subprocess.Popen[str]) -> None:
+    """Swapped, in the parent: ready (vllm bench's test request done), then wait for the child's "go"."""
+    assert proc.stdin is not None and proc.stdout is not None
+    proc.stdin.write("ready\n")
+    proc.stdin.flush()
+    wait_for_go(proc.stdout)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     ap.add_argument("--workloads", nargs="+", choices=sorted(SHAPES), default=["long", "variable"])
@@ -349,12 +379,13 @@ def main() -> None:
     ap.add_argument("--modes", nargs="+", choices=["in-turn", "at-once"], default=["in-turn"],
                     help="in turn: one client after the other; at once: both together, half the load each")
     ap.add_argument("--save", type=Path, help="append every run's figures and TTFTs to this JSON-lines file")
-    ap.add_argument("--vllm-child", help=argparse.SUPPRESS)
+    ap.add_argument("--swapped", action="store_true", help="at once: autotune in the child process, vllm bench here")
+    ap.add_argument("--child", help=argparse.SUPPRESS)
     opts = ap.parse_args()
     if opts.save:
         SAVE.append(opts.save)
-    if opts.vllm_child:
-        vllm_child(opts.vllm_child)
+    if opts.child:
+        child(opts.child)
         return
     work = Path(tempfile.mkdtemp(prefix="client-bench-"))
     model, vocab = tiny_model(work / "tiny-dense")
@@ -370,7 +401,7 @@ def main() -> None:
             if "in-turn" in opts.modes:
                 tables.append(compare(url, model, vocab, SHAPES[name], opts.pairs, opts.ids))
             if "at-once" in opts.modes:
-                tables.append(together(url, model, vocab, SHAPES[name], opts.pairs))
+                tables.append(together(url, model, vocab, SHAPES[name], opts.pairs, opts.swapped))
     print("\n".join(tables))
 
 
