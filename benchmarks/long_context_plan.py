@@ -13,7 +13,8 @@ refuse for an RTX 3090 and vLLM VLLM_VERSION (about three in four of the space a
 sequences do not fit beside the weights, so a design drawn over all of it would measure a handful); and the first
 REFUSED that it refuses, booted once to record how they fail (what a search without the estimator pays for them).
 
-    python -m benchmarks.long_context_plan     # rewrites the plan (deterministic)
+    python -m benchmarks.long_context_plan --out PATH   # draws it again (with today's estimator: the committed plan
+                                                        # is frozen as drawn)
 """
 
 from __future__ import annotations
@@ -103,7 +104,7 @@ def plan() -> dict[str, object]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", type=Path, default=PLAN)
+    ap.add_argument("--out", type=Path, required=True, help="where to write it (the committed plan is frozen)")
     opts = ap.parse_args()
     opts.out.parent.mkdir(parents=True, exist_ok=True)
     doc = plan()
