@@ -66,7 +66,7 @@ def early(figs: Sequence[Figures]) -> float:
     return sum(f.trials <= EARLY for f in figs) / len(figs)
 
 
-HEAD = (f"{'method':<62}{'runs':>5}{'median':>8}{'(90%)':>12}{'mean':>7}{'never':>7}{'@' + str(EARLY):>6}"
+HEAD = (f"{'method':<68}{'runs':>5}{'median':>8}{'(90%)':>12}{'mean':>7}{'never':>7}{'@' + str(EARLY):>6}"
         f"{'minutes':>9}{'again':>6}{'infeas.':>8}{'pruned':>7}{'lost':>6}")
 LEGEND = (f"median and mean booted trials (re-measurements of the answer included; mean: a run that never got there "
           f"counted at {MAX_BOOTED}) until the run's answer was within {WITHIN:.0%} of the best; the median's 90% "
@@ -80,7 +80,7 @@ def table(results: dict[str, list[Figures]]) -> str:
     lines = [HEAD, "-" * len(HEAD)]
     for name, figs in results.items():
         lo, hi = median_interval([f.trials for f in figs])
-        lines.append(f"{name:<62}{len(figs):>5}{fmt(median(figs)):>8}{fmt(lo) + '-' + fmt(hi):>12}"
+        lines.append(f"{name:<68}{len(figs):>5}{fmt(median(figs)):>8}{fmt(lo) + '-' + fmt(hi):>12}"
                      f"{mean(figs):>7.1f}{never(figs):>7.0%}{early(figs):>6.0%}{fmt(median(figs, 'minutes')):>9}"
                      f"{median(figs, 'again'):>6.1f}{median(figs, 'infeasible_share'):>8.0%}"
                      f"{median(figs, 'pruned'):>7.1f}{sum(f.lost_best for f in figs) / len(figs):>6.0%}")
