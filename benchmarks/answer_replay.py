@@ -191,7 +191,7 @@ def best_baseline(surface: Surface) -> Point:
     return max((p for p in surface.baselines if p.feasible), key=lambda p: p.value)
 
 
-def judge(surface: Surface, outcomes: list[Outcome]) -> dict[str, object]:
+def count(surface: Surface, outcomes: list[Outcome]) -> dict[str, object]:
     """The counts the issue asks for, from the exported configurations' recorded throughputs."""
     base = best_baseline(surface)
     rows = []
@@ -274,7 +274,7 @@ def main(argv: list[str] | None = None) -> None:
     for seed in range(opts.seeds):
         outcomes.append(one_study(surface, sd, seed, judge))
         print(f"  seed {seed}: {outcomes[-1].sentence}", file=sys.stderr, flush=True)
-    counts = judge(surface, outcomes)
+    counts = count(surface, outcomes)
     text = report(surface, sd, outcomes, counts)
     print(text)
     if opts.out is not None:

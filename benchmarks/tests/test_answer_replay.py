@@ -39,7 +39,7 @@ def test_each_replayed_study_ends_with_the_paired_answer_and_exports_accordingly
 
 def test_the_counts_follow_from_the_recorded_throughputs(replayed, tmp_path: Path):
     surface, sd, outcomes = replayed
-    counts = ar.judge(surface, outcomes)
+    counts = ar.count(surface, outcomes)
     assert counts["seeds"] == 3 and 0 <= counts["good"] <= 3
     base = ar.best_baseline(surface)
     for o, row in zip(outcomes, counts["rows"], strict=True):
