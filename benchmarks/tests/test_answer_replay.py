@@ -51,3 +51,12 @@ def test_the_counts_follow_from_the_recorded_throughputs(replayed, tmp_path: Pat
     ar.write(tmp_path / "out", text, outcomes, 3)
     assert (tmp_path / "out" / "answer-replay.txt").read_text().startswith("# python -m benchmarks.answer_replay")
     assert len(json.loads((tmp_path / "out" / "outcomes.json").read_text())) == 3
+
+
+def test_the_command_prints_the_figures_and_writes_the_dataset(tmp_path: Path, capsys) -> None:
+    ar.main(["--seeds", "1", "--out", str(tmp_path / "dataset")])
+    printed = capsys.readouterr().out
+    assert "exported within 5% of the best or the best baseline: " in printed and " of 1 seeds" in printed
+    written = (tmp_path / "dataset" / "answer-replay.txt").read_text()
+    assert written.splitlines()[0].startswith("# python -m benchmarks.answer_replay --seeds 1 --out ")
+    assert printed.strip() in written
