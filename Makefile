@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.autotune-installed
-BUDGET ?= 20m
+BUDGET ?= 25m
 
 .PHONY: setup run lint test test-fast test-engine clean
 
