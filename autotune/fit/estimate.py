@@ -139,6 +139,8 @@ class Estimate:
     # for one not modelled, the line that says so.
     vllm_version: str = ""
     version_note: str = ""
+    # The vision encoder's weights counted (0: text-only, language_model_only): a text-only server frees them for KV
+    vision_bytes: int = 0
 
 
 def estimate(
@@ -186,7 +188,8 @@ def estimate(
     return _estimate_of(shape, s, terms, budget, pool, rules, memory, excess, kv_misses, optimistic,
                         boot_peak=max((peak for peak, _, _ in peaks), default=0),
                         not_modelled=(*quantization_not_modelled(quant), *s.not_modelled),
-                        version=modelled_version(vllm_version))
+                        version=modelled_version(vllm_version),
+                        vision=_vision_bytes(shape, s, quant, profile, disabled_kernels))
 
 
 @dataclass(frozen=True)
@@ -406,7 +409,8 @@ def _batch_rules(shape: ModelShape, s: Settings) -> list[str]:
 
 def _estimate_of(shape: ModelShape, s: Settings, t: _Terms, budget: _Budget, pool: _Pool, rules: list[str],
                  memory: list[str], excess: int, kv_misses: tuple[str, ...], optimistic: list[str], *,
-                 boot_peak: int, not_modelled: tuple[str, ...], version: ModelledVersion) -> Estimate:
+                 boot_peak: int, not_modelled: tuple[str, ...], version: ModelledVersion,
+                 vision: int = 0) -> Estimate:
     """The Estimate, with the pool's counts as vLLM prints them (kv_cache_utils.py) at the band's two ends."""
     lay, kv_bytes, blocks_req = pool.lay, budget.kv_bytes, pool.blocks_req
     bpb = lay.bytes_per_block
@@ -437,8 +441,19 @@ def _estimate_of(shape: ModelShape, s: Settings, t: _Terms, budget: _Budget, poo
         refused=bool(rules) or (bool(optimistic) and not not_modelled),
         kv_fits=not rules and not kv_misses,
         running_seqs=usable // per_running if per_running else 0,
-        vllm_version=version.label, version_note=_version_note(version, t.outside_measured),
+        vllm_version=version.label, version_note=_version_note(version, t.outside_measured), vision_bytes=vision,
     )
+
+
+def _vision_bytes(shape: ModelShape, s: Settings, quant: Quantization, profile: GpuProfile,
+                  disabled_kernels: Collection[str]) -> int:
+    """The vision encoder's weights the estimate counts: a vision-language checkpoint served without
+    --language-model-only loads them (an estimate of text-only boots must be told language_model_only)."""
+    if not s.vision:
+        return 0
+    kernel = kernel_bytes_per_group(profile, quant, disabled_kernels)
+    b, mtp = DTYPE_BYTES.get(shape.dtype, 2), s.mtp and shape.num_mtp_layers > 0
+    return weights_bytes(shape, quant, b, mtp, True, kernel) - weights_bytes(shape, quant, b, mtp, False, kernel)
 
 
 def _version_note(version: ModelledVersion, outside: tuple[str, ...]) -> str:

@@ -234,6 +234,7 @@ def estimates_json(rows, *, profile_name: str) -> str:
                     "max_concurrency_at_max_len": e.max_concurrency_at_max_len,
                     "not_modelled": list(e.not_modelled), "calibrated_by": v.calibrated_by,
                     "calibration": calibration_text(v), "vllm_version": e.vllm_version,
+                    "vision_encoder_bytes": e.vision_bytes,
                     "version_note": e.version_note})
     return json.dumps({"hardware": profile_name, "configurations": out}, indent=1, default=str)
 
@@ -245,6 +246,8 @@ def breakdown_rows(est: Estimate) -> list[tuple[str, str]]:
             ("CUDA graphs", g(est.cudagraph_bytes)), ("overhead", g(est.overhead_bytes)),
             ("reserved (total x utilization)", g(est.reserved_bytes)), ("KV cache", g(est.kv_cache_bytes)),
             ("KV per token", f"{est.kv_bytes_per_token / 1024:.1f} KiB")]
+    if est.vision_bytes:
+        rows.insert(1, ("of which the vision encoder", f"{g(est.vision_bytes)} (language_model_only=true frees it)"))
     if est.boot_peak_bytes:
         rows.append(("boot peak (outside the budget)", g(est.boot_peak_bytes)))
     if est.state_bytes_per_seq:

@@ -110,3 +110,25 @@ def test_a_configuration_beyond_what_the_version_measured_is_widened_and_said(mo
     expected = math.hypot(within.uncertainty_bytes, vllm_memory.OUTSIDE_MEASURED_BYTES,
                           vllm_memory.OUTSIDE_MEASURED_BYTES)
     assert abs(beyond.uncertainty_bytes - expected) <= 2
+
+
+def test_the_vision_encoder_an_estimate_counts_is_said(tmp_path: Path):
+    """The 0.9 GiB an estimate put below what text-only boots printed at 65k-131k: the Qwen3.5 checkpoint is a
+    vision-language model, and without language_model_only its encoder's 0.86 GiB of weights is counted (vLLM loads
+    it); the estimate says so, and told text-only it drops it (KV 3.24 -> 4.12 GiB here)."""
+    from autotune.fit.estimate import estimate
+    from autotune.fit.model_shape import ModelShape
+
+    shape = ModelShape.from_config(json.loads(CONFIG.read_text()))
+    flags = {"max_model_len": 65536, "max_num_seqs": 2, "max_num_batched_tokens": 2048}
+    both = estimate(shape, get_profile("rtx3090"), flags, vllm_version="0.25.0")
+    text = estimate(shape, get_profile("rtx3090"), {**flags, "language_model_only": True}, vllm_version="0.25.0")
+    assert text.vision_bytes == 0 and 0.8 * 2**30 < both.vision_bytes < 0.9 * 2**30
+    assert both.weights_bytes - text.weights_bytes == both.vision_bytes
+    assert text.kv_cache_bytes - both.kv_cache_bytes > 0.85 * 2**30
+    model = tmp_path / "awq"
+    model.mkdir()
+    shutil.copy(CONFIG, model / "config.json")
+    out = CliRunner().invoke(main, ["estimate", "--model", str(model), "--hardware", "rtx3090", "--set",
+                                    "max_model_len=65536", "--vllm-version", "0.25.0"])
+    assert out.exit_code == 0 and "of which the vision encoder" in out.stdout and "language_model_only" in out.stdout
