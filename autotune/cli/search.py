@@ -80,13 +80,8 @@ def run_command(study_file: Path, budget: str | None, n_trials: int | None, stor
           --from-storage sqlite:///studies/tiny-cpu.db
     """
     from autotune.config.objective import goodput_limits
-    from autotune.config.study_file import (
-        check_host_trust,
-        check_prompt_tokenizer,
-        check_workload_fits,
-        load_study,
-        study_models,
-    )
+    from autotune.config.study_file import check_host_trust, load_study, study_models
+    from autotune.config.workload_checks import check_prompt_tokenizer, check_workload_fits
     from autotune.engine.models import resolve_model
     from autotune.search.budget import budget_for
     from autotune.search.slots import check_slots_fit, slots_for
@@ -133,12 +128,8 @@ def worker_command(name: str, storage: str, budget: str | None, n_trials: int | 
       autotune worker --study qwen3.5-27b-rtx3090 --storage postgresql://tuner@db/autotune --budget 4h \\
           --sha256 3f1c...
     """
-    from autotune.config.study_file import (
-        check_host_trust,
-        check_prompt_tokenizer,
-        check_workload_fits,
-        study_models,
-    )
+    from autotune.config.study_file import check_host_trust, study_models
+    from autotune.config.workload_checks import check_prompt_tokenizer, check_workload_fits
     from autotune.search.budget import budget_for, check_budget_options
     from autotune.search.slots import check_slots_fit, slots_for
     from autotune.search.storage import spec_from_storage

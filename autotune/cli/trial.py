@@ -45,8 +45,8 @@ def trial_command(model: str, objective_path: Path, sets: tuple[str, ...], envs:
     import time
 
     from autotune.config.objective import load_objective
-    from autotune.config.study_file import check_prompt_tokenizer, check_workload_fits
     from autotune.config.toml import parse_duration
+    from autotune.config.workload_checks import check_prompt_tokenizer, check_workload_fits
     from autotune.engine import defaults as engine_defaults
     from autotune.engine import flag_checks
     from autotune.engine.env import check_env

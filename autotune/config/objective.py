@@ -40,7 +40,7 @@ def _length(t: TomlTable, name: str) -> LengthDist:
 
 def _check_workload(workload: Workload, wt: TomlTable) -> None:
     """What the workload's values mean together, and its dataset or request log read and checked line by line:
-    a bad line is said now, before a server boots (the token lengths against the model: check_dataset_lengths)."""
+    a bad line is said now, before a server boots (the token lengths against the model: config/workload_checks.py)."""
     if workload.shared_prefix_len < 0:
         raise wt.error("shared_prefix_len", f"must be >= 0, got {workload.shared_prefix_len}")
     if workload.seed < 0:  # numpy's generators take none (a ValueError in the first trial's requests)

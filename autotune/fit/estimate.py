@@ -31,7 +31,6 @@ from dataclasses import dataclass
 
 from autotune.engine.defaults import (
     DEFAULT_UTILIZATION,
-    align_block_within_batch,
     profiling_kv_per_sequence,
     unset_flag_value,
 )
@@ -43,6 +42,7 @@ from autotune.fit.model_shape import (
 )
 from autotune.fit.quantization import Quantization
 from autotune.fit.settings import Settings, settings
+from autotune.fit.startup_rules import batch_rules, model_rules
 from autotune.fit.vllm_memory import ACTIVATION_UNCERTAINTY, CudaTerms, cuda_terms, forward_peak, sampler_peak
 from autotune.fit.vllm_version import ModelledVersion, modelled_version
 from autotune.fit.weight_bytes import (
@@ -71,8 +71,6 @@ ACTIVATION_FUDGE = 1.3  # CPU build: allocator slack over the sum of live interm
 # e.g. Machete's; gpu-boots: 17.21 predicted, 17.21 and 17.24 GiB printed) and the CPU build's RSS terms.
 WEIGHTS_UNCERTAINTY = 0.02
 CPU_RSS_UNCERTAINTY_BYTES = 256 * MiB
-
-
 
 
 @dataclass(frozen=True)
@@ -164,7 +162,7 @@ def estimate(
     s = settings(shape, profile, config, default_gpu_memory_utilization, cpu_kvcache_bytes, prefix_default)
     quant, rules = resolve_quantization(shape, profile, str(config.get("quantization") or "").lower())
     lay = kv_layout(shape, s, profile, str(config.get("mamba_ssm_cache_dtype") or "auto"))
-    rules += _model_rules(shape, s, profile, lay, vllm_version)
+    rules += model_rules(shape, s, profile, lay, vllm_version)
     terms = _terms(shape, s, config, profile, quant, corrections, vllm_version, disabled_kernels)
     card = _Card.of(profile)
     budget = _kv_budget(s, card, terms, corrections)
@@ -184,7 +182,7 @@ def estimate(
             excess = max(excess, peak - card.usable)
         if low - terms.uncertainty > card.usable:
             optimistic.append(why)
-    rules += _batch_rules(shape, s)
+    rules += batch_rules(shape, s)
     return _estimate_of(shape, s, terms, budget, pool, rules, memory, excess, kv_misses, optimistic,
                         boot_peak=max((peak for peak, _, _ in peaks), default=0),
                         not_modelled=(*quantization_not_modelled(quant), *s.not_modelled),
@@ -373,38 +371,6 @@ def _boot_peaks(s: Settings, t: _Terms, card: _Card, bpb: int, vllm_version: str
                       f"drafter builds its own embedding and lm_head ({gib(t.drafter)} with "
                       "its buffers) beside the weights before it shares the target's"))
     return peaks
-
-
-def _model_rules(shape: ModelShape, s: Settings, profile: GpuProfile, lay: KvLayout,
-                 vllm_version: str | None) -> list[str]:
-    """What vLLM refuses of this model with these flags, whatever the memory."""
-    rules = []
-    if s.mtp and shape.num_mtp_layers == 0:
-        rules.append("speculative_config asks for MTP but the model has no MTP layers")
-    if profile.kind == "cpu" and shape.is_hybrid and shape.dtype != "bfloat16":
-        # model_executor/layers/mamba/ops/cpu/gdn_attention.py asserts it at the first request (vLLM 0.32): the
-        # server boots, then dies serving (seen with --dtype float32 on tiny:hybrid)
-        rules.append(f"vLLM's CPU build runs Gated DeltaNet layers in bfloat16 only, not {shape.dtype}")
-    if shape.is_hybrid and s.prefix:  # mamba cache mode 'align'
-        if not s.chunked:
-            rules.append("hybrid models need chunked prefill when prefix caching is on (mamba cache mode 'align')")
-        elif lay.block > s.batched and align_block_within_batch(vllm_version):
-            rules.append(f"vLLM {vllm_version} needs max_num_batched_tokens {s.batched} >= the hybrid block size "
-                         f"{lay.block} with prefix caching (mamba cache mode 'align'; 0.27 lifts it)")
-    return rules
-
-
-def _batch_rules(shape: ModelShape, s: Settings) -> list[str]:
-    """The scheduler's limits vLLM checks at startup (config/scheduler.py, config/model.py)."""
-    rules = []
-    if s.batched < s.seqs:
-        rules.append(f"max_num_batched_tokens {s.batched} must be >= max_num_seqs {s.seqs}")
-    if not s.chunked and s.batched < s.max_len:
-        rules.append(f"without chunked prefill max_num_batched_tokens {s.batched} must be >= max_model_len "
-                     f"{s.max_len}")
-    if s.max_len > shape.max_position_embeddings:
-        rules.append(f"max_model_len {s.max_len:,} exceeds the model's {shape.max_position_embeddings:,} positions")
-    return rules
 
 
 def _estimate_of(shape: ModelShape, s: Settings, t: _Terms, budget: _Budget, pool: _Pool, rules: list[str],

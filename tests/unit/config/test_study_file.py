@@ -211,7 +211,8 @@ def test_text_prompts_need_the_models_tokenizer_before_anything_boots(tmp_path: 
     import subprocess
     import sys
 
-    from autotune.config.study_file import check_prompt_tokenizer, study_models
+    from autotune.config.study_file import study_models
+    from autotune.config.workload_checks import check_prompt_tokenizer
     from autotune.engine.models import write_tiny_model
 
     objective = _write(tmp_path, "text.toml", '[workload]\ninput_len = 8\noutput_len = 4\nprompt = "text"\n'

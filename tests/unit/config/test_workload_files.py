@@ -100,7 +100,7 @@ def test_the_long_context_objective_sends_long_chat_prompts_behind_a_shared_pref
 
 
 def test_the_shipped_workload_files_load_and_fit_the_tiny_model() -> None:
-    from autotune.config.study_file import check_prompt_tokenizer
+    from autotune.config.workload_checks import check_prompt_tokenizer
     from autotune.measure.datasets import read_dataset, read_request_log
 
     data = ROOT / "tests" / "data" / "workloads"
@@ -117,7 +117,7 @@ def test_the_shipped_workload_files_load_and_fit_the_tiny_model() -> None:
 
 def test_a_hub_models_tokenizer_is_fetched_or_its_absence_said_in_one_line(tmp_path: Path) -> None:
     """No hub here (and a made-up id anywhere): the tokenizer cannot come, which is said before anything boots."""
-    from autotune.config.study_file import check_prompt_tokenizer
+    from autotune.config.workload_checks import check_prompt_tokenizer
 
     objective = tmp_path / "o.toml"
     objective.write_text('[workload]\napi = "chat"\n[limits]\nttft_p95_ms = 10\n')
