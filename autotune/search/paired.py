@@ -34,7 +34,15 @@ from autotune.measure.soak import Soak
 from autotune.measure.stats import METRICS, current_names, limit_parts
 from autotune.search import noise, remeasure
 from autotune.search.budget import RESERVE_MAX_SHARE, Budget
-from autotune.search.record import BASELINE_ATTR, QUEUED, REMEASURE_ATTR, feasible, figure_unit, view
+from autotune.search.record import (
+    BASELINE_ATTR,
+    PAIR_ATTR,
+    QUEUED,
+    REMEASURE_ATTR,
+    feasible,
+    figure_unit,
+    view,
+)
 
 CONFIDENCE = 0.90  # two-sided: the winner is "better" when the interval's low end is above 0
 
@@ -43,9 +51,6 @@ MIN_PAIRS = 2  # a t interval needs two; the first look is after the second pair
 
 
 MAX_PAIRS = 8  # beyond this the difference is too small for this machine to resolve in any sensible time
-
-
-PAIR_ATTR = "pair"  # trial user attr of a paired measurement: {"winner": n, "baseline": n, "index": i}
 
 
 COMPARISON_ATTR = "comparison"  # study user attr: the Comparison, as asdict

@@ -147,6 +147,7 @@ def config_attrs(model: str, flags: Mapping[str, object], env: Mapping[str, str]
 
 
 REMEASURE_ATTR = "remeasure_of"  # trial user attr: the number of the trial whose configuration it re-measures
+PAIR_ATTR = "pair"  # trial user attr of a paired measurement: {"winner": n, "baseline": n, "index": i}
 CAP_ATTR = "memory_cap_cuda_gib"  # trial user attr under a memory cap: the GiB CUDA has on the capped card
 
 

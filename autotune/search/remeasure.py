@@ -26,6 +26,7 @@ from autotune.search import noise, remeasure
 from autotune.search.budget import Budget
 from autotune.search.record import (
     BASELINE_ATTR,
+    PAIR_ATTR,
     REMEASURE_ATTR,
     at_level,
     feasible,
@@ -200,12 +201,22 @@ def best(trials: Sequence[FrozenTrial], keep: Callable[[FrozenTrial], bool] = la
     (the winner's curse) and are not comparable with figures of several measurements."""
     candidates = [_best_of(t, trials) for t in trials
                   if feasible(t) and keep(t) and view(t).remeasure_of is None]
+    held = paired_winner(trials)
+    paired = [b for b in candidates if b.trial.number == held]
+    if paired:  # the final pairs' boots move their winner's own figure: that must not hand the answer to another
+        return paired[0]
     again = [b for b in candidates if len(b.measurements) > 1 and b.holds]
     winner = max(again or candidates, key=lambda b: b.figure, default=None)
     if winner is None or not again:
         return winner
     higher = [b for b in candidates if len(b.measurements) == 1 and b.figure > winner.figure]
     return replace(winner, rival=max(higher, key=lambda b: b.figure, default=None))
+
+
+def paired_winner(trials: Sequence[FrozenTrial]) -> int | None:
+    """The configuration the final pairs measure (the latest pair's winner), once they have started; None before."""
+    marks = [m for t in trials if isinstance(m := t.user_attrs.get(PAIR_ATTR), dict)]
+    return int(max(marks, key=lambda m: int(m["index"]))["winner"]) if marks else None
 
 
 def ranked(trials: Sequence[FrozenTrial]) -> list[Best]:

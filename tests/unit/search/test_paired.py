@@ -8,7 +8,7 @@ import math
 import optuna
 import pytest
 
-from autotune.search import tell
+from autotune.search import remeasure, tell
 from autotune.search.budget import Budget
 from autotune.search.paired import (
     COMPARISON_ATTR,
@@ -146,6 +146,25 @@ def test_the_winner_and_the_recipe_are_booted_in_pairs_until_the_gain_is_resolve
     assert [m[REMEASURE_ATTR] for m in marks] == [1, 0, 0, 1]
     assert [m[PAIR_ATTR]["index"] for m in marks] == [0, 0, 1, 1]
     assert lab.study.user_attrs[COMPARISON_ATTR]["sentence"] == c.sentence == answer(lab.study).sentence
+
+
+def test_once_the_pairs_started_the_answer_stays_with_the_configuration_they_measure():
+    # A fresh clone's run: trial 10's three paired boots (846, 712, 563) took its median under trial 9's (727,
+    # 753), the answer moved to trial 9 and said "0 paired measurement(s)", dropping the pairs it had measured.
+    lab = Machine({"recipe": [600, 610, 590, 600, 605, 595, 600], "w": [900, 850, 560, 550, 565, 555],
+                   "v": [740, 750]})
+    lab.first("recipe", baseline=True)
+    lab.first("w")
+    lab.first("v")
+    for t in lab.study.trials[1:3]:
+        remeasure.enqueue_again(lab.study, t, {})
+        lab.run_one()
+    assert remeasure.best(lab.study.trials).trial.number == 1  # type: ignore[union-attr]
+    ran = measure_pairs(lab.study, Budget(seconds=10_000), lab.run_one)
+    c = ran.comparison
+    assert c is not None and c.winner == 1 and len(c.pairs) >= 2 and not c.proven
+    assert set(lab.booted[-2 * len(c.pairs):]) == {"w", "recipe"}  # no pair of v, whose figure is now higher
+    assert answer(lab.study) == c and remeasure.best(lab.study.trials).trial.number == 1  # type: ignore[union-attr]
 
 
 def test_pairs_stop_when_the_budget_has_no_room_for_a_whole_pair():
