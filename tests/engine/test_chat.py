@@ -22,7 +22,9 @@ def test_chat_conversations_go_to_chat_completions_through_the_models_template(t
     with launch(spec, tmp_path / "server.log") as (server, _):
         run = measure_level(server.base_url, server.model, requests, LoadLevel("concurrency", 2), chat=True)
     assert [r.error for r in run.records] == [None] * 6
-    assert all(r.output_tokens == 4 and r.ttft is not None and len(r.itl) == 3 for r in run.records)
+    # 4 tokens each, counted from the usage vLLM reports; on a loaded machine the server may send two in one chunk,
+    # so a request has at most 3 gaps between chunks, not always 3
+    assert all(r.output_tokens == 4 and r.ttft is not None and 1 <= len(r.itl) <= 3 for r in run.records)
     # The server's count: each message's words plus the template's <|im_start|> and <|im_end|> (2 per message);
     # a second turn resends the first (16 words), its answer (4) and a new message (16).
     assert [r.prompt_tokens for r in run.records] == [18, 42] * 3
