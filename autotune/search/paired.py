@@ -41,6 +41,7 @@ from autotune.search.record import (
     REMEASURE_ATTR,
     feasible,
     figure_unit,
+    pair_marks,
     view,
 )
 
@@ -208,8 +209,7 @@ def pairs_of(trials: Sequence[FrozenTrial], winner: int, baseline: int) -> list[
 
 def next_index(trials: Sequence[FrozenTrial]) -> int:
     """The index of the next pair: one past every pair recorded (finished or not)."""
-    marks = [t.user_attrs.get(PAIR_ATTR) for t in trials]
-    return 1 + max((int(m["index"]) for m in marks if isinstance(m, dict)), default=-1)
+    return 1 + max((int(m["index"]) for m in pair_marks(trials)), default=-1)
 
 
 def compare(winner: int, baseline: str, baseline_trial: int | None, pairs: Sequence[Pair],

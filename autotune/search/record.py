@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 import shlex
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING
@@ -149,6 +149,11 @@ def config_attrs(model: str, flags: Mapping[str, object], env: Mapping[str, str]
 REMEASURE_ATTR = "remeasure_of"  # trial user attr: the number of the trial whose configuration it re-measures
 PAIR_ATTR = "pair"  # trial user attr of a paired measurement: {"winner": n, "baseline": n, "index": i}
 CAP_ATTR = "memory_cap_cuda_gib"  # trial user attr under a memory cap: the GiB CUDA has on the capped card
+
+
+def pair_marks(trials: Sequence[FrozenTrial]) -> list[dict]:
+    """Every paired measurement's mark (PAIR_ATTR), finished or not, in trial order."""
+    return [m for t in trials if isinstance(m := t.user_attrs.get(PAIR_ATTR), dict)]
 
 
 def feasible(t: FrozenTrial) -> bool:

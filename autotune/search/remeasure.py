@@ -26,12 +26,12 @@ from autotune.search import noise, remeasure
 from autotune.search.budget import Budget
 from autotune.search.record import (
     BASELINE_ATTR,
-    PAIR_ATTR,
     REMEASURE_ATTR,
     at_level,
     feasible,
     figure_number,
     figure_text,
+    pair_marks,
     view,
 )
 
@@ -215,7 +215,7 @@ def best(trials: Sequence[FrozenTrial], keep: Callable[[FrozenTrial], bool] = la
 
 def paired_winner(trials: Sequence[FrozenTrial]) -> int | None:
     """The configuration the final pairs measure (the latest pair's winner), once they have started; None before."""
-    marks = [m for t in trials if isinstance(m := t.user_attrs.get(PAIR_ATTR), dict)]
+    marks = pair_marks(trials)
     return int(max(marks, key=lambda m: int(m["index"]))["winner"]) if marks else None
 
 
