@@ -78,11 +78,12 @@ case $phase in
   boots-start)
     # Ground truth for the memory estimator: benchmarks/h200/boot_matrix.py boots the plan $3 (a JSON file in the
     # tree) one configuration after another for $2 s in the background, into $GPURUN/boots. Then boots-wait calls.
+    # Further arguments go to boot_matrix.py, e.g. `--only NAME,NAME`.
     rm -rf /tmp/src && mkdir -p /tmp/src "$GPURUN/boots"
     tar cf - --exclude='./.gpu*' --exclude=./.whl --exclude=./.git . | tar xf - -C /tmp/src
     nvidia-smi --query-gpu=name,memory.total,memory.used,driver_version --format=csv,noheader
     export VLLM_LOGGING_LEVEL=DEBUG
-    launch boots python3 -m benchmarks.h200.boot_matrix "$3" "$GPURUN/boots" --seconds "$2" ;;
+    launch boots python3 -m benchmarks.h200.boot_matrix "$3" "$GPURUN/boots" --seconds "$2" "${@:4}" ;;
   boots-wait)
     # waits up to $2 s or until boots.json is rewritten (after every boot), then brings back boots.json and the logs
     wait_for "benchmarks.h200.boot_matrix" "$2" "$GPURUN/boots/boots.json"
