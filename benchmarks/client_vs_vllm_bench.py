@@ -34,6 +34,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from functools import partial
@@ -41,6 +42,7 @@ from pathlib import Path
 from typing import IO, Any
 
 import numpy as np
+from prometheus_client.parser import text_string_to_metric_families
 
 from autotune.measure.client import LoadLevel, measure_level
 from autotune.measure.stats import Limits, level_stats
@@ -109,6 +111,26 @@ def vllm_server(model: Path, log: Path) -> Iterator[str]:
         yield server.base_url
 
 
+TTFT_FAMILY = "vllm:time_to_first_token_seconds"
+
+
+def server_ttft(url: str) -> tuple[float, float]:
+    """The server's own TTFT histogram (vLLM's /metrics): its sum of seconds and its count, over its labels."""
+    with urllib.request.urlopen(url.rstrip("/") + "/metrics", timeout=30) as resp:
+        text = resp.read().decode()
+    samples = [s for family in text_string_to_metric_families(text) if family.name == TTFT_FAMILY
+               for s in family.samples]
+    return (sum(s.value for s in samples if s.name == TTFT_FAMILY + "_sum"),
+            sum(s.value for s in samples if s.name == TTFT_FAMILY + "_count"))
+
+
+def server_side(url: str, before: tuple[float, float]) -> dict[str, float]:
+    """The mean TTFT the server saw for the requests it counted since `before` (ms), and how many: one client's
+    run when the clients take turns (at once, both clients' requests)."""
+    (s0, c0), (s1, c1) = before, server_ttft(url)
+    return {"server_ttft_mean_ms": (s1 - s0) * 1000 / max(c1 - c0, 1), "server_requests": c1 - c0}
+
+
 def run_ours(url: str, model: Path, vocab: int, shape: Shape, seed: int, prompt: str = "text",
              wait: Callable[[], None] | None = None) -> Run:
     """autotune's client: one warm-up request, then the measured ones (after `wait` returns, when given)."""
@@ -121,6 +143,7 @@ def run_ours(url: str, model: Path, vocab: int, shape: Shape, seed: int, prompt:
     if wait is not None:
         wait()
     cpu_wait = time.process_time()
+    before = server_ttft(url)
     run = measure_level(url, SERVED_NAME, reqs[1:], level)
     cpu2 = time.process_time() - (cpu_wait - cpu1)  # the warm-up's CPU counts, the wait's does not
     s = level_stats(run, Limits())
@@ -128,6 +151,7 @@ def run_ours(url: str, model: Path, vocab: int, shape: Shape, seed: int, prompt:
         "output_tok_s": s.span_output_tok_s,
         "ttft_p50_ms": s.ttft.p50_ms,
         "ttft_p95_ms": s.ttft.p95_ms,
+        "ttft_mean_ms": s.ttft.mean_ms,
         "tpot_p95_ms": s.tpot.p95_ms,
         "cpu_ms_per_req": (cpu2 - cpu0) * 1000 / shape.prompts,
         "send_cpu_ms_per_req": (cpu2 - cpu1) * 1000 / shape.prompts,
@@ -135,19 +159,13 @@ def run_ours(url: str, model: Path, vocab: int, shape: Shape, seed: int, prompt:
         "input_tokens": s.input_tokens,
         "output_tokens": s.output_tokens,
         "ttfts_ms": [r.ttft * 1000 for r in run.records if r.error is None and r.ttft is not None],
+        **server_side(url, before),
     }
 
 
-def run_vllm(url: str, model: Path, shape: Shape, seed: int,
-             on_main: Callable[[], None] | None = None) -> Run:
-    """`vllm bench serve` in this process (the CPU build has no `vllm` script); `on_main` is called as its measured
-    requests begin (after its tokenizer loaded, its prompts were drawn and its single test request came back)."""
-    from vllm.benchmarks import serve
-    from vllm.utils.argparse_utils import FlexibleArgumentParser
-
-    parser = FlexibleArgumentParser()
-    serve.add_cli_args(parser)
-    args = parser.parse_args([
+def random_dataset_args(url: str, model: Path, shape: Shape, seed: int) -> list[str]:
+    """vllm bench's arguments for `shape`: its random dataset (text prompts), a closed loop of `concurrency`."""
+    return [
         "--backend", "vllm", "--base-url", url, "--model", SERVED_NAME, "--tokenizer", str(model),
         "--dataset-name", "random", "--random-input-len", str(shape.input_len),
         "--random-range-ratio", json.dumps({"input": shape.range_ratio, "output": 0.0}),
@@ -156,7 +174,20 @@ def run_vllm(url: str, model: Path, shape: Shape, seed: int,
         "--temperature", "0", "--seed", str(seed), "--disable-tqdm",
         "--percentile-metrics", "ttft,tpot,itl,e2el", "--metric-percentiles", "50,95,99",
         "--save-detailed",  # keeps every request's TTFT in the result (nothing is saved without --save-result)
-    ])  # fmt: skip
+    ]  # fmt: skip
+
+
+def run_vllm(url: str, model: Path, shape: Shape, seed: int,
+             on_main: Callable[[], None] | None = None, cli: Sequence[str] | None = None) -> Run:
+    """`vllm bench serve` in this process (the CPU build has no `vllm` script); `on_main` is called as its measured
+    requests begin (after its tokenizer loaded, its prompts were drawn and its single test request came back).
+    `cli`: its arguments (default: random_dataset_args)."""
+    from vllm.benchmarks import serve
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    parser = FlexibleArgumentParser()
+    serve.add_cli_args(parser)
+    args = parser.parse_args(list(cli) if cli is not None else random_dataset_args(url, model, shape, seed))
     # CPU spent inside the request phase alone (vLLM's `benchmark` coroutine), apart from tokenizer loading and
     # prompt generation, which the whole-run figure includes.
     original, original_schedule = serve.benchmark, serve.get_request
@@ -169,7 +200,10 @@ def run_vllm(url: str, model: Path, shape: Shape, seed: int,
         finally:
             phase.append(time.process_time() - t)
 
+    before: list[tuple[float, float]] = []
+
     def schedule(*a, **kw):  # vllm bench's arrival schedule, asked for once, as its measured requests begin
+        before.append(server_ttft(url))
         if on_main is not None:
             on_main()
         return original_schedule(*a, **kw)
@@ -182,17 +216,20 @@ def run_vllm(url: str, model: Path, shape: Shape, seed: int,
         cpu = time.process_time() - cpu0
     finally:
         serve.benchmark, serve.get_request = original, original_schedule
+    ok = [not e for e in result["errors"]]
     return {
         "output_tok_s": result["output_throughput"],
         "ttft_p50_ms": result["median_ttft_ms"],
         "ttft_p95_ms": result["p95_ttft_ms"],
+        "ttft_mean_ms": result["mean_ttft_ms"],
         "tpot_p95_ms": result["p95_tpot_ms"],
         "cpu_ms_per_req": cpu * 1000 / shape.prompts,
         "send_cpu_ms_per_req": phase[0] * 1000 / shape.prompts,
         "failed": result["failed"],
         "input_tokens": result["total_input_tokens"],
         "output_tokens": result["total_output_tokens"],
-        "ttfts_ms": [t * 1000 for t, ok in zip(result["ttfts"], [not e for e in result["errors"]], strict=True) if ok],
+        "ttfts_ms": [t * 1000 for t, good in zip(result["ttfts"], ok, strict=True) if good],
+        **server_side(url, before[0]),
     }
 
 
@@ -206,6 +243,14 @@ ROWS = [
     ("failed requests", "failed", "{:,.0f}"),
     ("input tokens", "input_tokens", "{:,.0f}"),
     ("output tokens", "output_tokens", "{:,.0f}"),
+]
+# In turn only (at once the server's count holds both clients' requests): the mean TTFT each client timed against
+# the one the server measured for the same requests. Equal ratios say the server served the clients' requests
+# differently; a ratio on the client's mean alone says the clients time differently.
+SERVER_ROWS = [
+    ("mean TTFT, client (ms)", "ttft_mean_ms", "{:,.1f}"),
+    ("mean TTFT, server's /metrics (ms)", "server_ttft_mean_ms", "{:,.1f}"),
+    ("requests the server counted", "server_requests", "{:,.0f}"),
 ]
 
 
@@ -221,11 +266,12 @@ def median_interval(values: Sequence[float], level: float = 0.95) -> tuple[float
     return (ordered[k - 1], ordered[n - k]) if k else None
 
 
-def table(ours: list[Run], theirs: list[Run], label: str = "autotune") -> str:
+def table(ours: list[Run], theirs: list[Run], label: str = "autotune",
+          rows: Sequence[tuple[str, str, str]] = ROWS) -> str:
     """Each client's median, and the median, min-max and 95% interval of the per-pair ratios (ours / theirs)."""
     lines = [f"{'median of ' + str(len(ours)) + ' pairs':<42}{label:>14}{'vllm bench':>12}{'ratio':>8}"
              f"{'ratio min-max':>16}{'95% interval':>15}"]
-    for name, key, fmt in ROWS:
+    for name, key, fmt in rows:
         a = statistics.median(r[key] for r in ours)
         b = statistics.median(r[key] for r in theirs)
         ratios = [x[key] / y[key] for x, y in zip(ours, theirs, strict=True) if y[key]]
@@ -286,7 +332,8 @@ def compare(url: str, model: Path, vocab: int, shape: Shape, pairs: int, ids: bo
             fresh = partial(run_ours, url, model, vocab, shape, seed=1000 + i, prompt="token_ids")
             one("autotune (ids)", fresh, as_ids)
     save(f"{shape.input_len}-in-turn", ours, theirs)
-    out = f"\n{describe(shape)}\n{table(ours, theirs, 'autotune text')}\n{pooled(ours, theirs, 'autotune text')}"
+    out = (f"\n{describe(shape)}\n{table(ours, theirs, 'autotune text', ROWS + SERVER_ROWS)}\n"
+           f"{pooled(ours, theirs, 'autotune text')}")
     if ids:
         out += "\n" + table(as_ids, theirs, "autotune ids")
     return out
