@@ -12,17 +12,12 @@ proposes the rest (`[sampler] start_picks` sets how many are picked), and a prop
 incumbent's level is screened out before boot (measure/queueing.py holds_too_few). The estimator judges a
 configuration in about 0.2 ms: a pick of 64 takes ~30 ms.
 
-Chosen in sample, on the surfaces it is scored on (the out-of-sample design is
-benchmarks/data/rtx3090-long-context-surface-plan), by benchmarks/search_efficiency.py before its replay was fair
-(50 seeds; median booted trials to within 5% of the best, without baselines) with that screen. On the Marlin
-surface's 45 configurations under the chat limits: no picks 28.0, 3 of 64 11.5, 10 of 64 5.5, 20 of 64 5.0 (vLLM's
-auto_tune grid 34: a fifth of it is 6.8); under a 1 s TTFT 4.0, then 2.0 for 3, 10 and 20. On the H200's 22 under
-either limit: 5.0, then 2.5 for 3, 10 and 20 (the grid 11). On the CPU surface at its 500 ms TTFT 3.0 for 3 and 10;
-at 150 ms, where what runs at once is not what wins on two cores (the best there is a noise peak): 14.5 for 3, 18.0
-for 10, 36.5 for 20 (random search 17.0). 10 is the fewest that meets a fifth of the grid on the GPU surface under
-both limits; 20 gains half a trial there and loses the CPU surface. The picks stay random among the best of 64: the
-estimator accepts a third to a half of the 3090 space, so each pick is the most of some 20-30. The start-up settings
-compared: benchmarks/data/h100-as-rtx3090-awq-marlin/README.md.
+The settings (10 picks, each the most of 64) were chosen in sample, on the surfaces they were first scored on, by
+a replay that judged the screens on the recorded neighbour rather than on the configuration sampled. What they buy,
+judged as the product judges, is in the fair replay's dataset `search-replay-h100-as-rtx3090-awq-marlin` (with and
+without the surface's points that the default's own first picks had placed there); `rtx3090-long-context-surface-plan`
+is the surface planned to test them out of sample. The picks stay random among the best of 64: the estimator accepts
+a third to a half of the 3090 space, so each pick is the most of some 20-30.
 """
 
 from __future__ import annotations
