@@ -298,7 +298,10 @@ OBJECTIVE_KEYS: dict[str, str] = {
                        "as for real clients; the shipped objectives send text). Chat always sends text.",
     "limits": "The limits a load level must meet, at least one: latencies in milliseconds, each at a percentile "
               "(p50, p90, p95 or p99) and named as `vllm bench serve` names the figure, and energy per token. The "
-              "names before these (ttft_p95_ms, tpot_p95_ms, itl_p95_ms, e2e_p95_ms) are still read, with a notice.",
+              "names before these (ttft_p95_ms, tpot_p95_ms, itl_p95_ms, e2e_p95_ms) are still read, with a notice. "
+              "Latencies are timed as `vllm bench serve` times them: replaying one request log, the two clients' "
+              "median TTFT agree within 3%, each a few ms above vLLM's own /metrics figure (dataset "
+              "`cpu-client-vs-vllm-bench`).",
     "limits.joules_per_token": "GPU energy per output token, joules (> 0): NVML's energy counter (or power) over "
                                "the level's steady window, over the output tokens in it. CUDA GPUs only: refused on "
                                "the CPU build, where energy is not measured.",
