@@ -171,3 +171,18 @@ def test_a_budget_too_short_for_the_pairs_says_so_and_by_how_much():
                            "vllm-defaults and its soak take ~"), line
     assert f"{budget.pairs_s - 300:.0f} s more than the 300 s the search leaves them" in line
     assert line.endswith(f"--budget {-(-(600 + budget.pairs_short_s()) // 60):.0f}m would hold them")
+
+
+def test_a_lone_baseline_incumbent_holds_its_confirmation_and_the_close_runner_up_after_it():
+    """A fresh clone's `make run` (25 min, 2 cores): the recipe measured 940 once and led; trial 11 measured 913
+    once. The reserve held one re-measurement and the pairs; confirming the recipe (853) took the re-measurement's
+    share, trial 11's re-measurement and the pairs no longer fitted, and the time left went back to the search: the
+    run ended with "it measured best itself", no pair. Held for both re-measurements, trial 11 is measured again,
+    wins on its median and meets the recipe in pairs."""
+    configs = {"vllm-defaults": ([898], 64.0), "recipe": ([940, 853, 850, 860], 55.0),
+               "x": ([913, 905, 915, 910], 62.0), "y": ([870], 62.0)}
+    lab = Machine(configs, ("vllm-defaults", "recipe"), ["x", "y"])
+    lab.lengths["slow"] = 62.0  # the search's later proposals: booted, measured low
+    budget, said = lab.run(1500.0)
+    assert said is not None and said.winner != said.baseline_trial, said
+    assert len(said.pairs) >= MIN_PAIRS, said.sentence
