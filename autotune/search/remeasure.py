@@ -98,12 +98,8 @@ def due_next(trials: Sequence[FrozenTrial], top: int = DEFAULT_TOP) -> list[Froz
     incumbent = best(trials)
     if t is None or incumbent is None or t.number != incumbent.trial.number:
         return [] if t is None else [t]
-    widen = noise.band(spread(trials))
-    low = band(incumbent, widen)[0]
-    close = (b.trial for b in ranked(trials)[:top]
-             if b.trial.number != t.number and b.holds and band(b, widen)[1] >= low)
-    runner_up = next(close, None)
-    return [t] if runner_up is None else [t, runner_up]
+    close = in_reach(trials, incumbent, top)
+    return [t, close[0].trial] if close else [t]
 
 
 def remeasured(trials: Sequence[FrozenTrial]) -> dict[int, list[float]]:
@@ -260,6 +256,15 @@ def band(b: Best, widen: float = noise.DEFAULT_BAND) -> tuple[float, float]:
     return min(b.passing) * (1 - widen), max(b.passing) * (1 + widen)
 
 
+def in_reach(trials: Sequence[FrozenTrial], incumbent: Best, top: int = DEFAULT_TOP) -> list[Best]:
+    """The runners-up among the `top` best, best first, that can still change the answer: the top of each one's
+    band reaches the bottom of the incumbent's (bands widened by noise.band)."""
+    widen = noise.band(spread(trials))
+    low = band(incumbent, widen)[0]
+    return [b for b in ranked(trials)[:top]
+            if b.trial.number != incumbent.trial.number and b.holds and band(b, widen)[1] >= low]
+
+
 def next_to_remeasure(trials: Sequence[FrozenTrial], top: int = DEFAULT_TOP) -> FrozenTrial | None:
     """The original trial whose configuration to boot again, or None when no measurement can change the answer.
 
@@ -276,10 +281,7 @@ def next_to_remeasure(trials: Sequence[FrozenTrial], top: int = DEFAULT_TOP) -> 
     again = Counter(view(t).remeasure_of for t in trials if t.state.is_finished())  # pruned and refused ones too
     if again[incumbent.trial.number] == 0:
         return incumbent.trial
-    widen = noise.band(spread(trials))
-    low = band(incumbent, widen)[0]
-    close = [b for b in ranked(trials)[:top]
-             if b.trial.number != incumbent.trial.number and b.holds and band(b, widen)[1] >= low]
+    close = in_reach(trials, incumbent, top)
     open_ = [b for b in [incumbent, *close] if again[b.trial.number] < MAX_ROUNDS] if close else []
     pick = min(open_, key=lambda b: len(b.measurements), default=None)
     return pick.trial if pick is not None else None
