@@ -41,7 +41,6 @@ from benchmarks.client_vs_vllm_bench import (
     SHAPES,
     Run,
     Shape,
-    median_interval,
     pooled,
     server_side,
     server_ttft,
@@ -125,20 +124,12 @@ ROWS = [
 
 
 def table(ours: list[Run], theirs: list[Run]) -> str:
-    """Each client's median over the pairs, and the median, min-max and 95% interval of the per-pair ratios."""
-    lines = [f"{'median of ' + str(len(ours)) + ' pairs':<36}{'autotune':>10}{'vllm bench':>12}{'ratio':>8}"
-             f"{'ratio min-max':>16}{'95% interval':>15}"]
-    for name, key, fmt in ROWS:
-        a, b = (float(np.median([r[key] for r in runs])) for runs in (ours, theirs))
-        ratios = [x[key] / y[key] for x, y in zip(ours, theirs, strict=True) if y[key]]
-        interval = median_interval(ratios)
-        lines.append(f"{name:<36}{fmt.format(a):>10}{fmt.format(b):>12}{np.median(ratios):>8.3f}"
-                     f"{f'{min(ratios):.3f}-{max(ratios):.3f}':>16}"
-                     f"{f'{interval[0]:.3f}-{interval[1]:.3f}' if interval else '-':>15}")
+    """The per-pair table (client_vs_vllm_bench.table, ratios to three decimals: the clients differ by a few
+    percent), and how far each client's mean TTFT sits above the server's own."""
     gap = [[r["ttft_mean_ms"] - r["server_ttft_mean_ms"] for r in runs] for runs in (ours, theirs)]
-    lines.append(f"{'client - server mean TTFT (ms)':<36}{np.median(gap[0]):>10.1f}{np.median(gap[1]):>12.1f}"
-                 f"   (each client's median over its runs)")
-    return "\n".join(lines)
+    return (f"{client_vs_vllm_bench.table(ours, theirs, 'autotune', ROWS, digits=3)}\n"
+            f"{'client - server mean TTFT (ms)':<42}{np.median(gap[0]):>14.1f}{np.median(gap[1]):>12.1f}"
+            f"   (each client's median over its runs)")
 
 
 def compare(url: str, model: Path, vocab: int, shape: Shape, rate: float, pairs: int, folder: Path,

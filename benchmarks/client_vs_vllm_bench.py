@@ -267,18 +267,19 @@ def median_interval(values: Sequence[float], level: float = 0.95) -> tuple[float
 
 
 def table(ours: list[Run], theirs: list[Run], label: str = "autotune",
-          rows: Sequence[tuple[str, str, str]] = ROWS) -> str:
-    """Each client's median, and the median, min-max and 95% interval of the per-pair ratios (ours / theirs)."""
+          rows: Sequence[tuple[str, str, str]] = ROWS, digits: int = 2) -> str:
+    """Each client's median, and the median, min-max and 95% interval of the per-pair ratios (ours / theirs), the
+    ratios to `digits` decimals."""
     lines = [f"{'median of ' + str(len(ours)) + ' pairs':<42}{label:>14}{'vllm bench':>12}{'ratio':>8}"
              f"{'ratio min-max':>16}{'95% interval':>15}"]
     for name, key, fmt in rows:
         a = statistics.median(r[key] for r in ours)
         b = statistics.median(r[key] for r in theirs)
         ratios = [x[key] / y[key] for x, y in zip(ours, theirs, strict=True) if y[key]]
-        spread = f"{min(ratios):.2f}-{max(ratios):.2f}" if ratios else "-"
-        ratio = f"{statistics.median(ratios):.2f}" if ratios else "-"
+        spread = f"{min(ratios):.{digits}f}-{max(ratios):.{digits}f}" if ratios else "-"
+        ratio = f"{statistics.median(ratios):.{digits}f}" if ratios else "-"
         interval = median_interval(ratios)
-        within = f"{interval[0]:.2f}-{interval[1]:.2f}" if interval else "-"
+        within = f"{interval[0]:.{digits}f}-{interval[1]:.{digits}f}" if interval else "-"
         lines.append(f"{name:<42}{fmt.format(a):>14}{fmt.format(b):>12}{ratio:>8}{spread:>16}{within:>15}")
     return "\n".join(lines)
 
