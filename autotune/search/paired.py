@@ -280,7 +280,8 @@ def pair_length_s(trials: Sequence[FrozenTrial]) -> float | None:
     """What one pair takes on this machine: a warm boot and measurement of each side (pair_sides), as
     remeasure.length_s sizes it. None without a baseline that met the limits, or a recorded length."""
     sides = pair_sides(trials)
-    lengths = [remeasure.length_s(t) for t in sides] if sides is not None else [None]
+    warm_s = remeasure.warm_boot_s(trials)
+    lengths = [remeasure.length_s(t, warm_s) for t in sides] if sides is not None else [None]
     return None if None in lengths else sum(x for x in lengths if x is not None)
 
 
@@ -353,7 +354,8 @@ def measure_pairs(study: optuna.Study, budget: Budget, run_one: Callable[[], obj
             break
         by_number = {t.number: t for t in trials}
         a, b = by_number[now.winner], by_number[now.baseline_trial]
-        la, lb = remeasure.length_s(a), remeasure.length_s(b)
+        warm_s = remeasure.warm_boot_s(trials)
+        la, lb = remeasure.length_s(a, warm_s), remeasure.length_s(b, warm_s)
         needed = la + lb if la is not None and lb is not None else None
         fits, why = remeasure.claim(budget, needed, f"one more pair of trial {a.number} and the {now.baseline}")
         if not fits:

@@ -76,17 +76,33 @@ def _release(budget: Budget, r: Reserve) -> None:
         budget.trials += r.trials
 
 
-def length_s(t: FrozenTrial) -> float | None:
+def length_s(t: FrozenTrial, warm_s: float | None = None) -> float | None:
     """What booting `t`'s configuration again takes, with LENGTH_MARGIN to spare: its own trial's length less a
-    cold boot that was thrown away before it booted warm (a re-measurement boots warm). None when not recorded."""
+    cold boot that was thrown away before it booted warm, and with a boot that compiled cold counted as a warm
+    boot of this machine (`warm_s`, warm_boot_s) where one was seen: a re-measurement boots warm. None when not
+    recorded."""
     v = view(t)
-    return LENGTH_MARGIN * (v.duration_s - (v.cold_boot_s or 0.0)) if v.duration_s is not None else None
+    if v.duration_s is None:
+        return None
+    measured = v.duration_s - (v.cold_boot_s or 0.0)
+    boot = t.user_attrs.get("boot_s")
+    if warm_s is not None and isinstance(boot, int | float) and t.user_attrs.get("compile_cache") == "cold":
+        measured -= boot - min(float(boot), warm_s)
+    return LENGTH_MARGIN * measured
+
+
+def warm_boot_s(trials: Sequence[FrozenTrial]) -> float | None:
+    """The median boot of this study's warm-compiled boots (on the H200 as a 3090: 100 s, where a compile key's
+    first boot took 129-254 s), None before one was seen."""
+    seen = [float(t.user_attrs["boot_s"]) for t in trials
+            if t.user_attrs.get("compile_cache") == "warm" and isinstance(t.user_attrs.get("boot_s"), int | float)]
+    return statistics.median(seen) if seen else None
 
 
 def hold(budget: Budget, trials: Sequence[FrozenTrial], top: int = DEFAULT_TOP) -> None:
     """Size the time the search leaves for re-measuring (Budget.held) on the re-measurements due next
     (due_next): the search calls it after each trial, as the incumbent changes."""
-    budget.remeasure_s = sum(length_s(t) or 0.0 for t in due_next(trials, top))
+    budget.remeasure_s = sum(length_s(t, warm_boot_s(trials)) or 0.0 for t in due_next(trials, top))
 
 
 def due_next(trials: Sequence[FrozenTrial], top: int = DEFAULT_TOP) -> list[FrozenTrial]:
@@ -346,10 +362,11 @@ def remeasure_top(study: optuna.Study, budget: Budget, reserved: Reserve, run_on
     booted = 0
     why = ""
     while stop is None or not stop.is_set():
-        t = next_to_remeasure(study.get_trials(deepcopy=False), reserved.top)
+        trials = study.get_trials(deepcopy=False)
+        t = next_to_remeasure(trials, reserved.top)
         if t is None:
             break
-        length = length_s(t)
+        length = length_s(t, warm_boot_s(trials))
         fits, why = claim(budget, None if length is None else length + pairs_s,
                           f"one re-measurement of trial {t.number}" + (" and the final pairs" if pairs_s else ""),
                           " with a quarter to spare")

@@ -247,24 +247,37 @@ def study() -> None:
 CHAT = DATA / "chat-as-3090.toml"
 
 
-def chat(seconds: float) -> None:
-    """One call's share of the chat study: `autotune run` until `seconds` are spent, then status and export. The
-    study lives in WORK/chat.db (carry it back in from an earlier session as CHAT_DB to resume it there)."""
+def chat(seconds: float, until_s: float | None = None) -> None:
+    """`autotune run` of the chat study until `seconds` are spent, then (`until_s`: seconds from now) `autotune
+    compare` with what is left of them, then status and export. The study lives in WORK/chat.db (carry it back in
+    from an earlier session as CHAT_DB to resume it there). CHAT_FROM names an earlier chat study's database in
+    the tree (e.g. benchmarks/data/h200-as-rtx3090-chat-kv-blocks-given/chat.db): its best configurations are
+    queued after the baselines (`--from-study`)."""
     db = WORK / "chat.db"
     if not db.exists() and os.environ.get("CHAT_DB"):
         db.write_bytes(Path(os.environ["CHAT_DB"]).read_bytes())
     url = f"sqlite:///{db}"
     t0 = time.time()
-    run = subprocess.run([PY, "-m", "autotune.cli", "run", str(study_file(CHAT)), "--budget", f"{int(seconds)}s",
-                          "--gpus", "0", "--storage", url], capture_output=True, text=True, cwd=ROOT,
-                         timeout=seconds + 420)
-    steps = {"run": {"rc": run.returncode, "stdout": run.stdout[-8000:], "stderr": run.stderr[-4000:]}}
+    study = study_file(CHAT)
+    source = os.environ.get("CHAT_FROM")
+    warm = ["--from-study", "h200-as-3090-chat", "--from-storage", f"sqlite:///{(ROOT / source).resolve()}"]
+    warm = warm if source else []
+    steps = {"run": autotune(["run", str(study), "--budget", f"{int(seconds)}s", "--gpus", "0", "--storage", url,
+                              *warm], seconds + 420)}
+    left = (until_s or 0) - (time.time() - t0) - 60  # a minute for status and export
+    if left > 0:
+        steps["compare"] = autotune(["compare", str(study), "--budget", f"{int(left)}s", "--storage", url], left + 420)
     for name, args in (("status", ["status"]), ("export", ["export", "--format", "flags"])):
-        out = subprocess.run([PY, "-m", "autotune.cli", *args, "--study", "h200-as-3090-chat", "--storage", url],
-                             capture_output=True, text=True, cwd=ROOT, timeout=60)
-        steps[name] = {"rc": out.returncode, "stdout": out.stdout[-6000:], "stderr": out.stderr[-2000:]}
+        steps[name] = autotune([*args, "--study", "h200-as-3090-chat", "--storage", url], 60)
     record(f"chat:{t0:.0f}", {"t0": t0, "t1": time.time(), "steps": steps})
-    print(run.stdout[-4000:], run.stderr[-2000:], steps["status"]["stdout"][-3000:], steps["export"]["stdout"])
+    for name, step in steps.items():
+        print(f"== {name} (rc {step['rc']})", step["stdout"][-4000:], step["stderr"][-1500:], sep="\n")
+
+
+def autotune(args: list[str], timeout_s: float) -> dict[str, object]:
+    """One autotune command, its exit status and the tails of what it printed."""
+    out = subprocess.run([PY, "-m", "autotune.cli", *args], capture_output=True, text=True, cwd=ROOT, timeout=timeout_s)
+    return {"rc": out.returncode, "stdout": out.stdout[-8000:], "stderr": out.stderr[-4000:]}
 
 
 def main() -> None:
@@ -289,7 +302,7 @@ def main() -> None:
         elif phase == "study":
             study()
         elif phase == "chat":
-            chat(float(sys.argv[2]) if len(sys.argv) > 2 else 300.0)
+            chat(float(sys.argv[2]) if len(sys.argv) > 2 else 300.0, float(sys.argv[3]) if len(sys.argv) > 3 else None)
         else:
             raise SystemExit(f"unknown phase {phase!r}")
     finally:

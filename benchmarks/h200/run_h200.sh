@@ -110,9 +110,10 @@ case $phase in
     tar czf "$OUT/chat.tgz" -C "$GPURUN" --exclude chat.db . ;;
   chat-start)
     # One study across calls (better than `chat` once per call): installs (the last wheel folder $3 and .whl),
-    # then starts `autotune run --budget $2` in the background. Follow it with `chat-wait` calls, back to back.
+    # then starts `autotune run --budget $2` in the background; given $4, `autotune compare` follows with what is
+    # left of $4 s from the start, less a minute. Follow it with `chat-wait` calls, back to back.
     install "$3"
-    launch chat python3 -m benchmarks.h200.run_h200 chat "$2" ;;
+    launch chat python3 -m benchmarks.h200.run_h200 chat "$2" ${4:+"$4"} ;;
   chat-wait)
     # Waits up to $2 s for the run chat-start began, then brings back chat.db, its output and the server logs.
     wait_for "benchmarks.h200.run_h200 chat" "$2"

@@ -29,6 +29,7 @@ from autotune.search.remeasure import (
     score,
     search_and_remeasure,
     spread,
+    warm_boot_s,
 )
 
 
@@ -395,6 +396,24 @@ def test_a_re_measurement_boots_warm_and_is_sized_without_the_cold_boot_thrown_a
     assert budget.held() == pytest.approx(317.0)
     ran = remeasure_top(lab.study, budget, r, lab.run_one)
     assert ran.done == (1,) and ran.booted == 1 and ran.stopped_because == ""
+
+
+def booted(number: int, duration_s: float, boot_s: float, cache: str) -> optuna.trial.FrozenTrial:
+    return optuna.trial.create_trial(value=600.0, params={}, distributions={}, user_attrs={
+        "duration_s": duration_s, "boot_s": boot_s, "compile_cache": cache, "status": "ok"})
+
+
+def test_a_boot_that_compiled_cold_is_sized_as_this_machines_warm_boot():
+    """On the H200 as a 3090 the recipe's trial took 379 s, 254 s of it booting its compile key cold; the warm
+    boot of another key took 100 s. Booting the recipe again costs its 125 s measurement and a warm boot, not 379 s."""
+    recipe, warm = booted(0, 378.6, 253.7, "cold"), booted(1, 264.9, 100.5, "warm")
+    quick = booted(2, 150.0, 80.0, "cold")
+    assert warm_boot_s([recipe, quick]) is None  # none seen warm yet: a trial counts its own boot
+    assert length_s(recipe, warm_boot_s([recipe, quick])) == pytest.approx(378.6 * 1.25)
+    assert warm_boot_s([recipe, warm, quick]) == pytest.approx(100.5)
+    assert length_s(recipe, 100.5) == pytest.approx((378.6 - 253.7 + 100.5) * 1.25)
+    assert length_s(warm, 100.5) == pytest.approx(264.9 * 1.25)  # booted warm already
+    assert length_s(quick, 100.5) == pytest.approx(150.0 * 1.25)  # a cold boot quicker than warm is not lengthened
 
 
 def test_with_326_s_left_the_run_re_measures_then_stops_only_when_nothing_fits():
