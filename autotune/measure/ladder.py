@@ -7,8 +7,8 @@ smaller of max_num_seqs and the predicted KV tokens / tokens per request), else 
 [start, max]. From there levels go up by `factor` while they pass, or down by `factor` while they fail, and the
 gap between the last pass and the first fail is bisected. `start` is the lowest level ever measured.
 
-Screening (multi-fidelity): with `Prior.screen`, the first level is the incumbent's best level and a failure
-there ends the search (`SlaResult.screened_out`): a configuration that cannot sustain the incumbent's load
+Screening (multi-fidelity): with `Prior.screen`, the first level is the incumbent's best level (less this machine's
+measured noise, `Prior.noise`, once it is known) and a failure there ends the search (`SlaResult.screened_out`): a configuration that cannot sustain the incumbent's load
 costs one boot and one short level. This takes the incumbent's level as the bar, as the issue asks; it can
 screen out a configuration whose fewer, faster requests would beat the incumbent's throughput at a lower level.
 
@@ -77,7 +77,7 @@ class Prior:
     incumbent: float | None = None  # the best level of the study's best configuration so far
     similar: tuple[float, ...] = ()  # best levels of the most similar configurations measured
     cap: float | None = None  # the most the configuration holds at once (max_num_seqs, KV tokens / request)
-    screen: bool = False  # measure at `incumbent` first and stop there if it fails
+    screen: bool = False  # measure at `incumbent` (less `noise`) first and stop there if it fails
     noise: float = 0.0  # the spread of one measurement on this machine, once measured well enough (search/noise.py)
     # Measure the first level exactly: a re-measurement's first level, its original's best, is most often the
     # answer, which is measured exactly anyway; judged sequentially first, it would be measured twice.
@@ -100,7 +100,9 @@ def first_level(search: LoadSearch, prior: Prior) -> float:
     """Where the search starts (see the module docstring), within [start, max]."""
     top = search.max if prior.cap is None else max(search.start, min(search.max, prior.cap))
     if prior.screen and prior.incumbent is not None:
-        guess = prior.incumbent
+        # the incumbent's load less what one measurement's noise moves it: a configuration within the noise of
+        # the incumbent is measured, not screened out by a noisy level
+        guess = prior.incumbent * (1.0 - prior.noise)
     elif prior.similar:
         guess = statistics.median(prior.similar)
     elif prior.incumbent is not None:

@@ -58,6 +58,17 @@ def test_similar_configurations_set_the_start_when_not_screening():
     assert first_level(LoadSearch(max=64), Prior(incumbent=32, similar=(6, 8, 12), screen=True)) == 32
 
 
+def test_screening_allows_for_this_machines_measured_noise():
+    """With one measurement spreading by ±10% here, a configuration that holds 18 of the incumbent's 20 is within
+    the noise of it: it is screened at 18 and searched on, not screened out at 20."""
+    assert first_level(LoadSearch(max=64), Prior(incumbent=20, screen=True)) == 20
+    assert first_level(LoadSearch(max=64), Prior(incumbent=20, screen=True, noise=0.1)) == 18
+    r = run(LoadSearch(start=1, max=64), lambda x: x <= 18, Prior(incumbent=20, screen=True, noise=0.1))
+    assert not r.screened_out and r.best_level == 18
+    r = run(LoadSearch(start=1, max=64), lambda x: x <= 18, Prior(incumbent=20, screen=True))
+    assert r.screened_out
+
+
 def test_screening_ends_after_one_level_when_the_incumbents_level_fails():
     seen: list = []
     r = run(LoadSearch(start=1, max=64), lambda x: x <= 10, Prior(incumbent=16, screen=True), seen)
