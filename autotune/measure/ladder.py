@@ -8,9 +8,10 @@ smaller of max_num_seqs and the predicted KV tokens / tokens per request), else 
 gap between the last pass and the first fail is bisected. `start` is the lowest level ever measured.
 
 Screening (multi-fidelity): with `Prior.screen`, the first level is the incumbent's best level (less this machine's
-measured noise, `Prior.noise`, once it is known) and a failure there ends the search (`SlaResult.screened_out`): a configuration that cannot sustain the incumbent's load
-costs one boot and one short level. This takes the incumbent's level as the bar, as the issue asks; it can
-screen out a configuration whose fewer, faster requests would beat the incumbent's throughput at a lower level.
+measured noise, `Prior.noise`, once it is known) and a failure there ends the search (`SlaResult.screened_out`): a
+configuration that cannot sustain the incumbent's load costs one boot and one short level. The incumbent's level is
+the bar; it can screen out a configuration whose fewer, faster requests would beat the incumbent's throughput at a
+lower level.
 
 How long a level runs: measure/stop_rule.py (a sequential verdict, and the exact rule for the answer).
 

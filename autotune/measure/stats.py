@@ -397,3 +397,17 @@ def current_names(figures: Mapping[str, Any]) -> tuple[dict[str, Any], list[str]
 def read_limits(recorded: Mapping[str, float]) -> Limits:
     """Limits from a mapping recorded under either name (a dataset's provenance, a stored study's attribute)."""
     return Limits(**current_names(recorded)[0])
+
+
+def limits_text(limits: Mapping[str, float]) -> str:
+    """{"p95_ttft_ms": 2000, "p95_tpot_ms": 100} -> "p95 TTFT 2 s and TPOT 100 ms" (old names read too)."""
+    parts = []
+    for key, value in current_names(limits)[0].items():
+        q, metric = limit_parts(key)
+        amount = f"{value / 1000:g} s" if value >= 1000 else f"{value:g} ms"
+        parts.append((f"p{q}", f"{METRICS[metric]} {amount}"))
+    if not parts:
+        return "no limits"
+    pct = parts[0][0] if len({p for p, _ in parts}) == 1 else ""
+    words = [text if pct else f"{p} {text}" for p, text in parts]
+    return (f"{pct} " if pct else "") + " and ".join(words)

@@ -4,14 +4,20 @@ The winner (remeasure.best) and the best baseline are booted again on fresh boot
 of the machine (heat, a neighbour's load) hits both: pair 0 boots the winner then the baseline, pair 1 the
 baseline then the winner, and so on (A B B A: a steady drift cancels over two pairs, where A B A B would always
 favour the one booted first). Each pair gives the log of the ratio of their throughputs; the mean of those logs
-and its 90% t interval, turned back into percentages, say how much better the winner is and how sure that is.
+and its t interval (90% over all the looks: below), turned back into percentages, say how much better the winner
+is and how sure that is.
 
 Why a t interval on paired log-ratios, not a bootstrap: a pair shares the machine's state, so its ratio carries
 much less of the drift than two unpaired figures; throughput noise is multiplicative, so logs make it additive
 and symmetric; and there are only 2-8 pairs, where a bootstrap's percentile interval is too narrow (it never
 reaches past the sample's own extremes, and 3 pairs have 10 distinct resamples) while the t interval is exact
-for normal log-ratios and honestly wide for few of them. The stopping rule looks after each pair, which makes
-a 90% interval somewhat optimistic; MIN_PAIRS before the first look and MAX_PAIRS at most bound that.
+for normal log-ratios and honestly wide for few of them.
+
+Each look's interval is a 96.8% one (LOOK_CONFIDENCE) where the answer says 90%: the rule looks after every pair
+from the third to the eighth and stops at the first interval that excludes no difference, which at 90% a look
+"resolved" a winner no better than its baseline in 26% of simulated runs. At 96.8% the six intervals hold the true
+gain together 90% of the time (repeated confidence intervals), whichever look the pairs stopped at
+(benchmarks/pair_looks.py; docs/answer.md).
 
 The outcome is one record in the study (COMPARISON_ATTR) with its sentence: every output (the run's summary,
 `status`, the report, `export`, `autotune compare`) prints that sentence and nothing of its own.
@@ -31,7 +37,7 @@ from optuna.trial import FrozenTrial, TrialState
 from scipy import stats
 
 from autotune.measure.soak import Soak
-from autotune.measure.stats import METRICS, current_names, limit_parts
+from autotune.measure.stats import limits_text
 from autotune.search import noise, remeasure
 from autotune.search.budget import RESERVE_MAX_SHARE, Budget
 from autotune.search.record import (
@@ -45,10 +51,13 @@ from autotune.search.record import (
     view,
 )
 
-CONFIDENCE = 0.90  # two-sided: the winner is "better" when the interval's low end is above 0
+CONFIDENCE = 0.90  # two-sided, over all the looks together: what the answer's interval is
 
 
-MIN_PAIRS = 2  # a t interval needs two; the first look is after the second pair
+LOOK_CONFIDENCE = 0.968  # each look's t interval: over the looks MIN_PAIRS..MAX_PAIRS together, CONFIDENCE
+
+
+MIN_PAIRS = 3  # the first look (a t interval needs two pairs; at two, LOOK_CONFIDENCE's is too wide to resolve)
 
 
 MAX_PAIRS = 8  # beyond this the difference is too small for this machine to resolve in any sensible time
@@ -80,9 +89,9 @@ class Interval:
         return self.low > 0 or self.high < 0
 
 
-def gain_interval(pairs: Sequence[Pair], confidence: float = CONFIDENCE) -> Interval | None:
-    """The t interval of the mean paired log-ratio (winner over baseline), as gains; None with fewer than two
-    pairs in which both met the limits."""
+def gain_interval(pairs: Sequence[Pair], confidence: float = LOOK_CONFIDENCE) -> Interval | None:
+    """The t interval of the mean paired log-ratio (winner over baseline), as gains, at each look's confidence
+    (the answer's CONFIDENCE over all the looks); None with fewer than two pairs in which both met the limits."""
     logs = [math.log(p.winner_tok_s / p.baseline_tok_s) for p in pairs
             if p.winner_tok_s and p.baseline_tok_s]
     if len(logs) < 2:
@@ -143,20 +152,6 @@ def with_soak(c: Comparison, soak: Soak | None, why_not: str = "") -> Comparison
 def soak_due(c: Comparison | None) -> bool:
     """Whether the answer waits on a soak: a winner proven against a baseline, not soaked yet."""
     return c is not None and c.proven and bool(c.baseline) and c.soak is None
-
-
-def limits_text(limits: Mapping[str, float]) -> str:
-    """{"p95_ttft_ms": 2000, "p95_tpot_ms": 100} -> "p95 TTFT 2 s and TPOT 100 ms" (old names read too)."""
-    parts = []
-    for key, value in current_names(limits)[0].items():
-        q, metric = limit_parts(key)
-        amount = f"{value / 1000:g} s" if value >= 1000 else f"{value:g} ms"
-        parts.append((f"p{q}", f"{METRICS[metric]} {amount}"))
-    if not parts:
-        return "no limits"
-    pct = parts[0][0] if len({p for p, _ in parts}) == 1 else ""
-    words = [text if pct else f"{p} {text}" for p, text in parts]
-    return (f"{pct} " if pct else "") + " and ".join(words)
 
 
 def _pct(x: float) -> str:

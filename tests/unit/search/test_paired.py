@@ -8,6 +8,7 @@ import math
 import optuna
 import pytest
 
+from autotune.measure.stats import limits_text
 from autotune.search import remeasure, tell
 from autotune.search.budget import Budget
 from autotune.search.paired import (
@@ -20,7 +21,6 @@ from autotune.search.paired import (
     answer,
     compare,
     gain_interval,
-    limits_text,
     measure_pairs,
     needs_another_pair,
     noise_lines,
@@ -37,17 +37,20 @@ def ratios(*logs: float, base: float = 100.0) -> list[Pair]:
 
 
 def test_the_interval_is_the_t_interval_of_the_mean_paired_log_ratio():
-    # logs 0.10, 0.12, 0.08: mean 0.10, sd 0.02; t(0.95, 2 df) = 2.919986 from the table; half 0.0337166
+    # logs 0.10, 0.12, 0.08: mean 0.10, sd 0.02; each look is a 96.8% interval: t(0.984, 2 df) = 5.455101 from
+    # the table; half 0.0629901
     got = gain_interval(ratios(0.10, 0.12, 0.08))
     assert got is not None
     assert got.mid == pytest.approx(math.expm1(0.10))
-    assert got.low == pytest.approx(math.expm1(0.10 - 2.919986 * 0.02 / math.sqrt(3)), abs=1e-6)
-    assert got.high == pytest.approx(math.expm1(0.10 + 2.919986 * 0.02 / math.sqrt(3)), abs=1e-6)
+    assert got.low == pytest.approx(math.expm1(0.10 - 5.455101 * 0.02 / math.sqrt(3)), abs=1e-6)
+    assert got.high == pytest.approx(math.expm1(0.10 + 5.455101 * 0.02 / math.sqrt(3)), abs=1e-6)
     assert got.resolved
+    ninety = gain_interval(ratios(0.10, 0.12, 0.08), confidence=0.90)  # t(0.95, 2 df) = 2.919986
+    assert ninety is not None and ninety.low == pytest.approx(math.expm1(0.10 - 2.919986 * 0.02 / math.sqrt(3)))
 
 
 def test_two_pairs_that_disagree_leave_the_difference_unresolved():
-    got = gain_interval(ratios(0.10, -0.02))  # t(0.95, 1 df) = 6.31: -34%..+47%
+    got = gain_interval(ratios(0.10, -0.02))  # t(0.984, 1 df) = 19.88: far beyond -34%..+47% at 90%
     assert got is not None and got.low < 0 < got.high and not got.resolved
     assert gain_interval(ratios(0.10)) is None  # one pair says nothing of its own spread
 
@@ -70,7 +73,7 @@ def test_the_stopping_rule():
 def test_the_sentence_of_a_proven_winner():
     c = compare(12, "recipe", 1, ratios(0.12, 0.14, 0.13), LIMITS)
     assert c.proven
-    assert c.sentence == ("trial 12: +14% output tok/s over the recipe (90% interval +12% to +16%) "
+    assert c.sentence == ("trial 12: +14% output tok/s over the recipe (90% interval +10% to +18%) "
                           "within p95 TTFT 2 s and TPOT 100 ms")
 
 
@@ -138,13 +141,15 @@ def test_the_winner_and_the_recipe_are_booted_in_pairs_until_the_gain_is_resolve
     lab.first("w")
     lab.booted.clear()
     ran = measure_pairs(lab.study, Budget(seconds=10_000), lab.run_one)
-    assert lab.booted == ["w", "recipe", "recipe", "w"]  # A B, then B A: a drift hits both alike
+    # A B, then B A, then A B: a drift hits both alike. The first look, after the third pair (+12%, +9%, +14%),
+    # resolves it.
+    assert lab.booted == ["w", "recipe", "recipe", "w", "w", "recipe"]
     c = ran.comparison
-    assert c is not None and c.proven and c.winner == 1 and c.baseline_trial == 0 and len(c.pairs) == 2
-    assert c.sentence.startswith("trial 1: +10% output tok/s over the recipe (90% interval ")
+    assert c is not None and c.proven and c.winner == 1 and c.baseline_trial == 0 and len(c.pairs) == 3
+    assert c.sentence.startswith("trial 1: +12% output tok/s over the recipe (90% interval +4% to +20%)")
     marks = [t.user_attrs for t in lab.study.trials[2:]]
-    assert [m[REMEASURE_ATTR] for m in marks] == [1, 0, 0, 1]
-    assert [m[PAIR_ATTR]["index"] for m in marks] == [0, 0, 1, 1]
+    assert [m[REMEASURE_ATTR] for m in marks] == [1, 0, 0, 1, 1, 0]
+    assert [m[PAIR_ATTR]["index"] for m in marks] == [0, 0, 1, 1, 2, 2]
     assert lab.study.user_attrs[COMPARISON_ATTR]["sentence"] == c.sentence == answer(lab.study).sentence
 
 
@@ -211,12 +216,12 @@ def test_a_run_says_when_its_noise_cannot_separate_its_top_configurations():
     trials = lab.study.trials
     assert within_noise(trials, spread(trials), None) is not None
     ran = measure_pairs(lab.study, Budget(seconds=100_000, clock=lab.clock), lab.run_one)
-    assert ran.comparison is not None and ran.comparison.proven  # w beat the recipe, 131 and 129 against 100
+    assert ran.comparison is not None and ran.comparison.proven  # w beat the recipe: 131, 129, 129 against 100
     lines = noise_lines(lab.study)
-    assert lines[0].startswith("noise: one measurement on this machine spreads by ±6% (standard deviation of 11 ")
-    assert lines[1] == ("this machine's noise is too large to separate the top configurations: trial 1 (130 output "
-                        "tok/s) and trial 4 (125) differ by +4%, inside the ±7% this machine's noise leaves on figures "
-                        "of 5 and 3 measurement(s): more requests per load level ([load] min_requests in the "
+    assert lines[0].startswith("noise: one measurement on this machine spreads by ±5% (standard deviation of 13 ")
+    assert lines[1] == ("this machine's noise is too large to separate the top configurations: trial 1 (129 output "
+                        "tok/s) and trial 4 (125) differ by +3%, inside the ±6% this machine's noise leaves on figures "
+                        "of 6 and 3 measurement(s): more requests per load level ([load] min_requests in the "
                         "objective), a quieter machine, or more time for re-measuring would separate them")
     far = Machine({"recipe": [100.0], "w": [130.0, 120.0, 140.0], "v": [95.0, 103.0, 87.0]})  # v 27% below
     far.first("recipe", baseline=True)
