@@ -252,15 +252,13 @@ def chat(seconds: float, until_s: float | None = None) -> None:
     compare` with what is left of them, then status and export. The study lives in WORK/chat.db (carry it back in
     from an earlier session as CHAT_DB to resume it there). CHAT_FROM names an earlier chat study's database in
     the tree (e.g. benchmarks/data/h200-as-rtx3090-chat-kv-blocks-given/chat.db): its best configurations are
-    queued after the baselines (`--from-study`). CHAT_EAGER=1 boots every trial with --enforce-eager."""
+    queued after the baselines (`--from-study`)."""
     db = WORK / "chat.db"
     if not db.exists() and os.environ.get("CHAT_DB"):
         db.write_bytes(Path(os.environ["CHAT_DB"]).read_bytes())
     url = f"sqlite:///{db}"
     t0 = time.time()
     study = study_file(CHAT)
-    if os.environ.get("CHAT_EAGER"):  # no CUDA graphs or torch.compile: boots of about a minute, cold or warm
-        study.write_text(study.read_text().replace("[engine]\n", "[engine]\nenforce_eager = true\n", 1))
     source = os.environ.get("CHAT_FROM")
     warm = ["--from-study", "h200-as-3090-chat", "--from-storage", f"sqlite:///{(ROOT / source).resolve()}"]
     warm = warm if source else []
