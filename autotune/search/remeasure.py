@@ -101,8 +101,16 @@ def warm_boot_s(trials: Sequence[FrozenTrial]) -> float | None:
 
 def hold(budget: Budget, trials: Sequence[FrozenTrial], top: int = DEFAULT_TOP) -> None:
     """Size the time the search leaves for re-measuring (Budget.held) on the re-measurements due next
-    (due_next): the search calls it after each trial, as the incumbent changes."""
-    budget.remeasure_s = sum(length_s(t, warm_boot_s(trials)) or 0.0 for t in due_next(trials, top))
+    (due_next): the search calls it after each trial, as the incumbent changes. With none due, it keeps one
+    re-measurement of a trial's usual length: the search's next trial may measure higher once, and must then be
+    measured again before the pairs (a fresh clone's run ended with "trial 57 measured higher once ... it may still
+    win": that trial came last, and its re-measurement and the pairs no longer fitted)."""
+    due = due_next(trials, top)
+    expected = budget.expected_trial_s()
+    if not due:
+        budget.remeasure_s = LENGTH_MARGIN * expected if expected is not None else 0.0
+        return
+    budget.remeasure_s = sum(length_s(t, warm_boot_s(trials)) or 0.0 for t in due)
 
 
 def due_next(trials: Sequence[FrozenTrial], top: int = DEFAULT_TOP) -> list[FrozenTrial]:

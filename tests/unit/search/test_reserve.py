@@ -186,3 +186,22 @@ def test_a_lone_baseline_incumbent_holds_its_confirmation_and_the_close_runner_u
     budget, said = lab.run(1500.0)
     assert said is not None and said.winner != said.baseline_trial, said
     assert len(said.pairs) >= MIN_PAIRS, said.sentence
+
+
+def test_with_no_re_measurement_due_the_search_keeps_one_for_what_it_finds_next():
+    """A fresh clone's run: vLLM's defaults led, confirmed (1,097 and 1,124), and nothing was in reach, so nothing
+    was held for re-measuring; the search's last trial then measured 1,166 once, and its re-measurement with the
+    pairs no longer fitted ("trial 57 measured higher once ... it may still win"). With nothing due, the search now
+    keeps one re-measurement of its trials' usual length."""
+    lab = Machine({"vllm-defaults": ([1097, 1124], 56.0), "recipe": ([900], 50.0)}, ("vllm-defaults", "recipe"), [])
+    budget = Budget(seconds=1500, clock=lab.clock)
+    for _ in range(2):
+        budget.record(lab.run_one().duration_s, searched=False)
+    remeasure.enqueue_again(lab.study, lab.study.trials[0])
+    lab.run_one()
+    for _ in range(2):
+        budget.record(lab.run_one().duration_s)  # the search's own: 70 s each, measured low
+    trials = lab.study.get_trials()
+    assert remeasure.due_next(trials) == []
+    remeasure.hold(budget, trials)
+    assert budget.remeasure_s == pytest.approx(LENGTH_MARGIN * 70.0)
